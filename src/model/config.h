@@ -1,0 +1,59 @@
+// Hugging Face config.json for the decoder-only families opd runs: Qwen3ForCausalLM,
+// Qwen2ForCausalLM, LlamaForCausalLM. Parsed strictly: a missing required field, a wrong
+// type or an impossible value is an InvalidData error naming the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace opd {
+
+enum class Architecture { Qwen3, Qwen2, Llama };
+const char* architecture_name(Architecture arch);  // "Qwen3ForCausalLM", ...
+
+// rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings}; absent or "default" means no scaling.
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture arch = Architecture::Qwen3;
+  std::string model_type;             // "qwen3", "qwen2", "llama"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;    // defaults to num_attention_heads
+  int64_t head_dim = 0;               // defaults to hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;        // also read from rope_parameters.rope_theta (transformers 5)
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;        // q/k/v bias: always true for Qwen2, config field for Llama
+  bool qk_norm = false;               // per-head RMSNorm on q and k: Qwen3
+  std::string torch_dtype;            // "bfloat16", "float32", ... ("" when absent)
+  std::vector<int64_t> eos_token_ids; // eos_token_id as int or list ([] when absent)
+  int64_t bos_token_id = -1;
+  std::string hidden_act = "silu";    // only silu is supported
+
+  // Parameter counts for `opd info`.
+  int64_t num_parameters() const;
+  int64_t num_embedding_parameters() const;  // input embedding (+ lm_head when untied)
+};
+
+// Parse config.json text; `source` names the file in error messages.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+// Read <dir>/config.json.
+ModelConfig load_model_config(const std::string& model_dir);
+// Serialize back to a config.json that transformers loads (used when saving checkpoints).
+std::string model_config_to_json(const ModelConfig& config);
+
+}  // namespace opd

@@ -1,0 +1,87 @@
+// Shared test helpers (see test_util.h).
+#include "common/test_util.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/philox.h"
+
+namespace opd::test {
+
+std::string source_dir() { return OPD_SOURCE_DIR; }
+std::string fixture_path(const std::string& rel) { return source_dir() + "/tests/fixtures/" + rel; }
+
+Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo, double hi) {
+  Tensor t = Tensor::empty(shape, dtype);
+  int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    double u = philox_u32(seed, 7, static_cast<uint64_t>(i)) * (1.0 / 4294967296.0);
+    double v = lo + (hi - lo) * u;
+    if (dtype == DType::F32) t.data<float>()[i] = static_cast<float>(v);
+    else if (dtype == DType::F64) t.data<double>()[i] = v;
+    else ADD_FAILURE() << "random_uniform: unsupported dtype";
+  }
+  return t;
+}
+
+Tensor random_ints(const Shape& shape, uint64_t seed, int32_t lo, int32_t hi) {
+  Tensor t = Tensor::empty(shape, DType::I32);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint32_t r = philox_u32(seed, 11, static_cast<uint64_t>(i));
+    t.data<int32_t>()[i] = lo + static_cast<int32_t>(r % static_cast<uint32_t>(hi - lo));
+  }
+  return t;
+}
+
+double element(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::F32: return t.data<float>()[i];
+    case DType::F64: return t.data<double>()[i];
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::I32: return t.data<int32_t>()[i];
+    case DType::I64: return static_cast<double>(t.data<int64_t>()[i]);
+  }
+  return NAN;
+}
+
+Diff compare(const Tensor& a, const Tensor& b) {
+  Diff d;
+  double num = 0, den = 0, max_b = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = element(a, i), y = element(b, i);
+    if (!std::isfinite(x) || !std::isfinite(y)) d.has_nan = true;
+    double e = std::fabs(x - y);
+    num += e * e;
+    den += y * y;
+    if (e > d.max_abs || std::isnan(e)) {
+      d.max_abs = e;
+      d.worst = i;
+    }
+    max_b = std::max(max_b, std::fabs(y));
+  }
+  d.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  d.max_rel = max_b > 0 ? d.max_abs / max_b : d.max_abs;
+  return d;
+}
+
+::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol, double atol,
+                                 double rel_l2_max) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure()
+           << "shape " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  Diff d = compare(a, b);
+  if (d.has_nan) return ::testing::AssertionFailure() << "NaN/inf present (index " << d.worst << ")";
+  if (d.rel_l2 > rel_l2_max)
+    return ::testing::AssertionFailure() << "relative L2 error " << d.rel_l2 << " > " << rel_l2_max;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = element(a, i), y = element(b, i);
+    if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y)))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << x << " vs " << y << " (|diff| " << std::fabs(x - y)
+             << " > " << atol << " + " << rtol << "*|ref|); rel_l2 " << d.rel_l2;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace opd::test

@@ -1,0 +1,39 @@
+// Shared test helpers: seeded random tensors, error metrics with meaningful tolerances
+// (STYLE.md: relative error ||a-b||/||b|| plus elementwise |a-b| <= atol + rtol*|b|; NaN never
+// passes), and paths to committed fixtures.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace opd::test {
+
+std::string source_dir();                   // repository root
+std::string fixture_path(const std::string& rel);  // tests/fixtures/<rel>
+
+// Uniform in [lo, hi) from Philox(seed); f32 or f64 tensors on the CPU.
+Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo = -1, double hi = 1);
+// Uniform integers in [lo, hi) as i32.
+Tensor random_ints(const Shape& shape, uint64_t seed, int32_t lo, int32_t hi);
+
+// Any float dtype read as double (host tensors).
+double element(const Tensor& t, int64_t i);
+
+struct Diff {
+  double rel_l2 = 0;      // ||a - b|| / ||b||
+  double max_abs = 0;     // max |a - b|
+  double max_rel = 0;     // max |a - b| / max |b|
+  int64_t worst = -1;     // index of the worst elementwise violation
+  bool has_nan = false;   // any NaN/inf in a (or b)
+};
+Diff compare(const Tensor& a, const Tensor& b);
+
+// gtest assertion: shapes equal, no NaN, rel_l2 <= rel, and |a-b| <= atol + rtol*|b| elementwise.
+::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol, double atol,
+                                 double rel_l2_max = 1.0);
+
+}  // namespace opd::test
