@@ -1,0 +1,134 @@
+// Parameter naming, shapes, allocation and loading for the decoder-only families.
+#include "model/weights.h"
+
+#include <map>
+
+#include "model/safetensors.h"
+
+namespace opd {
+namespace {
+
+std::string layer_prefix(size_t i) { return cat("model.layers.", i, "."); }
+
+template <typename W, typename Fn>
+void visit(W& w, Fn&& fn) {
+  fn("model.embed_tokens.weight", w.embed_tokens);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    auto& l = w.layers[i];
+    const std::string p = layer_prefix(i);
+    fn(p + "input_layernorm.weight", l.input_norm);
+    fn(p + "self_attn.q_proj.weight", l.q_proj);
+    if (l.q_bias.defined()) fn(p + "self_attn.q_proj.bias", l.q_bias);
+    fn(p + "self_attn.k_proj.weight", l.k_proj);
+    if (l.k_bias.defined()) fn(p + "self_attn.k_proj.bias", l.k_bias);
+    fn(p + "self_attn.v_proj.weight", l.v_proj);
+    if (l.v_bias.defined()) fn(p + "self_attn.v_proj.bias", l.v_bias);
+    fn(p + "self_attn.o_proj.weight", l.o_proj);
+    if (l.q_norm.defined()) fn(p + "self_attn.q_norm.weight", l.q_norm);
+    if (l.k_norm.defined()) fn(p + "self_attn.k_norm.weight", l.k_norm);
+    fn(p + "post_attention_layernorm.weight", l.post_norm);
+    fn(p + "mlp.gate_proj.weight", l.gate_proj);
+    fn(p + "mlp.up_proj.weight", l.up_proj);
+    fn(p + "mlp.down_proj.weight", l.down_proj);
+  }
+  fn("model.norm.weight", w.final_norm);
+  if (!w.tied) fn("lm_head.weight", w.lm_head);
+}
+
+}  // namespace
+
+void ModelWeights::for_each(const std::function<void(const std::string&, Tensor&)>& fn) {
+  visit(*this, fn);
+}
+void ModelWeights::for_each(
+    const std::function<void(const std::string&, const Tensor&)>& fn) const {
+  visit(*this, fn);
+}
+
+int64_t ModelWeights::num_parameters() const {
+  int64_t n = 0;
+  for_each([&](const std::string&, const Tensor& t) { n += t.numel(); });
+  return n;
+}
+
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c) {
+  std::vector<std::pair<std::string, Shape>> out;
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t q_dim = c.num_attention_heads * D, kv_dim = c.num_key_value_heads * D;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, H}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = layer_prefix(static_cast<size_t>(i));
+    out.push_back({p + "input_layernorm.weight", {H}});
+    out.push_back({p + "self_attn.q_proj.weight", {q_dim, H}});
+    if (c.attention_bias) out.push_back({p + "self_attn.q_proj.bias", {q_dim}});
+    out.push_back({p + "self_attn.k_proj.weight", {kv_dim, H}});
+    if (c.attention_bias) out.push_back({p + "self_attn.k_proj.bias", {kv_dim}});
+    out.push_back({p + "self_attn.v_proj.weight", {kv_dim, H}});
+    if (c.attention_bias) out.push_back({p + "self_attn.v_proj.bias", {kv_dim}});
+    out.push_back({p + "self_attn.o_proj.weight", {H, q_dim}});
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {D}});
+      out.push_back({p + "self_attn.k_norm.weight", {D}});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", {H}});
+    out.push_back({p + "mlp.gate_proj.weight", {I, H}});
+    out.push_back({p + "mlp.up_proj.weight", {I, H}});
+    out.push_back({p + "mlp.down_proj.weight", {H, I}});
+  }
+  out.push_back({"model.norm.weight", {H}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, H}});
+  return out;
+}
+
+namespace {
+
+// Builds a ModelWeights whose tensors come from `make(name, shape)`.
+template <typename Make>
+ModelWeights build(const ModelConfig& c, Make&& make) {
+  ModelWeights w;
+  w.tied = c.tie_word_embeddings;
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  // Allocate through the shape table so names and shapes have exactly one definition.
+  auto shapes = parameter_shapes(c);
+  std::map<std::string, Tensor> by_name;
+  for (auto& [name, shape] : shapes) by_name[name] = make(name, shape);
+  auto take = [&](const std::string& name) {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? Tensor() : it->second;
+  };
+  w.embed_tokens = take("model.embed_tokens.weight");
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    auto& l = w.layers[i];
+    const std::string p = layer_prefix(i);
+    l.input_norm = take(p + "input_layernorm.weight");
+    l.q_proj = take(p + "self_attn.q_proj.weight");
+    l.k_proj = take(p + "self_attn.k_proj.weight");
+    l.v_proj = take(p + "self_attn.v_proj.weight");
+    l.o_proj = take(p + "self_attn.o_proj.weight");
+    l.q_bias = take(p + "self_attn.q_proj.bias");
+    l.k_bias = take(p + "self_attn.k_proj.bias");
+    l.v_bias = take(p + "self_attn.v_proj.bias");
+    l.q_norm = take(p + "self_attn.q_norm.weight");
+    l.k_norm = take(p + "self_attn.k_norm.weight");
+    l.post_norm = take(p + "post_attention_layernorm.weight");
+    l.gate_proj = take(p + "mlp.gate_proj.weight");
+    l.up_proj = take(p + "mlp.up_proj.weight");
+    l.down_proj = take(p + "mlp.down_proj.weight");
+  }
+  w.final_norm = take("model.norm.weight");
+  w.lm_head = w.tied ? w.embed_tokens : take("lm_head.weight");
+  return w;
+}
+
+}  // namespace
+
+ModelWeights zeros_weights(const ModelConfig& config, DType dtype) {
+  return build(config, [&](const std::string&, const Shape& s) { return Tensor::zeros(s, dtype); });
+}
+
+ModelWeights load_weights(const ModelConfig& config, const WeightStore& store) {
+  return build(config,
+               [&](const std::string& name, const Shape& s) { return store.get_f32(name, s); });
+}
+
+}  // namespace opd

@@ -1,0 +1,51 @@
+// The parameters of a decoder-only transformer, named exactly as Hugging Face names them
+// (model.layers.{i}.self_attn.q_proj.weight, ...), so loading, saving and gradient
+// fixtures all speak one vocabulary. The same struct holds gradients (zeros_like).
+// Tied embeddings: lm_head aliases embed_tokens (one tensor, one gradient), as in transformers.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace opd {
+
+class WeightStore;
+
+struct LayerWeights {
+  Tensor input_norm;          // [H]
+  Tensor q_proj, k_proj, v_proj, o_proj;  // [Hq*D, H], [Hkv*D, H], [Hkv*D, H], [H, Hq*D]
+  Tensor q_bias, k_bias, v_bias;          // [Hq*D], [Hkv*D], [Hkv*D] when attention_bias
+  Tensor q_norm, k_norm;      // [D] when qk_norm (Qwen3)
+  Tensor post_norm;           // [H]
+  Tensor gate_proj, up_proj;  // [I, H]
+  Tensor down_proj;           // [H, I]
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  // [V, H]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;    // [H]
+  Tensor lm_head;       // [V, H]; the same tensor as embed_tokens when tied
+  bool tied = false;
+
+  // Visits every distinct parameter with its Hugging Face name (lm_head skipped when tied).
+  void for_each(const std::function<void(const std::string&, Tensor&)>& fn);
+  void for_each(const std::function<void(const std::string&, const Tensor&)>& fn) const;
+  int64_t num_parameters() const;
+};
+
+// The expected shape of every parameter, by Hugging Face name, in for_each order.
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config);
+
+// Zero-initialized weights (or gradients) of the config's shapes.
+ModelWeights zeros_weights(const ModelConfig& config, DType dtype = DType::F32);
+// Load f32 copies from a model directory's safetensors; every tensor's presence, shape and
+// dtype is checked (errors name the tensor and the directory). A tied model may still store
+// lm_head.weight (it is ignored when equal in shape).
+ModelWeights load_weights(const ModelConfig& config, const WeightStore& store);
+
+}  // namespace opd
