@@ -144,10 +144,9 @@ Tensor Transformer::forward(const Batch& batch, ForwardCache* cache) const {
 void Transformer::backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
                            ModelWeights& grads) const {
   const ModelConfig& c = config_;
-  const int64_t T = batch.num_tokens(), H = c.hidden_size, D = c.head_dim;
+  const int64_t T = batch.num_tokens(), D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const int64_t I = c.intermediate_size;
-  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   OPD_CHECK(cache.layers.size() == weights_.layers.size(), InvalidArgument,
             "backward needs a forward cache with every layer");
   Tensor none_t;
