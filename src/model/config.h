@@ -37,14 +37,19 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;        // q/k/v bias: always true for Qwen2, config field for Llama
+  bool attention_bias = false;        // q/k/v bias: always true for Qwen2, config field otherwise
   bool qk_norm = false;               // per-head RMSNorm on q and k: Qwen3
   std::string torch_dtype;            // "bfloat16", "float32", ... ("" when absent)
   std::vector<int64_t> eos_token_ids; // eos_token_id as int or list ([] when absent)
   int64_t bos_token_id = -1;
   std::string hidden_act = "silu";    // only silu is supported
 
-  // Parameter counts for `opd info`.
+  // o_proj bias: transformers gives Llama and Qwen3 an o_proj bias exactly when
+  // attention_bias is set; Qwen2 has q/k/v biases but never an o_proj bias.
+  bool o_proj_bias() const { return attention_bias && arch != Architecture::Qwen2; }
+
+  // Parameter counts for `opd info`, as transformers' model.num_parameters() counts them
+  // (a tied lm_head is the embedding, counted once).
   int64_t num_parameters() const;
   int64_t num_embedding_parameters() const;  // input embedding (+ lm_head when untied)
 };

@@ -1,0 +1,508 @@
+// Tensor-level dispatch for kernels/ops.h: validates definedness, devices, dtypes and shapes
+// (errors name the op and every tensor's dtype and shape), then routes CPU f32/f64 tensors to
+// the reference kernels in kernels/cpu/ and CUDA tensors to kernels/cuda/ where one exists.
+#include "kernels/ops.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#ifdef OPD_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"  // opd::cuda::rmsnorm_forward / rmsnorm_backward
+#endif
+
+namespace opd::ops {
+
+namespace {
+
+// How a tensor takes part in an op, which decides the dtype rule it must follow.
+enum class Role {
+  In,     // float input: the op's dtype
+  Out,    // float output (written or accumulated): the op's dtype, writable
+  Index,  // int32 data (ids, targets, positions, cu_seqlens)
+  Table,  // float constant whose precision is independent of the op's (rope inv_freq)
+};
+
+struct Arg {
+  const char* name;
+  const Tensor* tensor;
+  Role role;
+};
+
+// The validation context of one op call: every message carries the op name and all tensors.
+class OpCheck {
+ public:
+  OpCheck(const char* op, std::vector<Arg> args) : op_(op), args_(std::move(args)) {
+    for (const Arg& a : args_) {
+      OPD_CHECK(a.tensor->defined(), InvalidArgument, op_, ": tensor ", a.name,
+                " is undefined");
+    }
+    device_ = args_.front().tensor->device();
+    for (const Arg& a : args_) {
+      expect(a.tensor->device() == device_, "all tensors must be on the same device");
+    }
+  }
+
+  const char* op() const { return op_; }
+  Device device() const { return device_; }
+
+  std::string describe() const {
+    std::string s = "(";
+    for (size_t i = 0; i < args_.size(); ++i) {
+      s += cat(i ? ", " : "", args_[i].name, " ", args_[i].tensor->describe());
+    }
+    return s + ")";
+  }
+
+  void expect(bool cond, const std::string& what) const {
+    if (!cond) OPD_FAIL(InvalidArgument, op_, ": ", what, " ", describe());
+  }
+
+  void expect_shape(const char* name, const Tensor& t, const Shape& want) const {
+    expect(t.shape() == want, cat(name, " must have shape ", shape_str(want), ", got ",
+                                  shape_str(t.shape())));
+  }
+
+  void expect_ndim(const char* name, const Tensor& t, int ndim) const {
+    expect(t.ndim() == ndim, cat(name, " must be ", ndim, "-d, got ", shape_str(t.shape())));
+  }
+
+  // Ops without a CUDA kernel yet: refuse CUDA tensors with a clear message.
+  void require_cpu() const {
+    if (device_ != Device::CPU) OPD_FAIL(Unsupported, op_, " on CUDA is not implemented yet");
+  }
+
+  // CPU dtype rules: float inputs/outputs share one dtype, f32 or f64; index tensors are i32;
+  // outputs are writable. Returns the shared float dtype.
+  DType cpu_float_dtype() const {
+    DType dtype = DType::F32;
+    bool found = false;
+    for (const Arg& a : args_) {
+      DType dt = a.tensor->dtype();
+      if (a.role == Role::Index) {
+        expect(dt == DType::I32, cat(a.name, " must be i32, got ", dtype_name(dt)));
+        continue;
+      }
+      if (a.role == Role::Table) {
+        expect(dt == DType::F32 || dt == DType::F64,
+               cat(a.name, " must be f32 or f64, got ", dtype_name(dt)));
+        continue;
+      }
+      if (!found) {
+        dtype = dt;
+        found = true;
+      }
+      expect(dt == dtype, cat("float tensors must share one dtype, but ", a.name, " is ",
+                              dtype_name(dt), " and ", args_.front().name, " is ",
+                              dtype_name(dtype)));
+    }
+    if (found && dtype != DType::F32 && dtype != DType::F64) {
+      if (dtype_is_float(dtype)) {
+        OPD_FAIL(Unsupported, op_, ": dtype ", dtype_name(dtype),
+                 " on the CPU is not implemented (f32 or f64) ", describe());
+      }
+      expect(false, cat("expects f32 or f64 tensors, got ", dtype_name(dtype)));
+    }
+    for (const Arg& a : args_) {
+      if (a.role == Role::Out) expect(a.tensor->writable(), cat(a.name, " is read-only"));
+    }
+    return dtype;
+  }
+
+ private:
+  const char* op_;
+  std::vector<Arg> args_;
+  Device device_ = Device::CPU;
+};
+
+std::vector<double> table_as_double(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    v[i] = t.dtype() == DType::F32 ? static_cast<double>(t.data<float>()[i])
+                                   : t.data<double>()[i];
+  }
+  return v;
+}
+
+#ifdef OPD_WITH_CUDA
+// CUDA rmsnorm takes x/w/y/dy/dx in f32 or bf16 and keeps rstd and dw in f32 (master grads).
+DType cuda_rmsnorm_dtype(const OpCheck& check, const std::vector<const Tensor*>& same,
+                         const std::vector<const Tensor*>& f32) {
+  DType dtype = same.front()->dtype();
+  check.expect(dtype == DType::F32 || dtype == DType::BF16,
+               cat("on CUDA expects f32 or bf16, got ", dtype_name(dtype)));
+  for (const Tensor* t : same) {
+    check.expect(t->dtype() == dtype, "x, w, y (dy, dx) must share one dtype");
+  }
+  for (const Tensor* t : f32) check.expect(t->dtype() == DType::F32, "rstd and dw must be f32");
+  return dtype;
+}
+#endif
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  OpCheck check("embedding_forward",
+                {{"ids", &ids, Role::Index}, {"table", &table, Role::In}, {"out", &out, Role::Out}});
+  check.require_cpu();
+  check.expect_ndim("ids", ids, 1);
+  check.expect_ndim("table", table, 2);
+  int64_t n = ids.dim(0), vocab = table.dim(0), hidden = table.dim(1);
+  check.expect_shape("out", out, {n, hidden});
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::embedding_forward(ids.data<int32_t>(), table.data<float>(), n, vocab, hidden,
+                           out.data<float>());
+  } else {
+    cpu::embedding_forward(ids.data<int32_t>(), table.data<double>(), n, vocab, hidden,
+                           out.data<double>());
+  }
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  OpCheck check("embedding_backward", {{"ids", &ids, Role::Index},
+                                       {"dout", &dout, Role::In},
+                                       {"dtable", &dtable, Role::Out}});
+  check.require_cpu();
+  check.expect_ndim("ids", ids, 1);
+  check.expect_ndim("dtable", dtable, 2);
+  int64_t n = ids.dim(0), vocab = dtable.dim(0), hidden = dtable.dim(1);
+  check.expect_shape("dout", dout, {n, hidden});
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::embedding_backward(ids.data<int32_t>(), dout.data<float>(), n, vocab, hidden,
+                            dtable.data<float>());
+  } else {
+    cpu::embedding_backward(ids.data<int32_t>(), dout.data<double>(), n, vocab, hidden,
+                            dtable.data<double>());
+  }
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  OpCheck check("rmsnorm_forward", {{"x", &x, Role::In},
+                                    {"w", &w, Role::In},
+                                    {"y", &y, Role::Out},
+                                    {"rstd", &rstd, Role::Out}});
+  check.expect_ndim("x", x, 2);
+  int64_t n = x.dim(0), h = x.dim(1);
+  check.expect_shape("w", w, {h});
+  check.expect_shape("y", y, {n, h});
+  check.expect_shape("rstd", rstd, {n});
+  check.expect(std::isfinite(eps) && eps >= 0, cat("eps must be finite and >= 0, got ", eps));
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dtype = cuda_rmsnorm_dtype(check, {&x, &w, &y}, {&rstd});
+    opd::cuda::rmsnorm_forward(x.raw(), w.raw(), eps, n, h, dtype, y.raw(), rstd.data<float>(),
+                               nullptr);
+    return;
+#else
+    OPD_FAIL(Unsupported, "rmsnorm_forward on CUDA: this build has no CUDA backend");
+#endif
+  }
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::rmsnorm_forward(x.data<float>(), w.data<float>(), eps, n, h, y.data<float>(),
+                         rstd.data<float>());
+  } else {
+    cpu::rmsnorm_forward(x.data<double>(), w.data<double>(), eps, n, h, y.data<double>(),
+                         rstd.data<double>());
+  }
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      Tensor& dx, Tensor& dw) {
+  OpCheck check("rmsnorm_backward", {{"dy", &dy, Role::In},
+                                     {"x", &x, Role::In},
+                                     {"w", &w, Role::In},
+                                     {"rstd", &rstd, Role::In},
+                                     {"dx", &dx, Role::Out},
+                                     {"dw", &dw, Role::Out}});
+  check.expect_ndim("x", x, 2);
+  int64_t n = x.dim(0), h = x.dim(1);
+  check.expect_shape("dy", dy, {n, h});
+  check.expect_shape("w", w, {h});
+  check.expect_shape("rstd", rstd, {n});
+  check.expect_shape("dx", dx, {n, h});
+  check.expect_shape("dw", dw, {h});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dtype = cuda_rmsnorm_dtype(check, {&dy, &x, &w, &dx}, {&rstd, &dw});
+    opd::cuda::rmsnorm_backward(dy.raw(), x.raw(), w.raw(), rstd.data<float>(), n, h, dtype,
+                                dx.raw(), dw.data<float>(), nullptr);
+    return;
+#else
+    OPD_FAIL(Unsupported, "rmsnorm_backward on CUDA: this build has no CUDA backend");
+#endif
+  }
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::rmsnorm_backward(dy.data<float>(), x.data<float>(), w.data<float>(),
+                          rstd.data<float>(), n, h, dx.data<float>(), dw.data<float>());
+  } else {
+    cpu::rmsnorm_backward(dy.data<double>(), x.data<double>(), w.data<double>(),
+                          rstd.data<double>(), n, h, dx.data<double>(), dw.data<double>());
+  }
+}
+
+namespace {
+
+void rope_dispatch(const char* op, Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                   bool forward) {
+  OpCheck check(op, {{"x", &x, Role::Out},
+                     {"positions", &positions, Role::Index},
+                     {"inv_freq", &inv_freq, Role::Table}});
+  check.require_cpu();
+  check.expect_ndim("x", x, 3);
+  int64_t n = x.dim(0), heads = x.dim(1), head_dim = x.dim(2);
+  check.expect(head_dim % 2 == 0, cat("head_dim must be even, got ", head_dim));
+  check.expect_shape("positions", positions, {n});
+  check.expect_shape("inv_freq", inv_freq, {head_dim / 2});
+  DType dtype = check.cpu_float_dtype();
+  std::vector<double> freq = table_as_double(inv_freq);
+  const int32_t* pos = positions.data<int32_t>();
+  if (dtype == DType::F32) {
+    if (forward) cpu::rope_forward(x.data<float>(), pos, freq.data(), n, heads, head_dim);
+    else cpu::rope_backward(x.data<float>(), pos, freq.data(), n, heads, head_dim);
+  } else {
+    if (forward) cpu::rope_forward(x.data<double>(), pos, freq.data(), n, heads, head_dim);
+    else cpu::rope_backward(x.data<double>(), pos, freq.data(), n, heads, head_dim);
+  }
+}
+
+// Shapes shared by attention forward and backward; returns {batch, n, hq, hkv, d}.
+struct AttnDims {
+  int64_t batch, n, hq, hkv, d;
+};
+
+AttnDims attention_dims(const OpCheck& check, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& cu_seqlens, double scale) {
+  check.expect_ndim("q", q, 3);
+  check.expect_ndim("k", k, 3);
+  check.expect_ndim("cu_seqlens", cu_seqlens, 1);
+  AttnDims a{cu_seqlens.dim(0) - 1, q.dim(0), q.dim(1), k.dim(1), q.dim(2)};
+  check.expect(a.batch >= 0, "cu_seqlens must have B + 1 >= 1 entries");
+  check.expect_shape("k", k, {a.n, a.hkv, a.d});
+  check.expect_shape("v", v, {a.n, a.hkv, a.d});
+  check.expect(a.hkv >= 1 && a.hq % a.hkv == 0,
+               cat("query heads ", a.hq, " must be a multiple of kv heads ", a.hkv));
+  check.expect(std::isfinite(scale), cat("scale must be finite, got ", scale));
+  return a;
+}
+
+}  // namespace
+
+void rope_forward(Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  rope_dispatch("rope_forward", x, positions, inv_freq, true);
+}
+
+void rope_backward(Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
+  rope_dispatch("rope_backward", dx, positions, inv_freq, false);
+}
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                       double scale, Tensor& out, Tensor& lse) {
+  OpCheck check("attention_forward", {{"q", &q, Role::In},
+                                      {"k", &k, Role::In},
+                                      {"v", &v, Role::In},
+                                      {"cu_seqlens", &cu_seqlens, Role::Index},
+                                      {"out", &out, Role::Out},
+                                      {"lse", &lse, Role::Out}});
+  check.require_cpu();
+  AttnDims a = attention_dims(check, q, k, v, cu_seqlens, scale);
+  check.expect_shape("out", out, {a.n, a.hq, a.d});
+  check.expect_shape("lse", lse, {a.n, a.hq});
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), cu, a.batch, a.n,
+                           a.hq, a.hkv, a.d, scale, out.data<float>(), lse.data<float>());
+  } else {
+    cpu::attention_forward(q.data<double>(), k.data<double>(), v.data<double>(), cu, a.batch,
+                           a.n, a.hq, a.hkv, a.d, scale, out.data<double>(), lse.data<double>());
+  }
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
+                        double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  OpCheck check("attention_backward", {{"dout", &dout, Role::In},
+                                       {"q", &q, Role::In},
+                                       {"k", &k, Role::In},
+                                       {"v", &v, Role::In},
+                                       {"out", &out, Role::In},
+                                       {"lse", &lse, Role::In},
+                                       {"cu_seqlens", &cu_seqlens, Role::Index},
+                                       {"dq", &dq, Role::Out},
+                                       {"dk", &dk, Role::Out},
+                                       {"dv", &dv, Role::Out}});
+  check.require_cpu();
+  AttnDims a = attention_dims(check, q, k, v, cu_seqlens, scale);
+  check.expect_shape("dout", dout, {a.n, a.hq, a.d});
+  check.expect_shape("out", out, {a.n, a.hq, a.d});
+  check.expect_shape("lse", lse, {a.n, a.hq});
+  check.expect_shape("dq", dq, {a.n, a.hq, a.d});
+  check.expect_shape("dk", dk, {a.n, a.hkv, a.d});
+  check.expect_shape("dv", dv, {a.n, a.hkv, a.d});
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::attention_backward(dout.data<float>(), q.data<float>(), k.data<float>(),
+                            v.data<float>(), out.data<float>(), lse.data<float>(), cu, a.batch,
+                            a.n, a.hq, a.hkv, a.d, scale, dq.data<float>(), dk.data<float>(),
+                            dv.data<float>());
+  } else {
+    cpu::attention_backward(dout.data<double>(), q.data<double>(), k.data<double>(),
+                            v.data<double>(), out.data<double>(), lse.data<double>(), cu,
+                            a.batch, a.n, a.hq, a.hkv, a.d, scale, dq.data<double>(),
+                            dk.data<double>(), dv.data<double>());
+  }
+}
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  OpCheck check("swiglu_forward",
+                {{"gate", &gate, Role::In}, {"up", &up, Role::In}, {"out", &out, Role::Out}});
+  check.require_cpu();
+  check.expect_shape("up", up, gate.shape());
+  check.expect_shape("out", out, gate.shape());
+  int64_t n = gate.numel();
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::swiglu_forward(gate.data<float>(), up.data<float>(), n, out.data<float>());
+  } else {
+    cpu::swiglu_forward(gate.data<double>(), up.data<double>(), n, out.data<double>());
+  }
+}
+
+void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                     Tensor& dup) {
+  OpCheck check("swiglu_backward", {{"dout", &dout, Role::In},
+                                    {"gate", &gate, Role::In},
+                                    {"up", &up, Role::In},
+                                    {"dgate", &dgate, Role::Out},
+                                    {"dup", &dup, Role::Out}});
+  check.require_cpu();
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dout", &dout},
+                         {"up", &up}, {"dgate", &dgate}, {"dup", &dup}}) {
+    check.expect_shape(name, *t, gate.shape());
+  }
+  int64_t n = gate.numel();
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::swiglu_backward(dout.data<float>(), gate.data<float>(), up.data<float>(), n,
+                         dgate.data<float>(), dup.data<float>());
+  } else {
+    cpu::swiglu_backward(dout.data<double>(), gate.data<double>(), up.data<double>(), n,
+                         dgate.data<double>(), dup.data<double>());
+  }
+}
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  std::vector<Arg> args = {{"x", &x, Role::In}, {"w", &w, Role::In}, {"y", &y, Role::Out}};
+  if (bias.defined()) args.push_back({"bias", &bias, Role::In});
+  OpCheck check("linear_forward", std::move(args));
+  check.require_cpu();
+  check.expect_ndim("x", x, 2);
+  check.expect_ndim("w", w, 2);
+  int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+  check.expect_shape("w", w, {out, in});
+  check.expect_shape("y", y, {n, out});
+  if (bias.defined()) check.expect_shape("bias", bias, {out});
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::linear_forward(x.data<float>(), w.data<float>(),
+                        bias.defined() ? bias.data<float>() : nullptr, n, in, out,
+                        y.data<float>());
+  } else {
+    cpu::linear_forward(x.data<double>(), w.data<double>(),
+                        bias.defined() ? bias.data<double>() : nullptr, n, in, out,
+                        y.data<double>());
+  }
+}
+
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                     Tensor& dbias) {
+  std::vector<Arg> args = {
+      {"dy", &dy, Role::In}, {"x", &x, Role::In}, {"w", &w, Role::In}, {"dw", &dw, Role::Out}};
+  if (dx.defined()) args.push_back({"dx", &dx, Role::Out});
+  if (dbias.defined()) args.push_back({"dbias", &dbias, Role::Out});
+  OpCheck check("linear_backward", std::move(args));
+  check.require_cpu();
+  check.expect_ndim("x", x, 2);
+  check.expect_ndim("w", w, 2);
+  int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+  check.expect_shape("w", w, {out, in});
+  check.expect_shape("dy", dy, {n, out});
+  check.expect_shape("dw", dw, {out, in});
+  if (dx.defined()) check.expect_shape("dx", dx, {n, in});
+  if (dbias.defined()) check.expect_shape("dbias", dbias, {out});
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::linear_backward(dy.data<float>(), x.data<float>(), w.data<float>(), n, in, out,
+                         dx.defined() ? dx.data<float>() : nullptr, dw.data<float>(),
+                         dbias.defined() ? dbias.data<float>() : nullptr);
+  } else {
+    cpu::linear_backward(dy.data<double>(), x.data<double>(), w.data<double>(), n, in, out,
+                         dx.defined() ? dx.data<double>() : nullptr, dw.data<double>(),
+                         dbias.defined() ? dbias.data<double>() : nullptr);
+  }
+}
+
+int64_t cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                              Tensor& lse) {
+  OpCheck check("cross_entropy_forward", {{"logits", &logits, Role::In},
+                                          {"targets", &targets, Role::Index},
+                                          {"losses", &losses, Role::Out},
+                                          {"lse", &lse, Role::Out}});
+  check.require_cpu();
+  check.expect_ndim("logits", logits, 2);
+  int64_t n = logits.dim(0), vocab = logits.dim(1);
+  check.expect(vocab >= 1, "the vocabulary must not be empty");
+  check.expect_shape("targets", targets, {n});
+  check.expect_shape("losses", losses, {n});
+  check.expect_shape("lse", lse, {n});
+  if (check.cpu_float_dtype() == DType::F32) {
+    return cpu::cross_entropy_forward(logits.data<float>(), targets.data<int32_t>(), n, vocab,
+                                      losses.data<float>(), lse.data<float>());
+  }
+  return cpu::cross_entropy_forward(logits.data<double>(), targets.data<int32_t>(), n, vocab,
+                                    losses.data<double>(), lse.data<double>());
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            double scale, Tensor& dlogits) {
+  OpCheck check("cross_entropy_backward", {{"logits", &logits, Role::In},
+                                           {"targets", &targets, Role::Index},
+                                           {"lse", &lse, Role::In},
+                                           {"dlogits", &dlogits, Role::Out}});
+  check.require_cpu();
+  check.expect_ndim("logits", logits, 2);
+  int64_t n = logits.dim(0), vocab = logits.dim(1);
+  check.expect(vocab >= 1, "the vocabulary must not be empty");
+  check.expect_shape("targets", targets, {n});
+  check.expect_shape("lse", lse, {n});
+  check.expect_shape("dlogits", dlogits, {n, vocab});
+  check.expect(std::isfinite(scale), cat("scale must be finite, got ", scale));
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
+                                n, vocab, scale, dlogits.data<float>());
+  } else {
+    cpu::cross_entropy_backward(logits.data<double>(), targets.data<int32_t>(),
+                                lse.data<double>(), n, vocab, scale, dlogits.data<double>());
+  }
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  OpCheck check("add", {{"a", &a, Role::In}, {"b", &b, Role::In}, {"out", &out, Role::Out}});
+  check.require_cpu();
+  check.expect_shape("b", b, a.shape());
+  check.expect_shape("out", out, a.shape());
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::add(a.data<float>(), b.data<float>(), a.numel(), out.data<float>());
+  } else {
+    cpu::add(a.data<double>(), b.data<double>(), a.numel(), out.data<double>());
+  }
+}
+
+void add_inplace(Tensor& acc, const Tensor& x) {
+  OpCheck check("add_inplace", {{"acc", &acc, Role::Out}, {"x", &x, Role::In}});
+  check.require_cpu();
+  check.expect_shape("x", x, acc.shape());
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::add_inplace(acc.data<float>(), x.data<float>(), acc.numel());
+  } else {
+    cpu::add_inplace(acc.data<double>(), x.data<double>(), acc.numel());
+  }
+}
+
+}  // namespace opd::ops

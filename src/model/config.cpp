@@ -1,0 +1,490 @@
+// Strict parser and writer for Hugging Face config.json (Qwen3 / Qwen2 / Llama causal LMs).
+// Defaults and legacy keys follow transformers 5.24 (configuration_{llama,qwen2,qwen3}.py and
+// modeling_rope_utils.py): a value transformers would fill in is filled in the same way, a
+// value transformers would misread (non-divisible head_dim, a zero-width llama3 band) is an
+// error here, and any feature the engine does not implement is Unsupported, never ignored.
+#include "model/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace opd {
+
+using nlohmann::json;
+
+const char* architecture_name(Architecture arch) {
+  switch (arch) {
+    case Architecture::Qwen3: return "Qwen3ForCausalLM";
+    case Architecture::Qwen2: return "Qwen2ForCausalLM";
+    case Architecture::Llama: return "LlamaForCausalLM";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* model_type_of(Architecture arch) {
+  switch (arch) {
+    case Architecture::Qwen3: return "qwen3";
+    case Architecture::Qwen2: return "qwen2";
+    case Architecture::Llama: return "llama";
+  }
+  return "?";
+}
+
+// A JSON value for an error message. Containers are described, not dumped: dump() recurses
+// and a hostile file could nest deeply; long strings are cut so messages stay one line.
+std::string describe_value(const json& v) {
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  std::string s = v.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// Typed access to the top-level fields of one config object; every error names `source`
+// (the file) and the dotted field path.
+class Fields {
+ public:
+  Fields(const json& obj, std::string source, std::string prefix = "")
+      : obj_(obj), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  // Absent and null are the same: transformers writes null for "use the default".
+  const json* find(const char* name) const {
+    auto it = obj_.find(name);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  bool has(const char* name) const { return find(name) != nullptr; }
+
+  [[noreturn]] void fail(ErrorKind kind, const char* name, const std::string& what) const {
+    throw_error(kind, cat(source_, ": field '", prefix_, name, "' ", what));
+  }
+  [[noreturn]] void bad_type(const char* name, const char* expected, const json& got) const {
+    fail(ErrorKind::InvalidData, name, cat("must be ", expected, ", got ", describe_value(got)));
+  }
+
+  static bool is_integer(const json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
+
+  int64_t positive_int(const char* name) const {
+    const json* v = find(name);
+    if (!v) fail(ErrorKind::InvalidData, name, "is required but missing");
+    return positive_int_value(name, *v);
+  }
+  int64_t positive_int(const char* name, int64_t fallback) const {
+    const json* v = find(name);
+    return v ? positive_int_value(name, *v) : fallback;
+  }
+  int64_t positive_int_value(const char* name, const json& v) const {
+    // Unsigned values above int64 max and booleans are not integers for us; 2^31 bounds
+    // every size so that products in parameter counts and kernels cannot overflow int64.
+    if (!is_integer(v) || (v.is_number_unsigned() && v.get<uint64_t>() > kMaxSize) ||
+        (v.is_number_integer() && (v.get<int64_t>() <= 0 || v.get<int64_t>() > kMaxSize))) {
+      bad_type(name, "a positive integer", v);
+    }
+    return v.get<int64_t>();
+  }
+  int64_t token_id_value(const char* name, const json& v) const {
+    if (!is_integer(v) || (v.is_number_integer() && v.get<int64_t>() < 0) ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > kMaxSize)) {
+      bad_type(name, "a non-negative integer token id", v);
+    }
+    return v.get<int64_t>();
+  }
+  double positive_number(const char* name, double fallback) const {
+    const json* v = find(name);
+    if (!v) return fallback;
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() <= 0) {
+      bad_type(name, "a positive finite number", *v);
+    }
+    return v->get<double>();
+  }
+  double required_number(const char* name) const {
+    const json* v = find(name);
+    if (!v) fail(ErrorKind::InvalidData, name, "is required but missing");
+    if (!v->is_number() || !std::isfinite(v->get<double>())) bad_type(name, "a finite number", *v);
+    return v->get<double>();
+  }
+  bool boolean(const char* name, bool fallback) const {
+    const json* v = find(name);
+    if (!v) return fallback;
+    if (!v->is_boolean()) bad_type(name, "true or false", *v);
+    return v->get<bool>();
+  }
+  std::string string(const char* name, const std::string& fallback) const {
+    const json* v = find(name);
+    if (!v) return fallback;
+    if (!v->is_string()) bad_type(name, "a string", *v);
+    return v->get<std::string>();
+  }
+
+  static constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+
+ private:
+  const json& obj_;
+  std::string source_;
+  std::string prefix_;
+};
+
+Architecture architecture_from_name(const std::string& name, bool* ok) {
+  *ok = true;
+  if (name == "Qwen3ForCausalLM") return Architecture::Qwen3;
+  if (name == "Qwen2ForCausalLM") return Architecture::Qwen2;
+  if (name == "LlamaForCausalLM") return Architecture::Llama;
+  *ok = false;
+  return Architecture::Qwen3;
+}
+
+Architecture architecture_from_model_type(const std::string& type, bool* ok) {
+  *ok = true;
+  if (type == "qwen3") return Architecture::Qwen3;
+  if (type == "qwen2") return Architecture::Qwen2;
+  if (type == "llama") return Architecture::Llama;
+  *ok = false;
+  return Architecture::Qwen3;
+}
+
+constexpr const char* kSupported = "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM";
+
+void parse_architecture(const Fields& f, ModelConfig& c) {
+  std::string model_type = f.string("model_type", "");
+  if (const json* archs = f.find("architectures")) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      f.bad_type("architectures", "a non-empty list of strings", *archs);
+    }
+    std::string name = (*archs)[0].get<std::string>();
+    bool ok = false;
+    c.arch = architecture_from_name(name, &ok);
+    if (!ok) {
+      f.fail(ErrorKind::Unsupported, "architectures",
+             cat("names '", name, "', which opd does not support (supported: ", kSupported, ")"));
+    }
+    if (!model_type.empty() && model_type != model_type_of(c.arch)) {
+      f.fail(ErrorKind::InvalidData, "model_type",
+             cat("is '", model_type, "' but architectures[0] is '", name, "' (model_type '",
+                 model_type_of(c.arch), "')"));
+    }
+  } else {
+    // transformers' Auto classes dispatch on model_type alone, so a config without
+    // `architectures` is still loadable; without either we cannot know the family.
+    if (model_type.empty()) {
+      f.fail(ErrorKind::InvalidData, "architectures",
+             "is missing and there is no model_type to infer the architecture from");
+    }
+    bool ok = false;
+    c.arch = architecture_from_model_type(model_type, &ok);
+    if (!ok) {
+      f.fail(ErrorKind::Unsupported, "model_type",
+             cat("is '", model_type, "', which opd does not support (supported: ", kSupported, ")"));
+    }
+  }
+  c.model_type = model_type_of(c.arch);
+}
+
+// RoPE as transformers 5 resolves it (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
+// a legacy `rope_scaling` dict wins over `rope_parameters`; rope_theta comes from that dict,
+// else the top-level `rope_theta`, else 10000; `type` is the old name of `rope_type`.
+void parse_rope(const Fields& f, const std::string& source, ModelConfig& c) {
+  const char* dict_name = nullptr;
+  const json* dict = nullptr;
+  for (const char* name : {"rope_scaling", "rope_parameters"}) {
+    const json* v = f.find(name);
+    if (!v) continue;
+    if (!v->is_object()) f.bad_type(name, "an object", *v);
+    if (v->empty()) continue;  // {} is falsy in Python: transformers moves on to the next
+    dict_name = name;
+    dict = v;
+    break;
+  }
+  double top_theta = f.positive_number("rope_theta", 10000.0);
+  c.rope_theta = top_theta;
+  c.rope_scaling = RopeScaling{};
+  if (!dict) return;
+
+  Fields r(*dict, source, cat(dict_name, "."));
+  std::string type = "default";
+  const char* type_key = r.has("rope_type") ? "rope_type" : "type";
+  if (r.has(type_key)) type = r.string(type_key, "default");
+  c.rope_theta = r.positive_number("rope_theta", top_theta);
+  if (type == "default") return;
+  if (type != "llama3") {
+    r.fail(ErrorKind::Unsupported, type_key,
+           cat("is '", type, "'; opd supports only 'default' and 'llama3' RoPE"));
+  }
+  RopeScaling& s = c.rope_scaling;
+  s.llama3 = true;
+  s.factor = r.required_number("factor");
+  s.low_freq_factor = r.required_number("low_freq_factor");
+  s.high_freq_factor = r.required_number("high_freq_factor");
+  // Missing: transformers uses max_position_embeddings (standardize_rope_params).
+  s.original_max_position_embeddings =
+      r.positive_int("original_max_position_embeddings", c.max_position_embeddings);
+  // llama3 smooths between wavelengths original/low and original/high, dividing by
+  // (high - low): equal factors divide by zero, and factor < 1 would shrink context.
+  if (!(s.factor >= 1.0)) r.bad_type("factor", "a number >= 1", (*dict)["factor"]);
+  if (!(s.low_freq_factor > 0)) {
+    r.bad_type("low_freq_factor", "a positive number", (*dict)["low_freq_factor"]);
+  }
+  if (!(s.high_freq_factor > s.low_freq_factor)) {
+    r.fail(ErrorKind::InvalidData, "high_freq_factor",
+           cat("must be greater than low_freq_factor (", s.low_freq_factor, "), got ",
+               s.high_freq_factor));
+  }
+}
+
+// Sliding-window attention (Qwen2/Qwen3 `use_sliding_window`, or explicit `layer_types`)
+// changes the attention mask of some layers; the engine has only full causal attention.
+void reject_sliding_window(const Fields& f, const ModelConfig& c) {
+  if (const json* types = f.find("layer_types")) {
+    if (!types->is_array()) f.bad_type("layer_types", "a list of strings", *types);
+    if (static_cast<int64_t>(types->size()) != c.num_hidden_layers) {
+      f.fail(ErrorKind::InvalidData, "layer_types",
+             cat("has ", types->size(), " entries for ", c.num_hidden_layers, " layers"));
+    }
+    for (const json& t : *types) {
+      if (!t.is_string()) f.bad_type("layer_types", "a list of strings", t);
+      if (t.get<std::string>() != "full_attention") {
+        f.fail(ErrorKind::Unsupported, "layer_types",
+               cat("contains '", t.get<std::string>(), "'; opd supports only full_attention"));
+      }
+    }
+    return;
+  }
+  if (c.arch == Architecture::Llama) return;
+  // Same rule as Qwen2Config.__post_init__: layers i >= max_window_layers slide when
+  // use_sliding_window is set and sliding_window is not null.
+  if (!f.boolean("use_sliding_window", false)) return;
+  if (!f.has("sliding_window")) return;
+  int64_t max_window_layers = f.positive_int("max_window_layers", 28);
+  if (max_window_layers < c.num_hidden_layers) {
+    f.fail(ErrorKind::Unsupported, "use_sliding_window",
+           cat("is true with max_window_layers ", max_window_layers, " < num_hidden_layers ",
+               c.num_hidden_layers, "; opd has no sliding-window attention"));
+  }
+}
+
+std::string parse_dtype(const Fields& f) {
+  // transformers 5 writes `dtype`; older files have `torch_dtype`; with both, `dtype` wins.
+  const char* key = f.has("dtype") ? "dtype" : "torch_dtype";
+  std::string dtype = f.string(key, "");
+  if (!dtype.empty() && dtype != "float32" && dtype != "bfloat16" && dtype != "float16" &&
+      dtype != "float64") {
+    f.fail(ErrorKind::Unsupported, key,
+           cat("is '", dtype, "'; opd reads float32, bfloat16, float16 or float64 checkpoints"));
+  }
+  return dtype;
+}
+
+void parse_special_tokens(const Fields& f, ModelConfig& c) {
+  c.eos_token_ids.clear();
+  if (const json* eos = f.find("eos_token_id")) {
+    if (eos->is_array()) {
+      for (const json& id : *eos) c.eos_token_ids.push_back(f.token_id_value("eos_token_id", id));
+    } else {
+      c.eos_token_ids.push_back(f.token_id_value("eos_token_id", *eos));
+    }
+  }
+  c.bos_token_id = -1;
+  if (const json* bos = f.find("bos_token_id")) c.bos_token_id = f.token_id_value("bos_token_id", *bos);
+  for (int64_t id : c.eos_token_ids) {
+    if (id >= c.vocab_size) {
+      f.fail(ErrorKind::InvalidData, "eos_token_id",
+             cat("contains ", id, ", outside the vocabulary of ", c.vocab_size));
+    }
+  }
+  if (c.bos_token_id >= c.vocab_size) {
+    f.fail(ErrorKind::InvalidData, "bos_token_id",
+           cat("is ", c.bos_token_id, ", outside the vocabulary of ", c.vocab_size));
+  }
+}
+
+// a*b + c with a check; counts are bounded by kMaxSize per factor, so only sums of many
+// products can overflow, and only for absurd configs.
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_add_overflow(a, b, &out)) OPD_FAIL(InvalidData, "parameter count overflows int64");
+  return out;
+}
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_mul_overflow(a, b, &out)) OPD_FAIL(InvalidData, "parameter count overflows int64");
+  return out;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    OPD_FAIL(InvalidData, source, ": not valid JSON: ", e.what());
+  }
+  if (!root.is_object()) {
+    OPD_FAIL(InvalidData, source, ": expected a JSON object, got ", describe_value(root));
+  }
+  Fields f(root, source);
+  ModelConfig c;
+  parse_architecture(f, c);
+
+  if (f.has("quantization_config")) {
+    f.fail(ErrorKind::Unsupported, "quantization_config",
+           "is present; opd loads only unquantized checkpoints");
+  }
+
+  c.vocab_size = f.positive_int("vocab_size");
+  c.hidden_size = f.positive_int("hidden_size");
+  c.intermediate_size = f.positive_int("intermediate_size");
+  c.num_hidden_layers = f.positive_int("num_hidden_layers");
+  c.num_attention_heads = f.positive_int("num_attention_heads");
+  c.num_key_value_heads = f.positive_int("num_key_value_heads", c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    f.fail(ErrorKind::InvalidData, "num_key_value_heads",
+           cat("(", c.num_key_value_heads, ") must divide num_attention_heads (",
+               c.num_attention_heads, ")"));
+  }
+  // LlamaConfig.validate_architecture requires the division even when head_dim is given.
+  bool divides = c.hidden_size % c.num_attention_heads == 0;
+  if (c.arch == Architecture::Llama && !divides) {
+    f.fail(ErrorKind::InvalidData, "num_attention_heads",
+           cat("(", c.num_attention_heads, ") must divide hidden_size (", c.hidden_size, ")"));
+  }
+  if (f.has("head_dim")) {
+    c.head_dim = f.positive_int("head_dim");
+  } else if (c.arch == Architecture::Qwen3) {
+    c.head_dim = 128;  // Qwen3Config's class default, not hidden_size / heads
+  } else {
+    // Qwen2 computes hidden_size // heads in Python, silently flooring: refuse instead.
+    if (!divides) {
+      f.fail(ErrorKind::InvalidData, "head_dim",
+             cat("is missing and num_attention_heads (", c.num_attention_heads,
+                 ") does not divide hidden_size (", c.hidden_size, ")"));
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.head_dim % 2 != 0) {
+    f.fail(ErrorKind::InvalidData, "head_dim",
+           cat("must be even (RoPE rotates pairs of dimensions), got ", c.head_dim));
+  }
+
+  c.max_position_embeddings =
+      f.positive_int("max_position_embeddings", c.arch == Architecture::Llama ? 2048 : 32768);
+  c.rms_norm_eps = f.positive_number("rms_norm_eps", 1e-6);
+  parse_rope(f, source, c);
+
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  switch (c.arch) {
+    case Architecture::Qwen2:
+      c.attention_bias = true;  // Qwen2Attention hard-codes bias=True on q/k/v
+      c.qk_norm = false;
+      break;
+    case Architecture::Qwen3:
+      c.attention_bias = f.boolean("attention_bias", false);
+      c.qk_norm = true;
+      break;
+    case Architecture::Llama:
+      c.attention_bias = f.boolean("attention_bias", false);
+      c.qk_norm = false;
+      if (f.boolean("mlp_bias", false)) {
+        f.fail(ErrorKind::Unsupported, "mlp_bias", "is true; opd's MLP has no biases");
+      }
+      break;
+  }
+
+  c.hidden_act = f.string("hidden_act", "silu");
+  if (c.hidden_act != "silu") {
+    f.fail(ErrorKind::Unsupported, "hidden_act",
+           cat("is '", c.hidden_act, "'; opd supports only 'silu'"));
+  }
+  reject_sliding_window(f, c);
+  c.torch_dtype = parse_dtype(f);
+  parse_special_tokens(f, c);
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) OPD_FAIL(Io, "cannot open ", path, ": ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) OPD_FAIL(Io, "cannot read ", path, ": ", std::strerror(errno));
+  return parse_model_config(text.str(), path);
+}
+
+int64_t ModelConfig::num_embedding_parameters() const {
+  int64_t embed = checked_mul(vocab_size, hidden_size);
+  return tie_word_embeddings ? embed : checked_add(embed, embed);
+}
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t h = hidden_size, q = num_attention_heads * head_dim,
+                kv = num_key_value_heads * head_dim;
+  int64_t layer = 0;
+  layer = checked_add(layer, checked_mul(h, q));           // q_proj
+  layer = checked_add(layer, checked_mul(2 * h, kv));      // k_proj, v_proj
+  layer = checked_add(layer, checked_mul(q, h));           // o_proj
+  if (attention_bias) layer = checked_add(layer, q + 2 * kv);
+  if (o_proj_bias()) layer = checked_add(layer, h);
+  if (qk_norm) layer = checked_add(layer, 2 * head_dim);    // q_norm, k_norm over head_dim
+  layer = checked_add(layer, checked_mul(3 * h, intermediate_size));  // gate, up, down
+  layer = checked_add(layer, 2 * h);                       // input / post-attention norms
+  int64_t total = checked_mul(layer, num_hidden_layers);
+  total = checked_add(total, h);                           // final norm
+  return checked_add(total, num_embedding_parameters());
+}
+
+std::string model_config_to_json(const ModelConfig& c) {
+  // ordered_json keeps the key order below, which groups the fields as transformers does.
+  nlohmann::ordered_json j;
+  j["architectures"] = {architecture_name(c.arch)};
+  j["model_type"] = model_type_of(c.arch);
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = c.hidden_act;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  // The legacy pair (top-level rope_theta + rope_scaling) is read by transformers 4 and 5
+  // and by vLLM; transformers 5 converts it to rope_parameters on load.
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.llama3) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.arch != Architecture::Qwen2) j["attention_bias"] = c.attention_bias;
+  if (c.arch == Architecture::Llama) j["mlp_bias"] = false;
+  if (c.arch != Architecture::Llama) j["use_sliding_window"] = false;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  else j["bos_token_id"] = nullptr;
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  else if (c.eos_token_ids.empty()) j["eos_token_id"] = nullptr;
+  else j["eos_token_id"] = c.eos_token_ids;
+  if (!c.torch_dtype.empty()) {
+    // Both spellings: transformers 5 reads `dtype`, transformers 4 and vLLM `torch_dtype`.
+    j["dtype"] = c.torch_dtype;
+    j["torch_dtype"] = c.torch_dtype;
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace opd
