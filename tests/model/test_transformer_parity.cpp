@@ -56,6 +56,8 @@ TEST_P(Parity, LogitsLossAndEveryGradientMatchTransformers) {
   ModelWeights grads = zeros_weights(model.config());
   model.backward(batch, cache, dlogits, grads);
   int checked = 0;
+  double worst_grad = 0;
+  std::string worst_name;
   grads.for_each([&](const std::string& name, const Tensor& g) {
     ASSERT_TRUE(expected.contains("grad." + name)) << name;
     Tensor ref = expected.get("grad." + name);
@@ -63,12 +65,18 @@ TEST_P(Parity, LogitsLossAndEveryGradientMatchTransformers) {
     test::Diff gd = test::compare(g, ref);
     EXPECT_FALSE(gd.has_nan) << name;
     EXPECT_LE(gd.max_rel, 1e-3) << name << " rel_l2 " << gd.rel_l2;
+    if (gd.max_rel > worst_grad) {
+      worst_grad = gd.max_rel;
+      worst_name = name;
+    }
     ++checked;
   });
   // Every gradient in the fixture was compared (none silently skipped).
   int in_fixture = 0;
   for (const auto& n : expected.names()) in_fixture += n.rfind("grad.", 0) == 0;
   EXPECT_EQ(checked, in_fixture);
+  std::printf("%s: logits max rel err %.3g, loss %.8f vs %.8f, worst gradient max rel err %.3g (%s), %d gradients\n",
+              GetParam(), d.max_rel, loss, ref_loss, worst_grad, worst_name.c_str(), checked);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Parity, ::testing::Values("qwen3", "qwen2", "llama"),
