@@ -2,6 +2,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,20 @@ std::string shape_str(const Shape& shape) {
 
 namespace {
 
+struct Counter {
+  std::atomic<int64_t> in_use{0};
+  std::atomic<int64_t> peak{0};
+  void add(int64_t bytes) {
+    int64_t now = in_use.fetch_add(bytes) + bytes;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void sub(int64_t bytes) { in_use.fetch_sub(bytes); }
+};
+Counter g_counters[2];  // indexed by Device
+Counter& counter(Device d) { return g_counters[static_cast<int>(d)]; }
+
 class HostStorage final : public Storage {
  public:
   explicit HostStorage(size_t bytes) {
@@ -37,8 +52,12 @@ class HostStorage final : public Storage {
     if (!data_) OPD_FAIL(OutOfMemory, "host allocation of ", bytes, " bytes failed");
     bytes_ = bytes;
     device_ = Device::CPU;
+    counter(Device::CPU).add(static_cast<int64_t>(bytes_));
   }
-  ~HostStorage() override { std::free(data_); }
+  ~HostStorage() override {
+    std::free(data_);
+    counter(Device::CPU).sub(static_cast<int64_t>(bytes_));
+  }
 };
 
 class DeviceStorage final : public Storage {
@@ -47,8 +66,12 @@ class DeviceStorage final : public Storage {
     data_ = device_hooks::cuda_malloc(std::max<size_t>(bytes, 1));
     bytes_ = bytes;
     device_ = Device::CUDA;
+    counter(Device::CUDA).add(static_cast<int64_t>(bytes_));
   }
-  ~DeviceStorage() override { device_hooks::cuda_free(data_); }
+  ~DeviceStorage() override {
+    device_hooks::cuda_free(data_);
+    counter(Device::CUDA).sub(static_cast<int64_t>(bytes_));
+  }
 };
 
 class BorrowedStorage final : public Storage {
@@ -66,6 +89,11 @@ class BorrowedStorage final : public Storage {
 };
 
 }  // namespace
+
+MemoryStats memory_stats(Device device) {
+  return {counter(device).in_use.load(), counter(device).peak.load()};
+}
+void reset_peak_memory(Device device) { counter(device).peak = counter(device).in_use.load(); }
 
 std::shared_ptr<Storage> host_storage(size_t bytes) { return std::make_shared<HostStorage>(bytes); }
 std::shared_ptr<Storage> device_storage(size_t bytes) {

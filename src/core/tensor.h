@@ -39,6 +39,15 @@ class Storage {
   bool writable_ = true;
 };
 
+// Bytes of host/device tensor storage allocated by opd and not yet freed, and the peak since
+// the last reset: tests assert memory bounds with these (e.g. the fused loss's O(tokens x K)).
+struct MemoryStats {
+  int64_t in_use = 0;
+  int64_t peak = 0;
+};
+MemoryStats memory_stats(Device device);
+void reset_peak_memory(Device device);  // peak := in_use
+
 // 64-byte aligned host memory.
 std::shared_ptr<Storage> host_storage(size_t bytes);
 // Device memory on the current CUDA device (throws Unsupported in builds without CUDA).

@@ -182,3 +182,23 @@ TEST(Error, CheckMacroNamesTheCondition) {
 
 }  // namespace
 }  // namespace opd
+
+namespace opd {
+namespace {
+
+TEST(MemoryStats, TracksLiveAndPeakHostBytes) {
+  reset_peak_memory(Device::CPU);
+  const int64_t base = memory_stats(Device::CPU).in_use;
+  {
+    Tensor a = Tensor::empty({1000}, DType::F32);
+    Tensor b = Tensor::empty({500}, DType::F64);
+    EXPECT_EQ(memory_stats(Device::CPU).in_use - base, 8000);
+  }
+  EXPECT_EQ(memory_stats(Device::CPU).in_use, base);
+  EXPECT_EQ(memory_stats(Device::CPU).peak - base, 8000);
+  reset_peak_memory(Device::CPU);
+  EXPECT_EQ(memory_stats(Device::CPU).peak, base);
+}
+
+}  // namespace
+}  // namespace opd
