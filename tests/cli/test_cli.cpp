@@ -24,7 +24,7 @@ struct Result {
 
 Result run(const std::string& args) {
   Result r;
-  std::string cmd = std::string(OPD_BINARY) + " " + args + " 2>&1";
+  std::string cmd = test::opd_binary() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;

@@ -2,13 +2,22 @@
 #include "common/test_util.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "core/philox.h"
 
 namespace opd::test {
 
-std::string source_dir() { return OPD_SOURCE_DIR; }
+// The compile-time paths can be overridden when the binaries run elsewhere (the GPU machine).
+std::string source_dir() {
+  const char* env = std::getenv("OPD_SOURCE_DIR");
+  return env ? env : OPD_SOURCE_DIR;
+}
+std::string opd_binary() {
+  const char* env = std::getenv("OPD_BINARY");
+  return env ? env : OPD_BINARY;
+}
 std::string fixture_path(const std::string& rel) { return source_dir() + "/tests/fixtures/" + rel; }
 
 Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo, double hi) {

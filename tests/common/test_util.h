@@ -12,7 +12,8 @@
 
 namespace opd::test {
 
-std::string source_dir();                   // repository root
+std::string source_dir();                   // repository root ($OPD_SOURCE_DIR overrides)
+std::string opd_binary();                   // the built opd ($OPD_BINARY overrides)
 std::string fixture_path(const std::string& rel);  // tests/fixtures/<rel>
 
 // Uniform in [lo, hi) from Philox(seed); f32 or f64 tensors on the CPU.
