@@ -112,13 +112,14 @@ TEST_P(AttentionCases, Float32MatchesFloat64) {
 }
 
 // T = 1; zero-length sequences first, in the middle and last; single-token sequences;
-// GQA ratios 1, 2, 4 (and 3); head_dim 2, 6, 16.
+// GQA ratios 1, 2, 4 (and 3); head_dim 2, 6, 16; an empty batch (B = 0) and only empty sequences.
 INSTANTIATE_TEST_SUITE_P(
     Layouts, AttentionCases,
     ::testing::Values(AttnCase{{0, 1}, 1, 1, 2}, AttnCase{{0, 3, 3, 7}, 2, 1, 6},
                       AttnCase{{0, 0, 5, 6}, 4, 1, 16}, AttnCase{{0, 4, 5, 9}, 3, 3, 6},
                       AttnCase{{0, 1, 2, 3}, 2, 2, 2}, AttnCase{{0, 6, 6}, 4, 2, 2},
-                      AttnCase{{0, 2, 7}, 6, 2, 6}));
+                      AttnCase{{0, 2, 7}, 6, 2, 6}, AttnCase{{0}, 2, 1, 4},
+                      AttnCase{{0, 0, 0}, 1, 1, 2}));
 
 TEST(Attention, SingleTokenAttendsOnlyToItself) {
   // softmax over one key is 1: out = v, lse = scale * q.k, exactly from the definition.

@@ -77,10 +77,11 @@ TEST_P(CrossEntropyCases, Float32MatchesFloat64) {
   for (int j = 0; j < 3; ++j) EXPECT_TRUE(f32_close(res[0][j], res[1][j], 1e-5, atol)) << "output " << j;
 }
 
-// V = 1 (loss 0); every row ignored; one ignored row; larger logits; odd vocabulary sizes.
+// V = 1 (loss 0); every row ignored; one ignored row; larger logits; odd vocabulary sizes; no rows.
 INSTANTIATE_TEST_SUITE_P(Cases, CrossEntropyCases,
                          ::testing::Values(CeCase{1, 1, 1, 0}, CeCase{3, 5, 2, 1}, CeCase{4, 7, 3, 3},
-                                           CeCase{5, 33, 10, 0}, CeCase{1, 2, 1, 0}));
+                                           CeCase{5, 33, 10, 0}, CeCase{1, 2, 1, 0},
+                                           CeCase{0, 5, 1, 0}));
 
 TEST(CrossEntropy, HugeLogitsStayFiniteAndShiftInvariant) {
   // log-sum-exp must shift by the row max: logits ~ 1e3 overflow exp() without it.

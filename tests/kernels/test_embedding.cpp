@@ -52,10 +52,12 @@ TEST_P(EmbeddingShapes, Float32MatchesFloat64) {
   EXPECT_TRUE(f32_close(d32, d64));
 }
 
-// Size 1 everywhere; more rows than vocabulary entries (repeated ids accumulate); odd sizes.
+// Size 1 everywhere; more rows than vocabulary entries (repeated ids accumulate); odd sizes;
+// no rows; a hidden size above the 64-column chunk of the threaded backward.
 INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingShapes,
                          ::testing::Values(EmbShape{1, 1, 1}, EmbShape{7, 3, 5},
-                                           EmbShape{13, 10, 6}, EmbShape{4, 9, 1}));
+                                           EmbShape{13, 10, 6}, EmbShape{4, 9, 1},
+                                           EmbShape{0, 3, 2}, EmbShape{6, 4, 150}));
 
 TEST(Embedding, OutOfVocabularyIdsAreRejectedBeforeAnyWrite) {
   const int64_t vocab = 10, hidden = 3;

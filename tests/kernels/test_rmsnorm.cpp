@@ -63,11 +63,13 @@ TEST_P(RmsnormShapes, Float32MatchesFloat64) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(f32_close(outs[0][i], outs[1][i])) << "output " << i;
 }
 
-// h = 1 (x / |x| up to eps), single rows, odd sizes, a typical head_dim.
+// h = 1 (x / |x| up to eps), single rows, odd sizes, a typical head_dim, no rows, and h above
+// the 64-column chunk of the threaded dw reduction.
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsnormShapes,
                          ::testing::Values(NormShape{1, 1, 0.5}, NormShape{3, 1, 0.1},
                                            NormShape{1, 7, 1e-6}, NormShape{5, 12, 1e-5},
-                                           NormShape{4, 33, 1e-6}));
+                                           NormShape{4, 33, 1e-6}, NormShape{0, 4, 1e-6},
+                                           NormShape{3, 200, 1e-6}));
 
 TEST(Rmsnorm, ShapeDtypeAndArgumentErrors) {
   Tensor x = rand64({3, 4}, 9), w = rand64({5}, 10);

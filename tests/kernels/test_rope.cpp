@@ -75,10 +75,11 @@ TEST_P(RopeShapes, Float32MatchesFloat64) {
   EXPECT_TRUE(f32_close(x32, x64));
 }
 
-// head_dim 2 (one pair), 6 (odd half), 16; one row; one head.
+// head_dim 2 (one pair), 6 (odd half), 16; one row; one head; no rows.
 INSTANTIATE_TEST_SUITE_P(Shapes, RopeShapes,
                          ::testing::Values(RopeShape{1, 1, 2}, RopeShape{5, 3, 6},
-                                           RopeShape{4, 2, 16}, RopeShape{3, 1, 6}));
+                                           RopeShape{4, 2, 16}, RopeShape{3, 1, 6},
+                                           RopeShape{0, 2, 4}));
 
 TEST(Rope, ScoresDependOnlyOnRelativePosition) {
   // <R(m) q, R(n) k> = <R(m - n) q, k>: what makes RoPE a relative position encoding.
