@@ -308,8 +308,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   AttnDims a = attention_dims(check, q, k, v, cu_seqlens, scale);
   check.expect_shape("out", out, {a.n, a.hq, a.d});
   check.expect_shape("lse", lse, {a.n, a.hq});
+  DType dtype = check.cpu_float_dtype();  // validates cu_seqlens' dtype before it is read
   const int32_t* cu = cu_seqlens.data<int32_t>();
-  if (check.cpu_float_dtype() == DType::F32) {
+  if (dtype == DType::F32) {
     cpu::attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), cu, a.batch, a.n,
                            a.hq, a.hkv, a.d, scale, out.data<float>(), lse.data<float>());
   } else {
@@ -339,8 +340,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check.expect_shape("dq", dq, {a.n, a.hq, a.d});
   check.expect_shape("dk", dk, {a.n, a.hkv, a.d});
   check.expect_shape("dv", dv, {a.n, a.hkv, a.d});
+  DType dtype = check.cpu_float_dtype();  // validates cu_seqlens' dtype before it is read
   const int32_t* cu = cu_seqlens.data<int32_t>();
-  if (check.cpu_float_dtype() == DType::F32) {
+  if (dtype == DType::F32) {
     cpu::attention_backward(dout.data<float>(), q.data<float>(), k.data<float>(),
                             v.data<float>(), out.data<float>(), lse.data<float>(), cu, a.batch,
                             a.n, a.hq, a.hkv, a.d, scale, dq.data<float>(), dk.data<float>(),

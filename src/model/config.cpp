@@ -345,11 +345,18 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.intermediate_size = f.positive_int("intermediate_size");
   c.num_hidden_layers = f.positive_int("num_hidden_layers");
   c.num_attention_heads = f.positive_int("num_attention_heads");
-  c.num_key_value_heads = f.positive_int("num_key_value_heads", c.num_attention_heads);
+  // When absent, LlamaConfig copies num_attention_heads but Qwen2Config/Qwen3Config keep
+  // their class default of 32 (only an explicit null means "copy"): transformers builds, and
+  // saves, 32 key/value heads, so the checkpoint has that shape.
+  const bool kv_absent = !f.has("num_key_value_heads");
+  const bool kv_null = root.contains("num_key_value_heads");  // present but null
+  const int64_t kv_default =
+      c.arch == Architecture::Llama || kv_null ? c.num_attention_heads : 32;
+  c.num_key_value_heads = f.positive_int("num_key_value_heads", kv_default);
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     f.fail(ErrorKind::InvalidData, "num_key_value_heads",
-           cat("(", c.num_key_value_heads, ") must divide num_attention_heads (",
-               c.num_attention_heads, ")"));
+           cat("(", c.num_key_value_heads, kv_absent && !kv_null ? ", the default when absent" : "",
+               ") must divide num_attention_heads (", c.num_attention_heads, ")"));
   }
   // LlamaConfig.validate_architecture requires the division even when head_dim is given.
   bool divides = c.hidden_size % c.num_attention_heads == 0;

@@ -149,6 +149,12 @@ class SafetensorsParser {
                " bytes");
     }
 
+    // nlohmann stops at a NUL as if the input ended there ("{}\0junk" parses); JSON text
+    // has no raw NUL anywhere, and the reference reader rejects one, so do we.
+    if (const void* nul = std::memchr(base + 8, '\0', n)) {
+      OPD_FAIL(InvalidData, src, ": header is not valid JSON: NUL byte at header offset ",
+               static_cast<const char*>(nul) - (base + 8));
+    }
     // nlohmann keeps the last of duplicate keys silently; a duplicate tensor name would leave
     // the first entry's bytes unaccounted for, so catch it while parsing.
     std::set<std::string> seen;
