@@ -151,8 +151,10 @@ def main():
         gen = torch.Generator().manual_seed(1234 + seed)
         tensors = {name: t.detach().contiguous() for name, t in make(gen).items()}
         path = os.path.join(args.out, f"{make.__name__}.safetensors")
-        save_file(tensors, path, metadata={"generator": "tools/make_op_fixtures.py",
-                                           "torch": torch.__version__})
+        # One metadata key: safetensors orders several keys at random, and the files should be
+        # byte-reproducible.
+        save_file(tensors, path,
+                  metadata={"generator": f"tools/make_op_fixtures.py, torch {torch.__version__}"})
         print(f"{path}: {os.path.getsize(path)} bytes, {sorted(tensors)}")
 
 

@@ -55,17 +55,22 @@ class OpCheck {
     return s + ")";
   }
 
-  void expect(bool cond, const std::string& what) const {
-    if (!cond) OPD_FAIL(InvalidArgument, op_, ": ", what, " ", describe());
+  // The message parts are only concatenated on failure: these checks run on every op call.
+  template <typename... Parts>
+  void expect(bool cond, const Parts&... what) const {
+    if (!cond) OPD_FAIL(InvalidArgument, op_, ": ", what..., " ", describe());
   }
 
   void expect_shape(const char* name, const Tensor& t, const Shape& want) const {
-    expect(t.shape() == want, cat(name, " must have shape ", shape_str(want), ", got ",
-                                  shape_str(t.shape())));
+    if (t.shape() != want) {
+      expect(false, name, " must have shape ", shape_str(want), ", got ", shape_str(t.shape()));
+    }
   }
 
   void expect_ndim(const char* name, const Tensor& t, int ndim) const {
-    expect(t.ndim() == ndim, cat(name, " must be ", ndim, "-d, got ", shape_str(t.shape())));
+    if (t.ndim() != ndim) {
+      expect(false, name, " must be ", ndim, "-d, got ", shape_str(t.shape()));
+    }
   }
 
   // Ops without a CUDA kernel yet: refuse CUDA tensors with a clear message.
@@ -76,36 +81,32 @@ class OpCheck {
   // CPU dtype rules: float inputs/outputs share one dtype, f32 or f64; index tensors are i32;
   // outputs are writable. Returns the shared float dtype.
   DType cpu_float_dtype() const {
-    DType dtype = DType::F32;
-    bool found = false;
+    const Arg* first = nullptr;  // the first float tensor sets the op's dtype
     for (const Arg& a : args_) {
       DType dt = a.tensor->dtype();
       if (a.role == Role::Index) {
-        expect(dt == DType::I32, cat(a.name, " must be i32, got ", dtype_name(dt)));
-        continue;
+        expect(dt == DType::I32, a.name, " must be i32, got ", dtype_name(dt));
+      } else if (a.role == Role::Table) {
+        expect(dt == DType::F32 || dt == DType::F64, a.name, " must be f32 or f64, got ",
+               dtype_name(dt));
+      } else if (!first) {
+        first = &a;
+      } else {
+        expect(dt == first->tensor->dtype(), "float tensors must share one dtype, but ", a.name,
+               " is ", dtype_name(dt), " and ", first->name, " is ",
+               dtype_name(first->tensor->dtype()));
       }
-      if (a.role == Role::Table) {
-        expect(dt == DType::F32 || dt == DType::F64,
-               cat(a.name, " must be f32 or f64, got ", dtype_name(dt)));
-        continue;
-      }
-      if (!found) {
-        dtype = dt;
-        found = true;
-      }
-      expect(dt == dtype, cat("float tensors must share one dtype, but ", a.name, " is ",
-                              dtype_name(dt), " and ", args_.front().name, " is ",
-                              dtype_name(dtype)));
     }
-    if (found && dtype != DType::F32 && dtype != DType::F64) {
+    DType dtype = first ? first->tensor->dtype() : DType::F32;
+    if (dtype != DType::F32 && dtype != DType::F64) {
       if (dtype_is_float(dtype)) {
         OPD_FAIL(Unsupported, op_, ": dtype ", dtype_name(dtype),
                  " on the CPU is not implemented (f32 or f64) ", describe());
       }
-      expect(false, cat("expects f32 or f64 tensors, got ", dtype_name(dtype)));
+      expect(false, "expects f32 or f64 tensors, got ", dtype_name(dtype));
     }
     for (const Arg& a : args_) {
-      if (a.role == Role::Out) expect(a.tensor->writable(), cat(a.name, " is read-only"));
+      if (a.role == Role::Out) expect(a.tensor->writable(), a.name, " is read-only");
     }
     return dtype;
   }
@@ -131,7 +132,7 @@ DType cuda_rmsnorm_dtype(const OpCheck& check, const std::vector<const Tensor*>&
                          const std::vector<const Tensor*>& f32) {
   DType dtype = same.front()->dtype();
   check.expect(dtype == DType::F32 || dtype == DType::BF16,
-               cat("on CUDA expects f32 or bf16, got ", dtype_name(dtype)));
+               "on CUDA expects f32 or bf16, got ", dtype_name(dtype));
   for (const Tensor* t : same) {
     check.expect(t->dtype() == dtype, "x, w, y (dy, dx) must share one dtype");
   }
@@ -187,7 +188,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
   check.expect_shape("w", w, {h});
   check.expect_shape("y", y, {n, h});
   check.expect_shape("rstd", rstd, {n});
-  check.expect(std::isfinite(eps) && eps >= 0, cat("eps must be finite and >= 0, got ", eps));
+  check.expect(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got ", eps);
   if (check.device() == Device::CUDA) {
 #ifdef OPD_WITH_CUDA
     DType dtype = cuda_rmsnorm_dtype(check, {&x, &w, &y}, {&rstd});
@@ -251,7 +252,7 @@ void rope_dispatch(const char* op, Tensor& x, const Tensor& positions, const Ten
   check.require_cpu();
   check.expect_ndim("x", x, 3);
   int64_t n = x.dim(0), heads = x.dim(1), head_dim = x.dim(2);
-  check.expect(head_dim % 2 == 0, cat("head_dim must be even, got ", head_dim));
+  check.expect(head_dim % 2 == 0, "head_dim must be even, got ", head_dim);
   check.expect_shape("positions", positions, {n});
   check.expect_shape("inv_freq", inv_freq, {head_dim / 2});
   DType dtype = check.cpu_float_dtype();
@@ -281,8 +282,8 @@ AttnDims attention_dims(const OpCheck& check, const Tensor& q, const Tensor& k, 
   check.expect_shape("k", k, {a.n, a.hkv, a.d});
   check.expect_shape("v", v, {a.n, a.hkv, a.d});
   check.expect(a.hkv >= 1 && a.hq % a.hkv == 0,
-               cat("query heads ", a.hq, " must be a multiple of kv heads ", a.hkv));
-  check.expect(std::isfinite(scale), cat("scale must be finite, got ", scale));
+               "query heads ", a.hq, " must be a multiple of kv heads ", a.hkv);
+  check.expect(std::isfinite(scale), "scale must be finite, got ", scale);
   return a;
 }
 
@@ -474,7 +475,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   check.expect_shape("targets", targets, {n});
   check.expect_shape("lse", lse, {n});
   check.expect_shape("dlogits", dlogits, {n, vocab});
-  check.expect(std::isfinite(scale), cat("scale must be finite, got ", scale));
+  check.expect(std::isfinite(scale), "scale must be finite, got ", scale);
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
                                 n, vocab, scale, dlogits.data<float>());

@@ -1,6 +1,6 @@
 // Thread-count independence: every CPU op but linear (OpenBLAS runs its own threads) gives
-// bit-identical f32 results with 1 and 3 worker
-// threads (thread_pool.h promises it; embedding/rmsnorm backward split columns to keep it).
+// bit-identical f32 results with 1 and 3 worker threads (thread_pool.h promises it;
+// embedding/rmsnorm backward split columns rather than rows to keep it).
 #include <gtest/gtest.h>
 
 #include <vector>

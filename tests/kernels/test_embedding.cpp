@@ -85,7 +85,7 @@ TEST(Embedding, ShapeAndDtypeMismatchesAreInvalidArguments) {
                      {"embedding_forward", "[4, 3]", "[4, 2]"}));
   Tensor out32 = Tensor::poisoned({4, 3}, DType::F32);
   EXPECT_TRUE(throws([&] { ops::embedding_forward(ids, table, out32); },
-                     ErrorKind::InvalidArgument, {"embedding_forward", "f32", "f64"}));
+                     ErrorKind::InvalidArgument, {"embedding_forward", "out is f32", "table is f64"}));
   Tensor ids64 = Tensor::from_vector<int64_t>({0, 1, 2, 3}, {4});
   Tensor out64 = Tensor::poisoned({4, 3}, DType::F64);
   EXPECT_TRUE(throws([&] { ops::embedding_forward(ids64, table, out64); },

@@ -80,7 +80,10 @@ int run_python(const std::string& code, const std::string& args, std::string* ou
 bool python_can_import(const std::string& modules, std::string* why) {
   std::string out;
   int rc = run_python("import " + modules, "", &out);
-  if (rc != 0) *why = "python3 cannot import " + modules + " (exit " + std::to_string(rc) + "): " + out;
+  if (rc != 0) {
+    *why = "python3 cannot import " + modules + " (exit " + std::to_string(rc) +
+           (rc == 127 ? ", python3 not found on PATH" : "") + "): " + out;
+  }
   return rc == 0;
 }
 
