@@ -67,6 +67,12 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
             " must be > 0");
   OPD_CHECK(pl.seq_first_position.size() == num_seqs, InvalidData, kWhat, ": has ",
             pl.seq_first_position.size(), " sequences, the completion batch has ", num_seqs);
+  OPD_CHECK(pl.seq_row_offsets.size() == num_seqs + 1, InvalidData, kWhat,
+            ": seq_row_offsets has ", pl.seq_row_offsets.size(), " entries, expected sequences + 1 = ",
+            num_seqs + 1);
+  OPD_CHECK(pl.seq_row_offsets.back() == static_cast<int64_t>(pl.actual_logprobs.size()),
+            InvalidData, kWhat, ": actual_logprobs has ", pl.actual_logprobs.size(),
+            " entries but seq_row_offsets covers ", pl.seq_row_offsets.back(), " rows");
   check_offsets(pl.seq_row_offsets, num_seqs + 1, static_cast<int64_t>(pl.actual_logprobs.size()),
                 "seq_row_offsets", "sequences");
   for (size_t s = 0; s < num_seqs; ++s) {
