@@ -94,6 +94,19 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
             ": teacher vocabulary ", pl.teacher_vocab, " is larger than the student's ",
             student_vocab, " (vocab policy 'error'; 'clip-to-student' drops the extra ids)");
 
+  // --- temperature -----------------------------------------------------------------------
+  OPD_CHECK(std::isfinite(pl.temperature) && pl.temperature > 0, InvalidData, kWhat,
+            ": temperature ", pl.temperature, " must be finite and > 0");
+  double rescale = 1.0;  // topk: a_k * T_p / T, exact after renormalization over the K ids
+  if (pl.temperature != config.temperature) {
+    OPD_CHECK(config.mode == SupportMode::TopK, InvalidData, kWhat,
+              ": log-probabilities at temperature ", pl.temperature,
+              " cannot give exact values at the distillation temperature ", config.temperature,
+              " for mode ", support_mode_name(config.mode),
+              "; use mode topk (renormalizes a_k / T over the K ids) or a teacher that applies T");
+    rescale = pl.temperature / config.temperature;
+  }
+
   // --- rows ------------------------------------------------------------------------------
   const int64_t k = pl.k;
   TeacherTopK out;
@@ -208,10 +221,10 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
           put(out.logprobs, r * k + j, -std::numeric_limits<double>::infinity());
         } else {
           o_ids[r * k + j] = static_cast<int32_t>(id);
-          put(out.logprobs, r * k + j, pl.logprobs[begin + j] - shift);
+          put(out.logprobs, r * k + j, (pl.logprobs[begin + j] - shift) * rescale);
         }
       }
-      put(out.actual_logprobs, r, ay - shift);
+      put(out.actual_logprobs, r, (ay - shift) * rescale);
     }
   }
   if (stats_out) *stats_out = stats;

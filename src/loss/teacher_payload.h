@@ -21,6 +21,9 @@ namespace opd {
 struct TeacherPayload {
   int64_t k = 0;               // entries per position the teacher promised (0: actual token only)
   int64_t teacher_vocab = 0;   // the teacher model's vocabulary size
+  // Temperature the teacher applied before its softmax (opd's teacher: the distillation T; a
+  // plain vLLM server: 1). See validate_teacher_payload for what a mismatch means.
+  double temperature = 1.0;
   std::vector<int64_t> seq_first_position;  // per sequence: position of its first scored token
   std::vector<int64_t> seq_row_offsets;     // [num_sequences + 1]
   std::vector<int64_t> entry_offsets;       // [rows + 1]
@@ -70,6 +73,11 @@ struct PayloadStats {
 // Clipping renormalizes the kept entries to the mass that stays in the student's vocabulary:
 // a_k -= log1p(-dropped), likewise the actual token's logprob (the unseen tail is assumed to lie
 // inside the student vocabulary). A row whose every entry is dropped is an error.
+// Temperature: logprobs at the payload's temperature T_p cannot give exact values at the
+// distillation temperature T != T_p, so topk+tail and sampled are refused with a message naming
+// both; topk is exact after rescaling a_k * T_p / T (the teacher's LSE cancels when topk
+// renormalizes over the K ids), which validation applies (DESIGN.md: "renormalize a_k / T over
+// the K ids, i.e. topk").
 // `dtype` (F32 or F64) is the dtype of the returned logprobs. Throws InvalidData / InvalidArgument.
 TeacherTopK validate_teacher_payload(const TeacherPayload& payload, const CompletionLayout& layout,
                                      int64_t student_vocab, const LossConfig& config, DType dtype,

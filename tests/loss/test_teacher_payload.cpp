@@ -270,11 +270,7 @@ enum class Corruption {
 };
 
 TEST(TeacherPayload, RandomCorruptionsAreRejectedOrComputeFinitely) {
-#if defined(__SANITIZE_ADDRESS__)
-  const int cases = 1500;
-#else
-  const int cases = 6000;
-#endif
+  const int cases = 6000;  // ~0.4 s, ~1.3 s under ASan
   const int64_t h = 8;
   Tensor lm_head = test::random_uniform({kVocab, h}, DType::F64, 21, -2, 2);
   int accepted = 0, rejected = 0;
