@@ -511,6 +511,10 @@ void FusedLoss<T>::sparse_backward() {
 template <typename T>
 LossResult FusedLoss<T>::run() {
   check_args();
+  if (n_ == 0) {  // an empty micro-batch (e.g. a rank with no completion rows this step)
+    if (dh_) dh_->fill_zero();
+    return LossResult{};
+  }
   tile_ = std::min(c_.vocab_tile, v_);
   inv_t_ = 1.0 / c_.temperature;
   need_lse_t_ = c_.mode != SupportMode::TopK;
@@ -522,8 +526,8 @@ LossResult FusedLoss<T>::run() {
 
   zk_ = Tensor::empty({n_, k_ + 1}, DType::F64);
   stats_ = Tensor::empty({n_, kRowStatCols}, DType::F64);
-  if (n_ > 0 && any_tile) tile_buf_ = Tensor::empty({n_, tile_}, dtype_of<T>());
-  if (n_ > 0 && full_) teacher_tile_buf_ = Tensor::empty({n_, tile_}, dtype_of<T>());
+  if (any_tile) tile_buf_ = Tensor::empty({n_, tile_}, dtype_of<T>());
+  if (full_) teacher_tile_buf_ = Tensor::empty({n_, tile_}, dtype_of<T>());
 
   gather();
   pass_lse();
@@ -531,7 +535,7 @@ LossResult FusedLoss<T>::run() {
   LossResult res = row_coefficients();
   if (dh_) {
     dh_->fill_zero();
-    if (n_ > 0 && any_tile) pass_backward();
+    if (any_tile) pass_backward();
     sparse_backward();
   }
   return res;

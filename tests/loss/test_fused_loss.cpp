@@ -725,6 +725,31 @@ TEST(FusedLoss, ArgumentAndConfigChecks) {
   a.teacher = nullptr;
   test::expect_error([&] { run_fused(c2, a); }, ErrorKind::InvalidArgument,
                      {"needs a validated teacher payload"});
+  // An empty micro-batch (a rank without completion rows) contributes nothing.
+  for (SupportMode m : kModes) {
+    LossConfig c3;
+    c3.mode = m;
+    FusedLossArgs e = args_for(p, c3);
+    e.hidden = p.hidden.slice_rows(0, 0);
+    e.targets = p.targets.slice_rows(0, 0);
+    e.weights = e.weights.slice_rows(0, 0);
+    e.sft_rows = p.sft_rows.slice_rows(0, 0);
+    e.teacher_hidden = p.teacher_hidden.slice_rows(0, 0);
+    TeacherTopK t0;
+    if (m != SupportMode::Full) {
+      t0.k = p.k;
+      t0.ids = p.teacher[1].ids.slice_rows(0, 0);
+      t0.logprobs = p.teacher[1].logprobs.slice_rows(0, 0);
+      t0.actual_logprobs = p.teacher[1].actual_logprobs.slice_rows(0, 0);
+      t0.valid = p.teacher[1].valid.slice_rows(0, 0);
+      e.teacher = &t0;
+    }
+    Tensor dh = Tensor::empty({0, p.h}, DType::F64);
+    Tensor dw = test::random_uniform({p.v, p.h}, DType::F64, 8);
+    Tensor dw0 = dw.clone();
+    EXPECT_EQ(fused_lm_head_loss(c3, e, &dh, &dw).loss, 0.0);
+    EXPECT_TRUE(test::close(dw, dw0, 0, 0));
+  }
   EXPECT_EQ(parse_support_mode("topk+tail"), SupportMode::TopKTail);
   EXPECT_EQ(parse_vocab_policy("clip-to-student"), VocabPolicy::ClipToStudent);
   test::expect_error([] { parse_support_mode("dense"); }, ErrorKind::InvalidArgument,
