@@ -14,6 +14,8 @@ tiny randomly initialised model with Hugging Face transformers, in float32, and 
 transformers runs the batch right-padded with an attention mask; opd runs it packed, so both
 the padding semantics (never attended, no gradient) and the numbers are checked.
 
+The Llama variant with attention_bias (llama_bias) covers the o_proj bias.
+
 Usage: python3 tools/make_fixtures.py [--out tests/fixtures/models]
 Needs: torch, transformers, safetensors (pip install torch transformers safetensors).
 """
@@ -50,6 +52,13 @@ FAMILIES = {
                           high_freq_factor=4.0, original_max_position_embeddings=64),
         tie_word_embeddings=True, attention_bias=False, hidden_act="silu", initializer_range=0.1,
         bos_token_id=1, eos_token_id=[2, 3]),
+    # Llama with attention_bias: q/k/v *and* o_proj biases (Qwen2 has no o_proj bias), untied.
+    "llama_bias": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=VOCAB, hidden_size=32,
+        intermediate_size=40, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64,
+        tie_word_embeddings=False, attention_bias=True, hidden_act="silu", initializer_range=0.1,
+        bos_token_id=1, eos_token_id=2),
 }
 
 

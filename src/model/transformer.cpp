@@ -106,7 +106,7 @@ Tensor Transformer::forward(const Batch& batch, ForwardCache* cache) const {
     ops::attention_forward(lc.q, lc.k, lc.v, batch.cu_seqlens, scale, lc.attn, lc.lse);
 
     Tensor o = empty_f({T, H}, x);
-    ops::linear_forward(lc.attn.reshape({T, Hq * D}), L.o_proj, none(), o);
+    ops::linear_forward(lc.attn.reshape({T, Hq * D}), L.o_proj, L.o_bias, o);
     lc.x2 = empty_f({T, H}, x);
     ops::add(x, o, lc.x2);
 
@@ -178,7 +178,7 @@ void Transformer::backward(const Batch& batch, const ForwardCache& cache, const 
 
     // Attention: x2 = x + o_proj(attn).
     Tensor dattn = empty_f({T, Hq * D}, dx);
-    ops::linear_backward(dx2, lc.attn.reshape({T, Hq * D}), L.o_proj, dattn, G.o_proj, none_t);
+    ops::linear_backward(dx2, lc.attn.reshape({T, Hq * D}), L.o_proj, dattn, G.o_proj, G.o_bias);
     Tensor dq = empty_f({T, Hq, D}, dx), dk = empty_f({T, Hkv, D}, dx), dv = empty_f({T, Hkv, D}, dx);
     ops::attention_backward(dattn.reshape({T, Hq, D}), lc.q, lc.k, lc.v, lc.attn, lc.lse,
                             batch.cu_seqlens, scale, dq, dk, dv);

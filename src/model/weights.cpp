@@ -24,6 +24,7 @@ void visit(W& w, Fn&& fn) {
     fn(p + "self_attn.v_proj.weight", l.v_proj);
     if (l.v_bias.defined()) fn(p + "self_attn.v_proj.bias", l.v_bias);
     fn(p + "self_attn.o_proj.weight", l.o_proj);
+    if (l.o_bias.defined()) fn(p + "self_attn.o_proj.bias", l.o_bias);
     if (l.q_norm.defined()) fn(p + "self_attn.q_norm.weight", l.q_norm);
     if (l.k_norm.defined()) fn(p + "self_attn.k_norm.weight", l.k_norm);
     fn(p + "post_attention_layernorm.weight", l.post_norm);
@@ -66,6 +67,7 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
     out.push_back({p + "self_attn.v_proj.weight", {kv_dim, H}});
     if (c.attention_bias) out.push_back({p + "self_attn.v_proj.bias", {kv_dim}});
     out.push_back({p + "self_attn.o_proj.weight", {H, q_dim}});
+    if (c.o_proj_bias()) out.push_back({p + "self_attn.o_proj.bias", {H}});
     if (c.qk_norm) {
       out.push_back({p + "self_attn.q_norm.weight", {D}});
       out.push_back({p + "self_attn.k_norm.weight", {D}});
@@ -108,6 +110,7 @@ ModelWeights build(const ModelConfig& c, Make&& make) {
     l.q_bias = take(p + "self_attn.q_proj.bias");
     l.k_bias = take(p + "self_attn.k_proj.bias");
     l.v_bias = take(p + "self_attn.v_proj.bias");
+    l.o_bias = take(p + "self_attn.o_proj.bias");
     l.q_norm = take(p + "self_attn.q_norm.weight");
     l.k_norm = take(p + "self_attn.k_norm.weight");
     l.post_norm = take(p + "post_attention_layernorm.weight");

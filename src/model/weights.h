@@ -19,6 +19,7 @@ struct LayerWeights {
   Tensor input_norm;          // [H]
   Tensor q_proj, k_proj, v_proj, o_proj;  // [Hq*D, H], [Hkv*D, H], [Hkv*D, H], [H, Hq*D]
   Tensor q_bias, k_bias, v_bias;          // [Hq*D], [Hkv*D], [Hkv*D] when attention_bias
+  Tensor o_bias;                          // [H] when config.o_proj_bias() (Llama/Qwen3)
   Tensor q_norm, k_norm;      // [D] when qk_norm (Qwen3)
   Tensor post_norm;           // [H]
   Tensor gate_proj, up_proj;  // [I, H]

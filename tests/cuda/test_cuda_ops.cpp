@@ -91,7 +91,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRmsnorm,
                          ::testing::Values(NormCase{1, 1}, NormCase{1, 7}, NormCase{3, 255},
                                            NormCase{17, 256}, NormCase{33, 1000},
                                            NormCase{257, 1024}, NormCase{1000, 4096},
-                                           NormCase{4097, 128}));
+                                           NormCase{4097, 128}),
+                         [](const auto& info) {
+                           return "n" + std::to_string(info.param.n) + "_h" + std::to_string(info.param.h);
+                         });
 
 }  // namespace
 }  // namespace opd

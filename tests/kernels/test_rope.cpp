@@ -61,18 +61,30 @@ TEST_P(RopeShapes, ForwardIsTheRotateHalfRotation) {
       }
 }
 
-TEST_P(RopeShapes, Float32MatchesFloat64) {
+// The f32 path forms the angle as the f32 product position * inv_freq (what transformers does;
+// at position 2048 it differs from the double angle by ~1e-4 rad), then rotates in double.
+TEST_P(RopeShapes, Float32UsesTheFloat32AngleLikeTransformers) {
   auto [n, heads, d] = GetParam();
   Tensor positions = random_ints({n}, 6, 0, 2048);
   Tensor inv_freq = default_inv_freq(d);
   Tensor x32 = random_uniform({n, heads, d}, DType::F32, 7);
-  Tensor x64 = x32.to_dtype(DType::F64);
+  Tensor orig = x32.clone();
   ops::rope_forward(x32, positions, inv_freq);
-  ops::rope_forward(x64, positions, inv_freq);
-  EXPECT_TRUE(f32_close(x32, x64));
-  ops::rope_backward(x32, positions, inv_freq);
-  ops::rope_backward(x64, positions, inv_freq);
-  EXPECT_TRUE(f32_close(x32, x64));
+  Tensor expect = Tensor::poisoned({n, heads, d}, DType::F32);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < d / 2; ++i) {
+        float a32 = static_cast<float>(positions.data<int32_t>()[t]) *
+                    inv_freq.data<float>()[i];
+        double a = a32;
+        int64_t base = (t * heads + h) * d;
+        double x1 = orig.data<float>()[base + i], x2 = orig.data<float>()[base + i + d / 2];
+        expect.data<float>()[base + i] = static_cast<float>(x1 * std::cos(a) - x2 * std::sin(a));
+        expect.data<float>()[base + i + d / 2] = static_cast<float>(x2 * std::cos(a) + x1 * std::sin(a));
+      }
+  EXPECT_TRUE(f32_close(x32, expect));
+  ops::rope_backward(x32, positions, inv_freq);  // the exact inverse rotation
+  EXPECT_TRUE(f32_close(x32, orig));
 }
 
 // head_dim 2 (one pair), 6 (odd half), 16; one row; one head; no rows.

@@ -3,6 +3,7 @@
 // x[i]' = x[i] cos - x[i+d/2] sin, x[i+d/2]' = x[i+d/2] cos + x[i] sin; the backward applies
 // the transpose, i.e. the rotation by -angle.
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -27,9 +28,16 @@ void rotate(T* x, const int32_t* positions, const double* inv_freq, int64_t n, i
   parallel_for(n, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = 0; i < half; ++i) {
-        // The angle is formed in double: positions reach 1e5+ and a float angle would carry an
-        // absolute error of ~1e-2 rad there.
-        double angle = static_cast<double>(positions[t]) * inv_freq[i];
+        // f32 activations: the angle is the f32 product position * inv_freq, as transformers
+        // (and the frameworks models are pretrained with) form it, so long positions rotate
+        // exactly as the model expects (a double angle differs by ~2e-3 rad at 32k).
+        // f64 (the finite-difference reference): the angle in double.
+        double angle;
+        if constexpr (std::is_same_v<T, float>)
+          angle = static_cast<double>(static_cast<float>(positions[t]) *
+                                      static_cast<float>(inv_freq[i]));
+        else
+          angle = static_cast<double>(positions[t]) * inv_freq[i];
         double c = std::cos(angle), s = sign * std::sin(angle);
         for (int64_t hd = 0; hd < heads; ++hd) {
           T* row = x + (t * heads + hd) * head_dim;
