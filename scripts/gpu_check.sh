@@ -5,6 +5,8 @@
 # Prints a short summary last; full logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The bundle holds bin/ and lib/ (compressed: the working tree that travels is capped).
+if [[ -f .carry/bundle.tgz ]]; then tar -C .carry -xzf .carry/bundle.tgz; fi
 export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
 export OPD_SOURCE_DIR="$PWD" OPD_BINARY="$PWD/.carry/bin/opd"
 OUT="${OUT:-/tmp/opd_out}"
