@@ -15,10 +15,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 summary=()
 run() {  # name, command...
   local name=$1; shift
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)
   "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  local secs=$(echo "$(date +%s.%N) - $t0" | bc)
+  local secs=$(( ($(date +%s%N) - t0) / 1000000 ))e-3
   local tail=$(grep -E "PASSED|FAILED|ERROR SUMMARY|SKIPPED \]" "$OUT/$name.log" | head -3 | tr '\n' ' ')
   summary+=("$(printf '%-22s rc=%d %6.1fs  %s' "$name" "$rc" "$secs" "$tail")")
 }

@@ -56,7 +56,9 @@ class CudaRmsnorm : public ::testing::TestWithParam<NormCase> {};
 TEST_P(CudaRmsnorm, ForwardAndBackwardMatchCpu) {
   REQUIRE_GPU();
   const auto [n, h] = GetParam();
-  const double eps = 1e-6;
+  // At H = 1 the dx formula cancels almost exactly (y = w*sign(x) when eps << x^2), so the
+  // true dx is ~eps-sized and both sides are rounding noise; a large eps makes it well-posed.
+  const double eps = h == 1 ? 0.5 : 1e-6;
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
     // Inputs representable in the storage dtype, so CPU and GPU see identical values.
