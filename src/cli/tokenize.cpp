@@ -110,7 +110,12 @@ void run_tokenize(const TokenizeOptions& o) {
     ++line_no;
     out.clear();
     if (o.decode) {
-      out = tok.decode(parse_ids(line, line_no), o.skip_special_tokens);
+      try {
+        out = tok.decode(parse_ids(line, line_no), o.skip_special_tokens);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::InvalidArgument) throw;
+        OPD_FAIL(InvalidData, "stdin line ", line_no, ": ", e.what());
+      }
       out += '\n';
     } else {
       write_ids(out, tok.encode(line, o.add_special_tokens));

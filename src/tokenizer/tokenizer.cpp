@@ -435,8 +435,12 @@ void Tokenizer::Impl::parse_added(const json& list) {
   raw_added.finish();
   normalized_added.finish();
   if (any_single_word) {
-    word_start = std::make_unique<Regex>("^\\w", "single_word check");
-    word_end = std::make_unique<Regex>("\\w$", "single_word check");
+    // HF tests word edges with Rust's \w: Alphabetic, marks, decimal digits, connector
+    // punctuation and Join_Control (not PCRE2's L/N/_), plus the letters Unicode 16 added.
+    const std::string w = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}" +
+                          unicode::regex_letter_delta() + "]";
+    word_start = std::make_unique<Regex>("^" + w, "single_word check");
+    word_end = std::make_unique<Regex>(w + "$", "single_word check");
   }
 }
 
