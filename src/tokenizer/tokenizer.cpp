@@ -682,14 +682,6 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& ids) cons
     ids.push_back(byte_id[static_cast<unsigned char>(word[0])]);
     return;
   }
-  if (ignore_merges) {  // HF: a pre-token that is itself a vocab entry is taken whole
-    std::string mapped;
-    for (unsigned char b : word) utf8::append(mapped, bytes_char()[b]);
-    if (auto it = vocab.find(mapped); it != vocab.end()) {
-      ids.push_back(it->second);
-      return;
-    }
-  }
   WordCache& cache = word_cache(instance);
   thread_local std::string key;
   key.assign(word);
@@ -698,7 +690,14 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& ids) cons
     return;
   }
   const size_t before = ids.size();
-  merge_word(word, ids);
+  std::string mapped;
+  if (ignore_merges) {  // HF: a pre-token that is itself a vocab entry is taken whole
+    for (unsigned char b : word) utf8::append(mapped, bytes_char()[b]);
+  }
+  if (auto it = ignore_merges ? vocab.find(mapped) : vocab.end(); it != vocab.end())
+    ids.push_back(it->second);
+  else
+    merge_word(word, ids);
   if (cache.words.size() >= kCacheWords) cache.words.clear();
   cache.words.emplace(key, std::vector<int32_t>(ids.begin() + static_cast<ptrdiff_t>(before),
                                                 ids.end()));

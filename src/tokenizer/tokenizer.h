@@ -71,6 +71,7 @@ class Tokenizer {
   struct Impl;
 
  private:
+  Tokenizer() = default;  // only load() makes one, so impl_ is never null
   friend class IncrementalDecoder;
   std::shared_ptr<const Impl> impl_;
 };
