@@ -224,6 +224,7 @@ struct Tokenizer::Impl {
   bool byte_level_decoder = false;
 
   void load(const std::string& file);
+  void parse(const json& root);
   void parse_model(const json& model);
   void parse_added(const json& list);
   void parse_normalizer(const json& j, const std::string& where);
@@ -254,6 +255,16 @@ void Tokenizer::Impl::load(const std::string& file) {
     OPD_FAIL(InvalidData, file, ": not valid JSON: ", e.what());
   }
   if (!root.is_object()) OPD_FAIL(InvalidData, file, ": top level is not a JSON object");
+  try {
+    parse(root);
+  } catch (const json::exception& e) {
+    // A field of an unexpected JSON type that a check above did not anticipate.
+    OPD_FAIL(InvalidData, file, ": unexpected structure: ", e.what());
+  }
+}
+
+void Tokenizer::Impl::parse(const json& root) {
+  const std::string& file = path;
   for (const char* key : {"truncation", "padding"})
     if (root.contains(key) && !root[key].is_null())
       OPD_FAIL(Unsupported, file, ": '", key,

@@ -323,6 +323,65 @@ TEST(TokenizerLoad, IdsAndMergesAreValidated) {
   expect_load_error(j.dump(), ErrorKind::InvalidData, {"999"}, "template_unknown_id");
 }
 
+// Untrusted files: random type changes anywhere in a valid file either load or raise
+// opd::Error (InvalidData/Unsupported), never another exception or a crash (ASan variant).
+TEST(TokenizerLoad, MutatedFilesFailCleanly) {
+  const json base = minimal_tokenizer();
+  std::vector<std::vector<std::string>> paths = {
+      {"model"}, {"model", "type"}, {"model", "vocab"}, {"model", "merges"}, {"model", "dropout"},
+      {"model", "ignore_merges"}, {"added_tokens"}, {"normalizer"}, {"pre_tokenizer"},
+      {"pre_tokenizer", "type"}, {"pre_tokenizer", "use_regex"}, {"decoder"}, {"decoder", "type"},
+      {"post_processor"}, {"truncation"}};
+  const std::vector<json> values = {nullptr, 1, -7, 2.5, true, "x", json::array(),
+                                    json::array({1, "a", nullptr}), json::object(),
+                                    {{"type", "Sequence"}}, {{"type", 3}}};
+  int n = 0;
+  for (const auto& p : paths)
+    for (const json& v : values) {
+      json j = base;
+      json* node = &j;
+      for (size_t i = 0; i + 1 < p.size(); ++i) node = &(*node)[p[i]];
+      (*node)[p.back()] = v;
+      const std::string path = write_temp(j.dump(), "mutated.json");
+      try {
+        (void)Tokenizer::load(path);
+      } catch (const Error& e) {
+        EXPECT_TRUE(e.kind() == ErrorKind::InvalidData || e.kind() == ErrorKind::Unsupported)
+            << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "non-opd exception for " << j.dump().substr(0, 200) << ": " << e.what();
+      }
+      std::remove(path.c_str());
+      ++n;
+    }
+  EXPECT_EQ(n, static_cast<int>(paths.size() * values.size()));
+}
+
+// Without a normalizer, byte-level BPE is lossless on any valid text, so decode(encode(x)) is
+// x after the U+FFFD rule, for arbitrary bytes.
+TEST(TokenizerLoad, RandomBytesRoundTripThroughTheReplacementRule) {
+  const std::string path = write_temp(minimal_tokenizer().dump(), "minimal_rt.json");
+  const Tokenizer t = Tokenizer::load(path);
+  uint64_t state = 0x9E3779B97F4A7C15ULL;
+  auto next = [&] {  // xorshift64*
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return state * 0x2545F4914F6CDD1DULL;
+  };
+  for (int i = 0; i < 3000; ++i) {
+    std::string s(next() % 64, '\0');
+    for (char& c : s) {
+      const uint64_t r = next();
+      c = static_cast<char>((r & 3) == 0 ? ' ' : (r & 3) == 1 ? 'a' + (r >> 8) % 3 : (r >> 8) & 0xFF);
+    }
+    const std::vector<int32_t> ids = t.encode(s);
+    for (int32_t id : ids) ASSERT_TRUE(t.contains(id));
+    ASSERT_EQ(t.decode(ids), utf8::to_valid(s)) << "input bytes: " << s.size();
+  }
+  std::remove(path.c_str());
+}
+
 TEST(TokenizerLoad, MissingFileIsAnIoError) {
   try {
     (void)Tokenizer::load("/nonexistent/dir");
