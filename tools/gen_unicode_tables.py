@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Generates src/tokenizer/unicode_tables.inc: the Unicode data the C++ tokenizer needs to
+reproduce Hugging Face `tokenizers` exactly (run by hand; the output is committed).
+
+Two sources, both read here and nowhere at run time:
+  * Python's unicodedata (Unicode 14.0 on Python 3.11) for canonical combining classes,
+    canonical decompositions and compositions (NFC);
+  * the `tokenizers` package itself, because it does not use one Unicode version throughout:
+    its NFC (crate unicode-normalization-alignments) predates Unicode 10, so marks and
+    composites added later are unknown to it, and its split regexes (Oniguruma) use
+    Unicode 16, newer than the PCRE2 10.42 / Python 14.0 tables. We ask the package which
+    characters differ and record exactly those, so the C++ side matches it, not a standard.
+
+Usage: python3 tools/gen_unicode_tables.py > src/tokenizer/unicode_tables.inc
+"""
+import sys
+import unicodedata as ud
+
+from tokenizers import Regex, normalizers, pre_tokenizers
+
+assert ud.unidata_version == "14.0.0", f"expected Python's Unicode 14.0.0, got {ud.unidata_version}"
+CPS = [c for c in range(1, 0x110000) if not (0xD800 <= c <= 0xDFFF)]
+NFC, NFD = normalizers.NFC(), normalizers.NFD()
+
+
+def hf_map(norm, strings):
+    """Normalize many strings at once with an HF normalizer (NUL is a starter: it blocks nothing
+    we test and is never changed), returning one result per input."""
+    out = norm.normalize_str("\x00".join(strings)).split("\x00")
+    assert len(out) == len(strings)
+    return out
+
+
+def canonical_decomposition(c):
+    d = ud.decomposition(chr(c))
+    if not d or d.startswith("<"):
+        return None
+    return [int(x, 16) for x in d.split()]
+
+
+# --- characters HF's normalizer does not know --------------------------------------------
+# Combining marks: 'a' + mark + U+0334 (ccc 1) is reordered iff the normalizer knows ccc > 1.
+marks = [c for c in CPS if ud.combining(chr(c)) > 1]
+hf = hf_map(NFD, ["a" + chr(c) + "\u0334" for c in marks])
+unknown_marks = {c for c, got in zip(marks, hf) if got != ud.normalize("NFD", "a" + chr(c) + "\u0334")}
+# ccc == 1 marks: U+0301 (230) + mark must become mark + U+0301.
+ones = [c for c in CPS if ud.combining(chr(c)) == 1]
+hf = hf_map(NFD, ["a\u0301" + chr(c) for c in ones])
+unknown_marks |= {c for c, got in zip(ones, hf) if got != ud.normalize("NFD", "a\u0301" + chr(c))}
+# Decompositions: single characters whose NFD differs.
+hf = hf_map(NFD, [chr(c) for c in CPS])
+unknown_decomp = {c for c, got in zip(CPS, hf) if got != ud.normalize("NFD", chr(c))}
+
+ccc = {c: ud.combining(chr(c)) for c in CPS if ud.combining(chr(c)) and c not in unknown_marks}
+decomp = {}
+for c in CPS:
+    if c in unknown_decomp or 0xAC00 <= c <= 0xD7A3:  # Hangul syllables are algorithmic
+        continue
+    d = canonical_decomposition(c)
+    if d is not None:
+        decomp[c] = d
+# Primary composites: two-character canonical decompositions that NFC recomposes.
+pairs = {}
+for c, d in decomp.items():
+    if len(d) == 2 and ud.normalize("NFC", chr(d[0]) + chr(d[1])) == chr(c):
+        pairs[(d[0], d[1])] = c
+hf = hf_map(NFC, [chr(a) + chr(b) for (a, b) in pairs])
+for (ab, c), got in zip(list(pairs.items()), hf):
+    if got != chr(c):
+        del pairs[ab]
+
+
+def full_decomposition(c):
+    d = decomp.get(c)
+    if d is None:
+        return [c]
+    out = []
+    for x in d:
+        out += full_decomposition(x)
+    return out
+
+
+# Cross-check our derived tables against HF on every single character.
+hf_nfd = hf_map(NFD, [chr(c) for c in CPS])
+for c, got in zip(CPS, hf_nfd):
+    if 0xAC00 <= c <= 0xD7A3:
+        continue
+    assert got == "".join(map(chr, full_decomposition(c))), hex(c)
+
+# NFC quick check: No = never appears in NFC output; Maybe = may combine with what precedes.
+hf_nfc = hf_map(NFC, [chr(c) for c in CPS])
+qc_no = {c for c, got in zip(CPS, hf_nfc) if got != chr(c)}
+qc_maybe = {b for (_, b) in pairs} | set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))
+
+# --- regex classes: Oniguruma (Unicode 16) versus Unicode 14 --------------------------------
+def onig_members(pattern):
+    s = "".join(chr(c) for c in CPS)
+    kept = [False] * len(CPS)
+    for _, (a, b) in pre_tokenizers.Split(Regex(pattern), "removed").pre_tokenize_str(s):
+        for i in range(a, b):
+            kept[i] = True
+    return {CPS[i] for i in range(len(CPS)) if not kept[i]}
+
+
+def ranges(cs):
+    out = []
+    for c in sorted(cs):
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return out
+
+
+py_l = {c for c in CPS if ud.category(chr(c)).startswith("L")}
+py_n = {c for c in CPS if ud.category(chr(c)).startswith("N")}
+onig_l, onig_n, onig_s = onig_members(r"\p{L}"), onig_members(r"\p{N}"), onig_members(r"\s")
+assert not (py_l - onig_l) and not (py_n - onig_n), "Oniguruma dropped a Unicode 14 letter/number"
+
+w = sys.stdout.write
+w("// Generated by tools/gen_unicode_tables.py from Python unicodedata "
+  f"{ud.unidata_version} and the installed `tokenizers` package; do not edit.\n")
+w("// NFC data as Hugging Face tokenizers applies it, and the regex class deltas (see the script).\n\n")
+w("struct CccEntry { char32_t cp; uint8_t ccc; };\n")
+w(f"static const CccEntry kCcc[{len(ccc)}] = {{\n")
+for c in sorted(ccc):
+    w(f"  {{0x{c:X}, {ccc[c]}}},\n")
+w("};\n\n")
+flat, index = [], []
+for c in sorted(decomp):
+    full = full_decomposition(c)
+    index.append((c, len(flat), len(full)))
+    flat += full
+w("struct DecompEntry { char32_t cp; uint16_t offset; uint8_t length; };\n")
+w(f"static const char32_t kDecompData[{len(flat)}] = {{\n")
+for i in range(0, len(flat), 10):
+    w("  " + ", ".join(f"0x{x:X}" for x in flat[i:i + 10]) + ",\n")
+w("};\n")
+w(f"static const DecompEntry kDecomp[{len(index)}] = {{\n")
+for c, off, n in index:
+    w(f"  {{0x{c:X}, {off}, {n}}},\n")
+w("};\n\n")
+w("struct CompEntry { char32_t first; char32_t second; char32_t composite; };\n")
+w(f"static const CompEntry kComp[{len(pairs)}] = {{\n")
+for (a, b), c in sorted(pairs.items()):
+    w(f"  {{0x{a:X}, 0x{b:X}, 0x{c:X}}},\n")
+w("};\n\n")
+# Characters with a non-trivial quick-check value (0 = Yes with ccc 0 is the default).
+qc = {}
+for c in qc_no:
+    qc[c] = 2
+for c in qc_maybe:
+    qc.setdefault(c, 1)
+w("// 1 = NFC_QC Maybe, 2 = NFC_QC No (everything else is Yes).\n")
+w("struct QcRange { char32_t first; char32_t last; uint8_t value; };\n")
+qr = []
+for c in sorted(qc):
+    if qr and qr[-1][1] == c - 1 and qr[-1][2] == qc[c]:
+        qr[-1][1] = c
+    else:
+        qr.append([c, c, qc[c]])
+w(f"static const QcRange kQc[{len(qr)}] = {{\n")
+for a, b, v in qr:
+    w(f"  {{0x{a:X}, 0x{b:X}, {v}}},\n")
+w("};\n\n")
+
+
+def emit_ranges(name, cs, comment):
+    rs = ranges(cs)
+    w(f"// {comment}\n")
+    w(f"static const char32_t {name}[{max(1, len(rs))}][2] = {{\n")
+    for a, b in rs:
+        w(f"  {{0x{a:X}, 0x{b:X}}},\n")
+    if not rs:
+        w("  {0, 0},\n")
+    w("};\n")
+    w(f"static const int {name}Count = {len(rs)};\n\n")
+
+
+emit_ranges("kLetterDelta", onig_l - py_l, "\\p{L} in Oniguruma (Unicode 16) but not in Unicode 14")
+emit_ranges("kNumberDelta", onig_n - py_n, "\\p{N} in Oniguruma (Unicode 16) but not in Unicode 14")
+emit_ranges("kOnigSpace", onig_s, "\\s in Oniguruma: the White_Space property")
