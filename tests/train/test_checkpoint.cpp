@@ -1,0 +1,171 @@
+// Checkpoints: round trip, LATEST, keep-last-N, refusal of corrupt/truncated/incomplete
+// checkpoints with named errors and fallback to the previous one; signal flags; LR schedules.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+
+#include "common/test_util.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
+#include "train/signals.h"
+
+namespace opd {
+namespace {
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("opd_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+CheckpointData sample(int64_t step) {
+  CheckpointData d;
+  d.step = step;
+  d.tensor_files["model"]["w"] = test::random_uniform({3, 5}, DType::F32, 10 + step);
+  d.tensor_files["model"]["b"] = test::random_uniform({5}, DType::F64, 20 + step);
+  d.tensor_files["optimizer"]["exp_avg.w"] = test::random_uniform({3, 5}, DType::F32, 30 + step);
+  d.state["rng"] = {{"seed", 1234}, {"counter", step * 7}};
+  d.state["data_cursor"] = {{"epoch", 0}, {"index", step * 64}};
+  return d;
+}
+
+TEST(Checkpoint, RoundTripIsExact) {
+  TempDir root;
+  CheckpointData d = sample(3);
+  std::string dir = save_checkpoint(root.path.string(), d, 0);
+  EXPECT_EQ(fs::path(dir).filename(), "step-00000003");
+  CheckpointData back = load_checkpoint(dir);
+  EXPECT_EQ(back.step, 3);
+  EXPECT_EQ(back.state["data_cursor"]["index"], 192);
+  for (const auto& [file, tensors] : d.tensor_files)
+    for (const auto& [name, t] : tensors) {
+      const Tensor& b = back.tensor_files.at(file).at(name);
+      ASSERT_EQ(b.shape(), t.shape());
+      ASSERT_EQ(b.dtype(), t.dtype());
+      EXPECT_EQ(0, std::memcmp(b.raw(), t.raw(), t.nbytes())) << file << "/" << name;
+    }
+  std::ifstream latest(root.path / "LATEST");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-00000003");
+}
+
+TEST(Checkpoint, KeepLastDeletesOnlyOlderOnes) {
+  TempDir root;
+  for (int s = 1; s <= 5; ++s) save_checkpoint(root.path.string(), sample(s), 2);
+  auto all = list_checkpoints(root.path.string());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(fs::path(all[0]).filename(), "step-00000004");
+  EXPECT_EQ(fs::path(all[1]).filename(), "step-00000005");
+  // keep_last = 0 keeps everything.
+  for (int s = 6; s <= 8; ++s) save_checkpoint(root.path.string(), sample(s), 0);
+  EXPECT_EQ(list_checkpoints(root.path.string()).size(), 5u);
+}
+
+TEST(Checkpoint, CorruptionIsRefusedByNameAndTheRunFallsBack) {
+  TempDir root;
+  save_checkpoint(root.path.string(), sample(1), 0);
+  std::string d2 = save_checkpoint(root.path.string(), sample(2), 0);
+
+  // Flip one byte in the newest model file: refused, naming the file; fallback to step 1.
+  {
+    std::fstream f(d2 + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(-3, std::ios::end);
+    f.write(&c, 1);
+  }
+  try {
+    load_checkpoint(d2);
+    FAIL() << "corrupt checkpoint accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos) << e.what();
+  }
+  auto latest = load_latest_checkpoint(root.path.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 1);
+
+  // Truncation is named as such.
+  std::string d3 = save_checkpoint(root.path.string(), sample(3), 0);
+  fs::resize_file(d3 + "/state.json", 3);
+  try {
+    load_checkpoint(d3);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+  // A folder without a manifest (a crash before the rename cannot produce this name, but a
+  // hand-copied folder can) is incomplete.
+  fs::remove(d3 + "/MANIFEST.json");
+  EXPECT_THROW(load_checkpoint(d3), Error);
+  // Leftover temp folders from a crash are ignored.
+  fs::create_directories(root.path / "step-00000009.tmp-123");
+  EXPECT_EQ(load_latest_checkpoint(root.path.string())->step, 1);
+}
+
+TEST(Checkpoint, NothingToResumeFrom) {
+  TempDir root;
+  EXPECT_FALSE(load_latest_checkpoint(root.path.string()).has_value());
+  EXPECT_FALSE(load_latest_checkpoint((root.path / "missing").string()).has_value());
+}
+
+TEST(Signals, HangupIsCountedAndDoesNotStop) {
+  install_training_signal_handlers();
+  clear_stop_request();
+  int before = hangups_received();
+  ASSERT_EQ(::raise(SIGHUP), 0);
+  EXPECT_EQ(hangups_received(), before + 1);  // and we are still running
+  EXPECT_EQ(stop_requested(), StopRequest::None);
+  ASSERT_EQ(::raise(SIGPIPE), 0);  // ignored
+  ASSERT_EQ(::raise(SIGTERM), 0);
+  EXPECT_EQ(stop_requested(), StopRequest::Terminate);
+  clear_stop_request();
+  ASSERT_EQ(::raise(SIGINT), 0);  // the first SIGINT only requests a stop
+  EXPECT_EQ(stop_requested(), StopRequest::Interrupt);
+  clear_stop_request();
+}
+
+TEST(LrSchedule, MatchesTheTransformersFormulas) {
+  LrSchedule s;
+  s.base_lr = 1e-3;
+  s.warmup_steps = 10;
+  s.total_steps = 110;
+  s.kind = LrScheduleKind::Cosine;
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(5), 0.5e-3);
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 1e-3);
+  EXPECT_NEAR(s.lr_at(60), 0.5e-3, 1e-15);                               // half way: cos(pi/2)
+  EXPECT_NEAR(s.lr_at(35), 1e-3 * 0.5 * (1 + std::cos(std::numbers::pi * 0.25)), 1e-15);
+  EXPECT_NEAR(s.lr_at(110), 0.0, 1e-18);
+  s.kind = LrScheduleKind::Linear;
+  EXPECT_DOUBLE_EQ(s.lr_at(60), 0.5e-3);
+  EXPECT_DOUBLE_EQ(s.lr_at(200), 0.0);
+  s.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(s.lr_at(200), 1e-4);
+  s.kind = LrScheduleKind::Constant;
+  EXPECT_DOUBLE_EQ(s.lr_at(500), 1e-3);
+  EXPECT_EQ(parse_lr_schedule("cosine"), LrScheduleKind::Cosine);
+  EXPECT_THROW(parse_lr_schedule("exponential"), Error);
+}
+
+}  // namespace
+}  // namespace opd
