@@ -67,6 +67,13 @@ void head_norm(const Tensor& x, const Tensor& w, double eps, int64_t heads, Tens
 }  // namespace
 
 Tensor Transformer::forward(const Batch& batch, ForwardCache* cache) const {
+  Tensor h = forward_hidden(batch, cache);
+  Tensor logits = empty_f({h.dim(0), config_.vocab_size}, h);
+  ops::linear_forward(h, weights_.lm_head, none(), logits);
+  return logits;
+}
+
+Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) const {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), H = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -131,18 +138,25 @@ Tensor Transformer::forward(const Batch& batch, ForwardCache* cache) const {
   Tensor h = empty_like(x);
   Tensor rstd = empty_f({T}, x);
   ops::rmsnorm_forward(x, weights_.final_norm, eps, h, rstd);
-  Tensor logits = empty_f({T, c.vocab_size}, x);
-  ops::linear_forward(h, weights_.lm_head, none(), logits);
   if (cache) {
     cache->x_final = x;
     cache->h_final = h;
     cache->rstd_final = rstd;
   }
-  return logits;
+  return h;
 }
 
 void Transformer::backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
                            ModelWeights& grads) const {
+  Tensor none_t;
+  // lm_head. With tied embeddings grads.lm_head is grads.embed_tokens.
+  Tensor dh = empty_like(cache.h_final);
+  ops::linear_backward(dlogits, cache.h_final, weights_.lm_head, dh, grads.lm_head, none_t);
+  backward_hidden(batch, cache, dh, grads);
+}
+
+void Transformer::backward_hidden(const Batch& batch, const ForwardCache& cache,
+                                  const Tensor& dh, ModelWeights& grads) const {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -150,10 +164,6 @@ void Transformer::backward(const Batch& batch, const ForwardCache& cache, const 
   OPD_CHECK(cache.layers.size() == weights_.layers.size(), InvalidArgument,
             "backward needs a forward cache with every layer");
   Tensor none_t;
-
-  // lm_head and final norm. With tied embeddings grads.lm_head is grads.embed_tokens.
-  Tensor dh = empty_like(cache.h_final);
-  ops::linear_backward(dlogits, cache.h_final, weights_.lm_head, dh, grads.lm_head, none_t);
   Tensor dx = empty_like(cache.x_final);
   ops::rmsnorm_backward(dh, cache.x_final, weights_.final_norm, cache.rstd_final, dx,
                         grads.final_norm);

@@ -60,6 +60,13 @@ class Transformer {
   void backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
                 ModelWeights& grads) const;
 
+  // The same without the lm_head: final hidden states RMSNorm(x) [T, H] (what the fused
+  // lm_head + loss consumes, so no [T, V] logits exist), and the backward from d(hidden).
+  // The lm_head gradient is the caller's (the fused loss accumulates it).
+  Tensor forward_hidden(const Batch& batch, ForwardCache* cache = nullptr) const;
+  void backward_hidden(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden,
+                       ModelWeights& grads) const;
+
  private:
   ModelConfig config_;
   ModelWeights weights_;
