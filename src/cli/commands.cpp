@@ -1,4 +1,4 @@
-// The subcommand table (one register_* per src/cli/<name>.cpp).
+// The subcommand table (one register_* per src/cli/<name>.cpp) and the shared `bench` parent.
 #include "cli/commands.h"
 
 #include <CLI/CLI.hpp>
@@ -9,10 +9,21 @@ namespace { int g_exit_code = 0; }
 int exit_code() { return g_exit_code; }
 void set_exit_code(int code) { g_exit_code = code; }
 
+CLI::App& bench_command(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == "bench") return *sub;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (BENCHMARKS.md workloads and kernels)");
+  bench->require_subcommand(1);
+  return *bench;
+}
+
 void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
   register_tokenize(app);
+  register_chat_template(app);
+  register_train(app);
+  register_bench_attention(app);
 }
 
 }  // namespace opd::cli

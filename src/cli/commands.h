@@ -1,4 +1,5 @@
 // Registration of every opd subcommand on the CLI11 app; each lives in src/cli/<name>.cpp.
+// Benchmarks hang under one `opd bench` parent (bench_command); each registers its own child.
 #pragma once
 
 namespace CLI { class App; }
@@ -9,8 +10,14 @@ void register_commands(CLI::App& app);
 int exit_code();         // set by the subcommand that ran
 void set_exit_code(int code);
 
+// The shared `opd bench` subcommand (created on first use).
+CLI::App& bench_command(CLI::App& app);
+
 void register_info(CLI::App& app);
 void register_predict(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_chat_template(CLI::App& app);
+void register_train(CLI::App& app);            // `opd train` and `opd sft`
+void register_bench_attention(CLI::App& app);  // `opd bench attention`
 
 }  // namespace opd::cli

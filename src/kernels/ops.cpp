@@ -305,6 +305,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                                       {"cu_seqlens", &cu_seqlens, Role::Index},
                                       {"out", &out, Role::Out},
                                       {"lse", &lse, Role::Out}});
+#ifdef OPD_WITH_CUDA
+  if (check.device() == Device::CUDA)
+    return opd::cuda::attention_forward_cuda(q, k, v, cu_seqlens, scale, out, lse);
+#endif
   check.require_cpu();
   AttnDims a = attention_dims(check, q, k, v, cu_seqlens, scale);
   check.expect_shape("out", out, {a.n, a.hq, a.d});
@@ -333,6 +337,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                                        {"dq", &dq, Role::Out},
                                        {"dk", &dk, Role::Out},
                                        {"dv", &dv, Role::Out}});
+#ifdef OPD_WITH_CUDA
+  if (check.device() == Device::CUDA)
+    return opd::cuda::attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens, scale, dq,
+                                              dk, dv);
+#endif
   check.require_cpu();
   AttnDims a = attention_dims(check, q, k, v, cu_seqlens, scale);
   check.expect_shape("dout", dout, {a.n, a.hq, a.d});

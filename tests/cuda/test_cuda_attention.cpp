@@ -1,0 +1,331 @@
+// CUDA causal GQA attention (FlashAttention-2 kernels, kernels/cuda/attention_*.cu) against the
+// CPU reference in f64 on the same (bf16-representable) inputs: forward out and lse, backward
+// dq, dk, dv; packed batches with unequal lengths (1, 7, 63, 64, 65, 129, 768, 1000), empty
+// sequences, GQA ratios 1/2/4/8, head_dim 64/128 (tensor cores) and 32/96 (simple path), f32 and
+// bf16; poisoned outputs, bit-exact determinism, every backward tile variant, input errors.
+// GPU only: every test skips cleanly without a device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
+
+namespace opd {
+namespace {
+
+#define REQUIRE_GPU()                                                \
+  do {                                                               \
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+struct AttnCase {
+  const char* name;
+  std::vector<int32_t> lengths;
+  int64_t hq, hkv, d;
+  double range = 2;  // q, k uniform in [-range, range): larger = peakier softmax
+};
+
+Tensor round_to(const Tensor& t, DType dt) {  // host f32/f64 -> values representable in dt, f64
+  return t.to_dtype(dt).to_dtype(DType::F64);
+}
+Tensor to_device(const Tensor& host, DType dt) { return host.to_dtype(dt).to(Device::CUDA); }
+Tensor poisoned_device(const Shape& s, DType dt) { return Tensor::poisoned(s, dt).to(Device::CUDA); }
+Tensor from_device(const Tensor& d) { return d.to(Device::CPU).to_dtype(DType::F64); }
+
+// Inputs, the f64 reference and the tensors the GPU backward is fed (the reference out rounded
+// to the storage dtype and lse rounded to f32, so the backward is checked on its own).
+struct Problem {
+  int64_t n = 0;
+  Tensor cu, q, k, v, dout;        // host: i32, f64 (values exact in the storage dtype)
+  Tensor out_ref, lse_ref;         // f64
+  Tensor out_in, lse_in;           // f64, rounded to the storage dtype / f32
+  Tensor dq_ref, dk_ref, dv_ref;   // f64
+  double scale = 0;
+};
+
+Problem make_problem(const AttnCase& c, DType dt, uint64_t seed) {
+  Problem p;
+  std::vector<int32_t> cu{0};
+  for (int32_t len : c.lengths) cu.push_back(cu.back() + len);
+  p.n = cu.back();
+  p.cu = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  p.q = round_to(test::random_uniform({p.n, c.hq, c.d}, DType::F32, seed, -c.range, c.range), dt);
+  p.k = round_to(test::random_uniform({p.n, c.hkv, c.d}, DType::F32, seed + 1, -c.range, c.range), dt);
+  p.v = round_to(test::random_uniform({p.n, c.hkv, c.d}, DType::F32, seed + 2), dt);
+  p.dout = round_to(test::random_uniform({p.n, c.hq, c.d}, DType::F32, seed + 3), dt);
+  p.out_ref = Tensor::poisoned({p.n, c.hq, c.d}, DType::F64);
+  p.lse_ref = Tensor::poisoned({p.n, c.hq}, DType::F64);
+  ops::attention_forward(p.q, p.k, p.v, p.cu, p.scale, p.out_ref, p.lse_ref);
+  p.out_in = round_to(p.out_ref, dt);
+  p.lse_in = round_to(p.lse_ref, DType::F32);
+  p.dq_ref = Tensor::poisoned({p.n, c.hq, c.d}, DType::F64);
+  p.dk_ref = Tensor::poisoned({p.n, c.hkv, c.d}, DType::F64);
+  p.dv_ref = Tensor::poisoned({p.n, c.hkv, c.d}, DType::F64);
+  ops::attention_backward(p.dout, p.q, p.k, p.v, p.out_in, p.lse_in, p.cu, p.scale, p.dq_ref,
+                          p.dk_ref, p.dv_ref);
+  return p;
+}
+
+double rms(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += test::element(t, i) * test::element(t, i);
+  return t.numel() ? std::sqrt(s / static_cast<double>(t.numel())) : 0.0;
+}
+
+// Compares a GPU result [n, heads, d] (or [n, heads]) with its reference; on failure prints
+// where it is wrong: the worst element as (row, head, column) with its sequence and position,
+// the count of bad elements, and the relative error of each sequence, so one GPU run is
+// enough to tell a masking bug (one position band), a tail bug (last rows of sequences) or a
+// GQA bug (some heads) apart.
+::testing::AssertionResult matches(const char* what, const Tensor& got, const Tensor& ref,
+                                   const std::vector<int32_t>& lengths, double rtol,
+                                   double atol_rel_rms, double rel_l2_max) {
+  if (got.shape() != ref.shape()) {
+    return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape())
+                                         << " vs " << shape_str(ref.shape());
+  }
+  const double atol = atol_rel_rms * rms(ref);
+  const int64_t n = got.dim(0), heads = got.dim(1), d = got.ndim() == 3 ? got.dim(2) : 1;
+  test::Diff diff = test::compare(got, ref);
+  int64_t bad = 0, first_bad = -1;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double x = test::element(got, i), y = test::element(ref, i);
+    if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) {
+      if (first_bad < 0) first_bad = i;
+      ++bad;
+    }
+  }
+  if (!diff.has_nan && bad == 0 && diff.rel_l2 <= rel_l2_max) return ::testing::AssertionSuccess();
+  auto where = [&](int64_t i) {
+    const int64_t row = i / (heads * d), head = (i / d) % heads, col = i % d;
+    int64_t seq = 0, start = 0;
+    while (seq < static_cast<int64_t>(lengths.size()) && start + lengths[seq] <= row) start += lengths[seq++];
+    return cat("row ", row, " (sequence ", seq, " position ", row - start, "), head ", head,
+               ", column ", col, ": got ", test::element(got, i), " want ", test::element(ref, i));
+  };
+  auto fail = ::testing::AssertionFailure();
+  fail << what << ": rel_l2 " << diff.rel_l2 << " (max " << rel_l2_max << "), max_abs "
+       << diff.max_abs << ", nan/inf " << (diff.has_nan ? "YES" : "no") << ", " << bad << " of "
+       << got.numel() << " elements outside " << atol << " + " << rtol << "*|ref|";
+  if (diff.worst >= 0) fail << "\n  worst: " << where(diff.worst);
+  if (first_bad >= 0) fail << "\n  first bad: " << where(first_bad);
+  fail << "\n  per sequence rel_l2:";
+  int64_t start = 0;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    double num = 0, den = 0;
+    for (int64_t i = start * heads * d; i < (start + lengths[s]) * heads * d; ++i) {
+      const double x = test::element(got, i), y = test::element(ref, i);
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+    fail << " [" << s << " len " << lengths[s] << ": " << (den > 0 ? std::sqrt(num / den) : std::sqrt(num)) << "]";
+    start += lengths[s];
+  }
+  (void)n;
+  return fail;
+}
+
+struct Tol {
+  double rtol, atol_rel_rms, rel_l2;
+};
+// bf16: operands exact, products accumulated in f32, but P and dS are rounded to bf16 before
+// their matrix products and outputs are stored in bf16 (2^-9 relative): ~1e-3 .. 5e-3 rel_l2.
+Tol tol_for(DType dt) { return dt == DType::F32 ? Tol{1e-3, 1e-4, 5e-5} : Tol{3e-2, 2e-2, 1e-2}; }
+
+void check_forward_and_backward(const AttnCase& c, DType dt, uint64_t seed) {
+  SCOPED_TRACE(cat(c.name, " ", dtype_name(dt), " hq ", c.hq, " hkv ", c.hkv, " d ", c.d));
+  Problem p = make_problem(c, dt, seed);
+  const Tol tol = tol_for(dt);
+  Tensor cu_d = p.cu.to(Device::CUDA);
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+
+  Tensor out_d = poisoned_device({p.n, c.hq, c.d}, dt);
+  Tensor lse_d = poisoned_device({p.n, c.hq}, DType::F32);
+  ops::attention_forward(qd, kd, vd, cu_d, p.scale, out_d, lse_d);
+  EXPECT_TRUE(matches("out", from_device(out_d), p.out_ref, c.lengths, tol.rtol, tol.atol_rel_rms,
+                      tol.rel_l2));
+  // lse comes from f32 sums of exact products in both dtypes: tight.
+  EXPECT_TRUE(matches("lse", from_device(lse_d), p.lse_ref, c.lengths, 1e-5, 1e-5, 1e-5));
+
+  Tensor dout_d = to_device(p.dout, dt), out_in_d = to_device(p.out_in, dt);
+  Tensor lse_in_d = to_device(p.lse_in, DType::F32);
+  Tensor dq_d = poisoned_device({p.n, c.hq, c.d}, dt);
+  Tensor dk_d = poisoned_device({p.n, c.hkv, c.d}, dt);
+  Tensor dv_d = poisoned_device({p.n, c.hkv, c.d}, dt);
+  ops::attention_backward(dout_d, qd, kd, vd, out_in_d, lse_in_d, cu_d, p.scale, dq_d, dk_d, dv_d);
+  EXPECT_TRUE(matches("dq", from_device(dq_d), p.dq_ref, c.lengths, tol.rtol, tol.atol_rel_rms,
+                      tol.rel_l2));
+  EXPECT_TRUE(matches("dk", from_device(dk_d), p.dk_ref, c.lengths, tol.rtol, tol.atol_rel_rms,
+                      tol.rel_l2));
+  EXPECT_TRUE(matches("dv", from_device(dv_d), p.dv_ref, c.lengths, tol.rtol, tol.atol_rel_rms,
+                      tol.rel_l2));
+}
+
+const std::vector<int32_t> kMixed = {0, 1, 7, 0, 63, 64, 65, 129, 0, 768, 1000, 0};
+
+class CudaAttention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaAttention, Bf16MatchesCpu) {
+  REQUIRE_GPU();
+  check_forward_and_backward(GetParam(), DType::BF16, 100);
+}
+
+TEST_P(CudaAttention, F32MatchesCpu) {
+  REQUIRE_GPU();
+  check_forward_and_backward(GetParam(), DType::F32, 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttention,
+    ::testing::Values(
+        AttnCase{"len1_d128_g1", {1}, 2, 2, 128},
+        AttnCase{"len7_d64_g2", {7}, 4, 2, 64},
+        AttnCase{"len64_d128_g1", {64}, 1, 1, 128},
+        AttnCase{"len129_d64_g8", {129}, 8, 1, 64},
+        AttnCase{"len1000_d128_g2", {1000}, 4, 2, 128},
+        AttnCase{"len768_d64_g4", {768}, 8, 2, 64},
+        AttnCase{"exact_tiles_d128_g2", {128, 256, 384}, 4, 2, 128},
+        AttnCase{"mixed_d128_g8", kMixed, 8, 1, 128},
+        AttnCase{"mixed_d128_g4", kMixed, 8, 2, 128},
+        AttnCase{"mixed_d64_g1", kMixed, 2, 2, 64},
+        AttnCase{"mixed_d64_g2", kMixed, 4, 2, 64},
+        AttnCase{"short_many_d128_g2", {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144}, 4, 2, 128},
+        AttnCase{"peaky_d128_g2", {65, 300, 129}, 4, 2, 128, 8.0},
+        AttnCase{"peaky_d64_g1", {200, 1}, 2, 2, 64, 8.0},
+        AttnCase{"simple_path_d96_g2", {1, 65, 200}, 4, 2, 96},
+        AttnCase{"simple_path_d32_g4", {0, 33, 7}, 4, 1, 32},
+        AttnCase{"empty_batch", {}, 4, 2, 128},
+        AttnCase{"only_empty_sequences", {0, 0, 0}, 2, 1, 64}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Every backward tile variant (the benchmark times all of them) computes the same gradients.
+TEST(CudaAttentionBackward, EveryTileVariantMatchesCpu) {
+  REQUIRE_GPU();
+  for (int64_t d : {64, 128}) {
+    AttnCase c{"variants", {1, 63, 65, 129, 500}, 8, 2, d};
+    Problem p = make_problem(c, DType::BF16, 300 + d);
+    const Tol tol = tol_for(DType::BF16);
+    cuda::AttentionPlan plan(p.cu.data<int32_t>(), static_cast<int64_t>(c.lengths.size()), p.n,
+                             nullptr);
+    Tensor qd = to_device(p.q, DType::BF16), kd = to_device(p.k, DType::BF16);
+    Tensor vd = to_device(p.v, DType::BF16), dout_d = to_device(p.dout, DType::BF16);
+    Tensor out_d = to_device(p.out_in, DType::BF16), lse_d = to_device(p.lse_in, DType::F32);
+    for (int dkdv_queries : {32, 64}) {
+      for (int dq_keys : {32, 64}) {
+        SCOPED_TRACE(cat("d ", d, " dkdv_queries ", dkdv_queries, " dq_keys ", dq_keys));
+        Tensor dq = poisoned_device({p.n, c.hq, d}, DType::BF16);
+        Tensor dk = poisoned_device({p.n, c.hkv, d}, DType::BF16);
+        Tensor dv = poisoned_device({p.n, c.hkv, d}, DType::BF16);
+        cuda::attention_backward(plan, dout_d.raw(), qd.raw(), kd.raw(), vd.raw(), out_d.raw(),
+                                 lse_d.data<float>(), c.hq, c.hkv, d, p.scale, DType::BF16,
+                                 dq.raw(), dk.raw(), dv.raw(), nullptr,
+                                 cuda::AttentionBwdTiles{dkdv_queries, dq_keys});
+        EXPECT_TRUE(matches("dq", from_device(dq), p.dq_ref, c.lengths, tol.rtol,
+                            tol.atol_rel_rms, tol.rel_l2));
+        EXPECT_TRUE(matches("dk", from_device(dk), p.dk_ref, c.lengths, tol.rtol,
+                            tol.atol_rel_rms, tol.rel_l2));
+        EXPECT_TRUE(matches("dv", from_device(dv), p.dv_ref, c.lengths, tol.rtol,
+                            tol.atol_rel_rms, tol.rel_l2));
+      }
+    }
+  }
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+// No atomics anywhere: the same inputs give bit-identical outputs (also under a different
+// poison of the outputs, which must all be overwritten).
+TEST(CudaAttention, DeterministicBitIdentical) {
+  REQUIRE_GPU();
+  AttnCase c{"determinism", kMixed, 8, 2, 128};
+  std::vector<int32_t> cu{0};
+  for (int32_t len : c.lengths) cu.push_back(cu.back() + len);
+  const int64_t n = cu.back();
+  Tensor cu_d = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}).to(Device::CUDA);
+  const DType dt = DType::BF16;
+  Tensor q = to_device(test::random_uniform({n, c.hq, c.d}, DType::F32, 11, -2, 2), dt);
+  Tensor k = to_device(test::random_uniform({n, c.hkv, c.d}, DType::F32, 12, -2, 2), dt);
+  Tensor v = to_device(test::random_uniform({n, c.hkv, c.d}, DType::F32, 13), dt);
+  Tensor dout = to_device(test::random_uniform({n, c.hq, c.d}, DType::F32, 14), dt);
+  const double scale = 1.0 / std::sqrt(128.0);
+  Tensor out[2], lse[2], dq[2], dk[2], dv[2];
+  for (int r = 0; r < 2; ++r) {
+    out[r] = r ? poisoned_device({n, c.hq, c.d}, dt) : Tensor::zeros({n, c.hq, c.d}, dt, Device::CUDA);
+    lse[r] = r ? poisoned_device({n, c.hq}, DType::F32) : Tensor::zeros({n, c.hq}, DType::F32, Device::CUDA);
+    ops::attention_forward(q, k, v, cu_d, scale, out[r], lse[r]);
+    dq[r] = poisoned_device({n, c.hq, c.d}, dt);
+    dk[r] = r ? poisoned_device({n, c.hkv, c.d}, dt) : Tensor::zeros({n, c.hkv, c.d}, dt, Device::CUDA);
+    dv[r] = poisoned_device({n, c.hkv, c.d}, dt);
+    ops::attention_backward(dout, q, k, v, out[0], lse[0], cu_d, scale, dq[r], dk[r], dv[r]);
+  }
+  EXPECT_TRUE(same_bytes(out[0], out[1]));
+  EXPECT_TRUE(same_bytes(lse[0], lse[1]));
+  EXPECT_TRUE(same_bytes(dq[0], dq[1]));
+  EXPECT_TRUE(same_bytes(dk[0], dk[1]));
+  EXPECT_TRUE(same_bytes(dv[0], dv[1]));
+}
+
+// The GPU forward's own out/lse fed to its backward (the training path) stays within bf16
+// tolerance of the f64 gradients.
+TEST(CudaAttention, ForwardThenBackwardEndToEnd) {
+  REQUIRE_GPU();
+  AttnCase c{"end_to_end", {5, 130, 700}, 16, 8, 128};
+  Problem p = make_problem(c, DType::BF16, 400);
+  const DType dt = DType::BF16;
+  Tensor cu_d = p.cu.to(Device::CUDA);
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+  Tensor out_d = poisoned_device({p.n, c.hq, c.d}, dt), lse_d = poisoned_device({p.n, c.hq}, DType::F32);
+  ops::attention_forward(qd, kd, vd, cu_d, p.scale, out_d, lse_d);
+  Tensor dq = poisoned_device({p.n, c.hq, c.d}, dt), dk = poisoned_device({p.n, c.hkv, c.d}, dt);
+  Tensor dv = poisoned_device({p.n, c.hkv, c.d}, dt);
+  ops::attention_backward(to_device(p.dout, dt), qd, kd, vd, out_d, lse_d, cu_d, p.scale, dq, dk, dv);
+  EXPECT_TRUE(matches("dq", from_device(dq), p.dq_ref, c.lengths, 3e-2, 2e-2, 1.5e-2));
+  EXPECT_TRUE(matches("dk", from_device(dk), p.dk_ref, c.lengths, 3e-2, 2e-2, 1.5e-2));
+  EXPECT_TRUE(matches("dv", from_device(dv), p.dv_ref, c.lengths, 3e-2, 2e-2, 1.5e-2));
+}
+
+TEST(CudaAttention, RejectsBadInputs) {
+  REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  Tensor q = poisoned_device({8, 2, 64}, dt), k = poisoned_device({8, 1, 64}, dt);
+  Tensor v = poisoned_device({8, 1, 64}, dt);
+  Tensor out = poisoned_device({8, 2, 64}, dt), lse = poisoned_device({8, 2}, DType::F32);
+  // cu_seqlens that decreases / does not end at T: InvalidData naming the entry.
+  for (std::vector<int32_t> bad : {std::vector<int32_t>{0, 5, 3, 8}, std::vector<int32_t>{0, 4, 7},
+                                   std::vector<int32_t>{1, 8}}) {
+    Tensor cu = Tensor::from_vector(bad, {static_cast<int64_t>(bad.size())}).to(Device::CUDA);
+    try {
+      ops::attention_forward(q, k, v, cu, 0.125, out, lse);
+      ADD_FAILURE() << "bad cu_seqlens accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidData) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cu_seqlens"), std::string::npos) << e.what();
+    }
+  }
+  Tensor cu = Tensor::from_vector(std::vector<int32_t>{0, 8}, {2}).to(Device::CUDA);
+  // head_dim past the supported range: Unsupported, not a wrong answer.
+  Tensor q300 = poisoned_device({8, 2, 300}, dt), k300 = poisoned_device({8, 1, 300}, dt);
+  Tensor o300 = poisoned_device({8, 2, 300}, dt);
+  EXPECT_THROW(ops::attention_forward(q300, k300, k300, cu, 0.1, o300, lse), Error);
+  // lse must be f32.
+  Tensor lse_bf16 = poisoned_device({8, 2}, dt);
+  EXPECT_THROW(ops::attention_forward(q, k, v, cu, 0.125, out, lse_bf16), Error);
+  // hq not a multiple of hkv.
+  Tensor k3 = poisoned_device({8, 3, 64}, dt);
+  EXPECT_THROW(ops::attention_forward(q, k3, k3, cu, 0.125, out, lse), Error);
+}
+
+}  // namespace
+}  // namespace opd
