@@ -19,6 +19,7 @@ import sys
 import jinja2
 import transformers
 from transformers import AutoTokenizer
+from transformers.utils import chat_template_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures", "chat_templates")
@@ -62,6 +63,57 @@ TEMPLATES = {
 }
 
 
+# Small templates exercising one Jinja rule each (whitespace control, Python value semantics,
+# filters, tests, methods), rendered by the very environment transformers compiles chat
+# templates with. Inputs only: the expected outputs come from jinja2.
+PROBES = [
+    ("lstrip_trim", "a\n  {% if true %}\n    x\n  {% endif %}\nb", {}),
+    ("minus_control", "a  \n {%- if true -%}  \n x \n {%- endif -%} \n b", {}),
+    ("plus_control", "a\n  {%+ if true +%}\nx\n{% endif %}\nb", {}),
+    ("var_no_trim", "{{ 'a' }}\n  {{ 'b' }}\n{# c #}\n  {# d #}\ne", {}),
+    ("comment_minus", "x  {#- c -#}  y", {}),
+    ("crlf_source", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n", {}),
+    ("trailing_newline", "x\n", {}),
+    ("tab_lstrip", "\t \t{% if true %}y{% endif %}", {}),
+    ("inline_tag_not_lstripped", "ab  {% if true %}y{% endif %}", {}),
+    ("loop_vars", "{% for x in xs %}{{ loop.index0 }}{{ loop.index }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}|{% endfor %}", {"xs": ["a", "b", "c"]}),
+    ("loop_prev_next", "{% for x in xs %}[{{ loop.previtem }}-{{ loop.nextitem }}]{% endfor %}", {"xs": [1, 2, 3]}),
+    ("loop_scope", "{% set x = 1 %}{% for m in [1, 2] %}[{{ x }}]{% set x = 5 %}{% endfor %}{{ x }}", {}),
+    ("for_else_filter_break", "{% for x in xs if x > 1 %}{% if x == 4 %}{% break %}{% endif %}{% if x == 2 %}{% continue %}{% endif %}{{ x }}{% else %}none{% endfor %}|{% for y in [] %}{% else %}empty{% endfor %}", {"xs": [1, 2, 3, 4, 5]}),
+    ("unpack_items", "{% for k, v in d|items %}{{ k }}={{ v }};{% endfor %}{% for k, v in d.items() %}{{ k }}{% endfor %}{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "a": [1, 2], "m": None}}),
+    ("namespace", "{% set ns = namespace(n=0, s='') %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
+    ("macro", "{% macro f(a, b='B') %}<{{ a }}{{ b }}>{% endmacro %}{{ f(1) }}{{ f(2, b=3) }}{{ f('x', 'y') }}", {}),
+    ("set_block", "{% set x %}in {{ 1 + 1 }}{% endset %}[{{ x }}]", {}),
+    ("print_values", "{{ none }} {{ true }} {{ 1.0 }} {{ 1e20 }} {{ 0.00001 }} {{ 0.1 + 0.2 }} {{ [1, 'a', none, true, {'k': [1.5]}] }} {{ {'a': \"it's\"} }} {{ -0.0 }} {{ 12345678901234567.0 }}", {}),
+    ("arithmetic", "{{ 1 / 2 }} {{ 4 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 7.5 // 2 }} {{ 'ab' * 3 }} {{ [1] + [2] }} {{ 3 - 5 }} {{ 1 + 2.5 }} {{ true + 1 }}", {}),
+    ("compare_logic", "{{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ 'a' in 'cat' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'x' not in 'abc' }} {{ none or 'd' }} {{ 0 and 1 }} {{ not [] }} {{ 1 if false }}|{{ 'y' if true else 'n' }}", {}),
+    ("tests", "{{ x is defined }} {{ y is undefined }} {{ none is none }} {{ 's' is string }} {{ 1 is number }} {{ 1 is integer }} {{ 1.5 is float }} {{ {} is mapping }} {{ [] is iterable }} {{ 's' is iterable }} {{ false is false }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ x is sameas 1 }} {{ 1 is not none }} {{ 'a' is equalto 'a' }} {{ true is boolean }}", {"x": 1}),
+    ("string_methods", "{{ '  a b  '.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a,b,c'.split(',', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ 'xxabcxx'.strip('x') }} {{ '\\n\\nab\\n'.lstrip('\\n') }} {{ 'ab  '.rstrip() }} {{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('x', 'lo')) }} {{ 'AbC'.upper() }} {{ 'AbC'.lower() }} {{ 'hello world'.title() }} {{ 'a-b-c'.replace('-', '+') }} {{ 'abcabc'.find('c') }} {{ 'abc'.count('b') }} {{ ', '.join(['x', 'y']) }}", {}),
+    ("unicode_slicing", "{{ s[0] }} {{ s[-1] }} {{ s[::-1] }} {{ s[1:3] }} {{ s|length }} {{ xs[1:] }} {{ xs[:-1] }} {{ xs[::2] }} {{ xs[-1] }} {{ xs[10] }}|", {"s": "héllo🙂", "xs": [1, 2, 3, 4]}),
+    ("unicode_strip", "[{{ s|trim }}] [{{ s.strip() }}] {{ s.split() }}", {"s": "\u3000\u00a0 x\u2003y \x1c\n"}),
+    ("filters", "{{ xs|join(', ') }} {{ xs|first }} {{ xs|last }} {{ xs|length }} {{ ys|map(attribute='t')|join('') }} {{ ys|selectattr('t', 'defined')|list|length }} {{ ['a', 'b', 'c']|reject('equalto', 'b')|join }} {{ u|default('dflt') }} {{ ''|default('e', true) }} {{ 'ab'|upper }} {{ ' x '|trim }} {{ [1, 1, 2]|unique|list }} {{ 'a\\nb\\n\\nc'|indent(2) }} {{ 'a\\nb'|indent(2, true) }} {{ xs|reverse|list }} {{ '3'|int + 1 }} {{ '2.5'|float }} {{ -3|abs }} {{ 3|string ~ 'x' }} {{ 'aXbX'|replace('X', '-') }} {{ [1, 2, 3]|select('odd')|list }}", {"xs": ["p", "q", "r"], "ys": [{"t": "A"}, {"u": 1}, {"t": "B"}]}),
+    ("tojson", "{{ d|tojson }}\n{{ d|tojson(indent=2) }}\n{{ d|tojson(sort_keys=true) }}\n{{ d|tojson(ensure_ascii=true) }}\n{{ d|tojson(separators=(',', ':')) }}\n{{ [] | tojson(indent=4) }}{{ {} | tojson(indent=4) }}", {"d": {"z": "é\"\\\n\t\x01\x7f🙂", "a": [1, 2.5, 1e-07, 1e+22, True, None, -0.0, 100.0], "n": {"k": []}}}),
+    ("dict_methods", "{{ d.get('a') }} {{ d.get('zz', 'none!') }} {{ d.get('zz') }} {{ d.keys()|list }} {{ d.values()|list }} {{ d['a'] }} {{ d.a }} {{ d.missing }}|", {"d": {"a": 1, "b": "two"}}),
+    ("string_literals", "{{ 'a\\tb\\\\c\\x41\\u00e9\\'' }}{{ \"q\\\"q\" }}{{ 'un\\known\\d' }}{{ 'adj' 'acent' }}", {}),
+    ("undefined_ops", "[{{ u }}] [{{ u ~ 'x' }}] [{{ u|length }}] [{{ u is defined }}] [{% for x in u %}x{% endfor %}] [{{ 'a' in u }}] [{{ none.attr }}] [{{ d.missing is defined }}]", {"d": {}}),
+    ("error_undefined_attr", "{{ u.attr }}", {}),
+    ("error_undefined_chain", "{{ d.missing.more }}", {"d": {}}),
+    ("error_str_plus_int", "{{ 'a' + 1 }}", {}),
+    ("error_str_plus_none", "{{ 'a' + x }}", {"x": None}),
+    ("error_raise", "{{ raise_exception('boom ' ~ 42) }}", {}),
+    ("error_not_iterable", "{% for x in 5 %}{% endfor %}", {}),
+    ("error_in_none", "{{ 'x' in none }}", {}),
+    ("error_namespace_underscore", "{% set ns = namespace(_x=1) %}", {}),
+    ("error_set_non_namespace", "{% set d = {} %}{% set d.x = 1 %}", {}),
+    ("error_unary_minus_binds_before_filter", "{{ -xs|length }}", {"xs": [1, 2]}),
+    ("generation_block", "a{% generation %}gen {{ 1 }}{% endgeneration %}b", {}),
+    ("nested_loops", "{% for a in [1, 2] %}{% for b in 'xy' %}{{ loop.index }}{{ a }}{{ b }} {% endfor %}{{ loop.index }};{% endfor %}", {}),
+    ("dict_literal_in_tag", "{{ {'a': {'b': 1}} }}", {}),
+    ("is_test_precedence", "{{ not x is none }} {{ xs|length - 1 }} {{ 'a' ~ 1 ~ 2 * 3 }} {{ -1|abs }}", {"x": 1, "xs": [1, 2]}),
+    ("error_concat_binds_tighter_than_plus", "{{ 'a' ~ 1 + 2 }}", {"x": 1, "xs": [1, 2]}),
+]
+
+
 def main():
     toks = {"qwen": AutoTokenizer.from_pretrained(QWEN_DIR),
             "llama": AutoTokenizer.from_pretrained(LLAMA_DIR)}
@@ -82,13 +134,21 @@ def main():
                 try:
                     case["expected"] = tok.apply_chat_template(
                         conv["messages"], tools=tools, chat_template=template, tokenize=False, **opts)
-                except jinja2.exceptions.TemplateError as e:
-                    # raise_exception() and every Jinja error (undefined attribute, bad types)
+                except Exception as e:
+                    # TemplateError: raise_exception(); UndefinedError, TypeError, ...: Jinja/Python
+                    case["error_type"] = type(e).__name__
                     case["error"] = str(e)
-                except Exception as e:  # e.g. TypeError: str + None inside the template
-                    case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)
                 counts[name] = counts.get(name, 0) + 1
+    env = chat_template_utils._compile_jinja_template
+    probes = []
+    for name, source, variables in PROBES:
+        probe = {"name": name, "source": source, "variables": variables}
+        try:
+            probe["expected"] = env(source).render(**variables)
+        except Exception as e:
+            probe["error"] = f"{type(e).__name__}: {e}"
+        probes.append(probe)
     out = {
         "_comment": "Generated by tools/make_chat_fixtures.py; do not edit. expected = transformers "
                     "apply_chat_template(tokenize=False); error = what it raised instead.",
@@ -98,12 +158,13 @@ def main():
         "template_tokenizer": {name: v[1] for name, v in TEMPLATES.items()},
         "template_files": {name: v[0] or "qwen3/tokenizer_config.json" for name, v in TEMPLATES.items()},
         "cases": cases,
+        "probes": probes,
     }
     with open(os.path.join(FIX, "expected.json"), "w", encoding="utf-8", newline="") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
     errors = sum(1 for c in cases if "error" in c)
-    print(f"{len(cases)} cases ({errors} errors) over {len(TEMPLATES)} templates: {counts}")
+    print(f"{len(probes)} probes ({sum(1 for p in probes if 'error' in p)} errors); {len(cases)} cases ({errors} errors) over {len(TEMPLATES)} templates: {counts}")
 
 
 if __name__ == "__main__":
