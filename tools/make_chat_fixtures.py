@@ -140,6 +140,23 @@ def main():
                     case["error"] = str(e)
                 cases.append(case)
                 counts[name] = counts.get(name, 0) + 1
+    # The dataset split (tests/data): prompt = everything before the last assistant turn rendered
+    # with add_generation_prompt=True, completion = what the full render adds after it.
+    splits = []
+    for name in ("qwen3", "trl/llama3_1"):
+        file, tok_name, _ = TEMPLATES[name]
+        tok = toks[tok_name]
+        template = tok.chat_template if file is None else read(os.path.join(FIX, file))
+        for conv in inputs["conversations"]:
+            msgs = conv["messages"]
+            if msgs[-1]["role"] != "assistant" or conv.get("tools") or len(msgs) < 2:
+                continue
+            try:
+                prompt = tok.apply_chat_template(msgs[:-1], chat_template=template, tokenize=False, add_generation_prompt=True)
+                full = tok.apply_chat_template(msgs, chat_template=template, tokenize=False)
+            except Exception:
+                continue
+            splits.append({"template": name, "conversation": conv["id"], "prompt": prompt, "full": full})
     env = chat_template_utils._compile_jinja_template
     probes = []
     for name, source, variables in PROBES:
@@ -159,6 +176,7 @@ def main():
         "template_files": {name: v[0] or "qwen3/tokenizer_config.json" for name, v in TEMPLATES.items()},
         "cases": cases,
         "probes": probes,
+        "dataset_splits": splits,
     }
     with open(os.path.join(FIX, "expected.json"), "w", encoding="utf-8", newline="") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
