@@ -21,8 +21,6 @@ void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
   register_tokenize(app);
-  register_chat_template(app);
-  register_train(app);
   register_bench_attention(app);
 }
 
