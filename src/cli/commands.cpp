@@ -12,6 +12,9 @@ void set_exit_code(int code) { g_exit_code = code; }
 void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks of BENCHMARKS.md (GPU)");
+  bench->require_subcommand(1);
+  register_bench_loss(*bench);
 }
 
 }  // namespace opd::cli

@@ -689,8 +689,11 @@ Plan make_plan(int64_t n, int64_t vocab, int64_t k, const LossConfig& config, DT
   if (o.row_chunk > 0) {
     p.row_chunk = std::min(o.row_chunk, n);
   } else {
+    // The most rows that fit the budget (a multiple of 128, the GEMM's tile height), then
+    // balanced so the last chunk is not a sliver: 8192 rows in chunks of 5120 become 2 x 4096.
     const int64_t fit = std::max<int64_t>(128, o.tile_budget_bytes / per_row / 128 * 128);
-    p.row_chunk = std::min(fit, n);
+    const int64_t chunks = (n + fit - 1) / std::max<int64_t>(fit, 1);
+    p.row_chunk = std::min(n, std::min(fit, round_up((n + chunks - 1) / std::max<int64_t>(chunks, 1), 128)));
   }
   int64_t off = 0;
   auto region = [&](int64_t bytes) {
