@@ -132,7 +132,7 @@ void run_bench_loss(const BenchLossOptions& o) {
   for (int64_t r = 0; r < n_max; ++r) {
     for (int64_t j = 0; j < k; ++j) {  // K distinct ids per row (j * 2371 < V for K <= 64)
       ids.data<int32_t>()[r * k + j] = static_cast<int32_t>((r * 7919 + j * 2371) % v);
-      lp.data<float>()[r * k + j] = static_cast<float>(-1.0 - 0.06 * j - 0.001 * (r % 17));
+      lp.data<float>()[r * k + j] = static_cast<float>(-3.0 - 0.06 * j - 0.001 * (r % 17));  // top-K mass ~0.84
     }
     actual.data<float>()[r] = -2.0f;
     valid.data<int32_t>()[r] = 1;

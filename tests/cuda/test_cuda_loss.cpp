@@ -589,7 +589,7 @@ TEST(CudaFusedLoss, PeakScratchUnder64MiBAtTheIssueShape) {
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t j = 0; j < k; ++j) {
       ids.data<int32_t>()[r * k + j] = static_cast<int32_t>((r * 7919 + j * 2371) % v);
-      lp.data<float>()[r * k + j] = static_cast<float>(-2.0 - 0.05 * j - 0.001 * (r % 13));
+      lp.data<float>()[r * k + j] = static_cast<float>(-4.0 - 0.05 * j - 0.001 * (r % 13));  // mass ~0.36
     }
     actual.data<float>()[r] = -3.5f;
     valid.data<int32_t>()[r] = 1;
