@@ -22,6 +22,7 @@ void register_commands(CLI::App& app) {
   register_predict(app);
   register_tokenize(app);
   register_bench_attention(app);
+  register_bench_loss(bench_command(app));
 }
 
 }  // namespace opd::cli

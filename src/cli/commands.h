@@ -19,5 +19,6 @@ void register_tokenize(CLI::App& app);
 void register_chat_template(CLI::App& app);
 void register_train(CLI::App& app);            // `opd train` and `opd sft`
 void register_bench_attention(CLI::App& app);  // `opd bench attention`
+void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the bench parent)
 
 }  // namespace opd::cli

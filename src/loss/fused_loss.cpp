@@ -16,6 +16,9 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "loss/divergence.h"
+#if defined(OPD_WITH_CUDA)
+#include "loss/fused_loss_cuda.h"  // the CUDA implementation, for device tensors
+#endif
 
 namespace opd {
 
@@ -554,6 +557,14 @@ int64_t fused_loss_scratch_bytes(int64_t n, int64_t vocab, int64_t k, const Loss
 LossResult fused_lm_head_loss(const LossConfig& config, const FusedLossArgs& args,
                               Tensor* d_hidden, Tensor* d_lm_head) {
   OPD_CHECK(args.hidden.defined(), InvalidArgument, "fused loss: hidden is missing");
+  if (args.hidden.device() == Device::CUDA) {
+#if defined(OPD_WITH_CUDA)
+    return cuda::fused_lm_head_loss_cuda(config, args, d_hidden, d_lm_head);
+#else
+    OPD_FAIL(Unsupported, "fused loss: hidden is a device tensor but this build has no CUDA "
+             "backend");
+#endif
+  }
   if (args.hidden.dtype() == DType::F32) {
     return FusedLoss<float>(config, args, d_hidden, d_lm_head).run();
   }

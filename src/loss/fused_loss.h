@@ -81,7 +81,10 @@ inline constexpr int64_t kRowStatCols = 8;
 int64_t fused_loss_scratch_bytes(int64_t n, int64_t vocab, int64_t k, const LossConfig& config,
                                  DType dtype);
 
-// CPU fused lm_head + loss. Forward only when d_hidden and d_lm_head are null; otherwise both
+// Fused lm_head + loss; host tensors run the CPU version below, device tensors (hidden on
+// Device::CUDA) the CUDA one (loss/fused_loss_cuda.h: bf16|f32 inputs, f32 gradients, default
+// CudaLossOptions, default stream; Unsupported in builds without CUDA).
+// CPU: forward only when d_hidden and d_lm_head are null; otherwise both
 // must be given: d_hidden [N, H] is written (fully, including rows not in the loss), d_lm_head
 // [V, H] is accumulated (+=) so micro-batches can sum into one buffer. Checks shapes, dtypes,
 // config, targets of used rows in [0, V); any id that still reaches the gather out of range
