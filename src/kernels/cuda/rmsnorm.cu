@@ -4,7 +4,7 @@
 // f32 or bf16 storage, f32 arithmetic. The fused sum is rounded to the storage dtype before
 // the norm, so forward and backward see the same s that is stored (as PyTorch does).
 //
-// Fast path (h a multiple of the 16-byte vector, aligned pointers, h <= 2048 vectors): a row
+// Fast path (h a multiple of the 16-byte vector, aligned pointers, h <= 1024 vectors): a row
 // is owned by a warp (short rows, e.g. per-head q/k norm) or by the 256-thread block, each
 // thread keeps its elements and w in registers, so x (and r) are read once and y (and s)
 // written once. The backward accumulates dw in registers over the rows a block owns, combines
@@ -267,7 +267,6 @@ bool try_fast(const Args& a, bool forward) {
   else if (chunks <= 256) launch_fast<T, W, 256, 1, kRes>(a, forward);
   else if (chunks <= 512) launch_fast<T, W, 256, 2, kRes>(a, forward);
   else if (chunks <= 1024) launch_fast<T, W, 256, 4, kRes>(a, forward);
-  else if (chunks <= 2048) launch_fast<T, W, 256, 8, kRes>(a, forward);
   else return false;
   return true;
 }
