@@ -44,7 +44,9 @@ class OpCheck {
     }
     device_ = args_.front().tensor->device();
     for (const Arg& a : args_) {
-      expect(a.tensor->device() == device_, "all tensors must be on the same device");
+      // A CUDA op may read a small host table (rope's inv_freq): it is uploaded per call.
+      const bool host_table = a.role == Role::Table && a.tensor->device() == Device::CPU;
+      expect(a.tensor->device() == device_ || host_table, "all tensors must be on the same device");
     }
   }
 
@@ -416,9 +418,17 @@ void rope_dispatch(const char* op, Tensor& x, const Tensor& positions, const Ten
   check.expect_shape("inv_freq", inv_freq, {head_dim / 2});
   if (check.device() == Device::CUDA) {
 #ifdef OPD_WITH_CUDA
+    // inv_freq on the host (the model keeps it there): f32 values uploaded for this call.
+    Tensor freq = inv_freq;
+    if (inv_freq.device() == Device::CPU) {
+      std::vector<double> f64 = table_as_double(inv_freq);
+      std::vector<float> f32(f64.begin(), f64.end());
+      freq = Tensor::from_vector(f32, inv_freq.shape()).to(Device::CUDA);
+    }
     DType dt = check.cuda_float_dtype();
+    check.expect(freq.dtype() == DType::F32, "inv_freq must be f32 on CUDA");
     cuda_check_positions(op, positions);
-    cuda::rope(x.raw(), positions.data<int32_t>(), inv_freq.data<float>(), n, heads, head_dim, dt,
+    cuda::rope(x.raw(), positions.data<int32_t>(), freq.data<float>(), n, heads, head_dim, dt,
                !forward, stream());
     return;
 #else
