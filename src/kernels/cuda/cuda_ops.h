@@ -88,6 +88,14 @@ void reduce_partials_accumulate(const float* partial, int64_t groups, int64_t h,
 void philox_uniform_fill(float* out, int64_t n, uint64_t seed, uint64_t stream_id,
                          cudaStream_t stream);
 
+// ---- bench_util.cu ---- uniform [lo, hi) fill in f32 or bf16, ints in [lo, hi), and a
+// kernel that occupies `stream` for the given time (timed loops queue up behind it).
+void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, float hi,
+                  cudaStream_t stream);
+void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,
+               cudaStream_t stream);
+void spin(double microseconds, cudaStream_t stream);
+
 // Multiprocessor count of the current device (cached per device).
 int sm_count();
 
