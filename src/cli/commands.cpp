@@ -23,6 +23,7 @@ void register_commands(CLI::App& app) {
   register_tokenize(app);
   register_bench_attention(app);
   register_bench_loss(bench_command(app));
+  register_bench_kernels(app);
 }
 
 }  // namespace opd::cli

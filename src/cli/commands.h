@@ -20,5 +20,6 @@ void register_chat_template(CLI::App& app);
 void register_train(CLI::App& app);            // `opd train` and `opd sft`
 void register_bench_attention(CLI::App& app);  // `opd bench attention`
 void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the bench parent)
+void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
 
 }  // namespace opd::cli

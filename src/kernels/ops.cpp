@@ -4,12 +4,16 @@
 #include "kernels/ops.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #ifdef OPD_WITH_CUDA
-#include "kernels/cuda/cuda_ops.h"  // opd::cuda::rmsnorm_forward / rmsnorm_backward
+#include "core/cuda/allocator.h"   // cuda::current_stream
+#include "kernels/cuda/cuda_ops.h"  // the CUDA kernels (raw pointers)
+#include "kernels/cuda/gemm.h"      // cuBLASLt dense layers
 #endif
 
 namespace opd::ops {
@@ -40,7 +44,9 @@ class OpCheck {
     }
     device_ = args_.front().tensor->device();
     for (const Arg& a : args_) {
-      expect(a.tensor->device() == device_, "all tensors must be on the same device");
+      // A CUDA op may read a small host table (rope's inv_freq): it is uploaded per call.
+      const bool host_table = a.role == Role::Table && a.tensor->device() == Device::CPU;
+      expect(a.tensor->device() == device_ || host_table, "all tensors must be on the same device");
     }
   }
 
@@ -111,6 +117,46 @@ class OpCheck {
     return dtype;
   }
 
+  // CUDA dtype rules: index tensors are i32, tables f32, the tensors named in `f32` are f32,
+  // those in `free` are left to the caller, and every other float tensor shares one dtype,
+  // f32 or bf16, which is returned; outputs are writable.
+  DType cuda_float_dtype(std::initializer_list<const char*> f32 = {},
+                         std::initializer_list<const char*> free = {}) const {
+    auto named = [](std::initializer_list<const char*> list, const char* name) {
+      for (const char* n : list)
+        if (std::string_view(n) == name) return true;
+      return false;
+    };
+    const Arg* first = nullptr;
+    for (const Arg& a : args_) {
+      DType dt = a.tensor->dtype();
+      if (a.role == Role::Index) {
+        expect(dt == DType::I32, a.name, " must be i32, got ", dtype_name(dt));
+      } else if (a.role == Role::Table || named(f32, a.name)) {
+        expect(dt == DType::F32, a.name, " must be f32 on CUDA, got ", dtype_name(dt));
+      } else if (named(free, a.name)) {
+        continue;
+      } else if (!first) {
+        first = &a;
+        if (dt != DType::F32 && dt != DType::BF16) {
+          if (dtype_is_float(dt)) {
+            OPD_FAIL(Unsupported, op_, ": dtype ", dtype_name(dt),
+                     " on CUDA is not implemented (f32 or bf16) ", describe());
+          }
+          expect(false, "expects f32 or bf16 tensors on CUDA, got ", dtype_name(dt));
+        }
+      } else {
+        expect(dt == first->tensor->dtype(), "float tensors must share one dtype, but ", a.name,
+               " is ", dtype_name(dt), " and ", first->name, " is ",
+               dtype_name(first->tensor->dtype()));
+      }
+    }
+    for (const Arg& a : args_) {
+      if (a.role == Role::Out) expect(a.tensor->writable(), a.name, " is read-only");
+    }
+    return first ? first->tensor->dtype() : DType::F32;
+  }
+
  private:
   const char* op_;
   std::vector<Arg> args_;
@@ -127,17 +173,41 @@ std::vector<double> table_as_double(const Tensor& t) {
 }
 
 #ifdef OPD_WITH_CUDA
-// CUDA rmsnorm takes x/w/y/dy/dx in f32 or bf16 and keeps rstd and dw in f32 (master grads).
-DType cuda_rmsnorm_dtype(const OpCheck& check, const std::vector<const Tensor*>& same,
-                         const std::vector<const Tensor*>& f32) {
-  DType dtype = same.front()->dtype();
-  check.expect(dtype == DType::F32 || dtype == DType::BF16,
-               "on CUDA expects f32 or bf16, got ", dtype_name(dtype));
-  for (const Tensor* t : same) {
-    check.expect(t->dtype() == dtype, "x, w, y (dy, dx) must share one dtype");
+cudaStream_t stream() { return cuda::current_stream(); }
+
+// Device-side index checks; the messages have the shape of the CPU checks' (op, value, row,
+// limit) so callers and tests see one error whatever the device.
+void cuda_check_token_ids(const char* op, const Tensor& ids, int64_t vocab) {
+  cuda::IndexCheckResult r = cuda::check_indices(ids.data<int32_t>(), ids.numel(),
+                                                 cuda::IndexRule::InRange, vocab, stream());
+  if (r.first_bad_row >= 0) {
+    OPD_FAIL(InvalidData, op, ": token id ", r.value, " at row ", r.first_bad_row,
+             " is outside the vocabulary [0, ", vocab, ")");
   }
-  for (const Tensor* t : f32) check.expect(t->dtype() == DType::F32, "rstd and dw must be f32");
-  return dtype;
+}
+
+int64_t cuda_check_targets(const char* op, const Tensor& targets, int64_t vocab) {
+  cuda::IndexCheckResult r = cuda::check_indices(
+      targets.data<int32_t>(), targets.numel(), cuda::IndexRule::InRangeOrIgnore, vocab, stream());
+  if (r.first_bad_row >= 0) {
+    OPD_FAIL(InvalidData, op, ": target ", r.value, " at row ", r.first_bad_row,
+             " is outside the vocabulary [0, ", vocab, ") and is not the ignore index ",
+             cpu::kIgnoreIndex);
+  }
+  return r.counted;
+}
+
+void cuda_check_positions(const char* op, const Tensor& positions) {
+  cuda::IndexCheckResult r = cuda::check_indices(positions.data<int32_t>(), positions.numel(),
+                                                 cuda::IndexRule::NonNegative, 0, stream());
+  if (r.first_bad_row >= 0) {
+    OPD_FAIL(InvalidData, op, ": position ", r.value, " at row ", r.first_bad_row,
+             " is negative (positions must be >= 0)");
+  }
+}
+#else
+[[noreturn]] void no_cuda_backend(const OpCheck& check) {
+  OPD_FAIL(Unsupported, check.op(), " on CUDA: this build has no CUDA backend");
 }
 #endif
 
@@ -146,11 +216,21 @@ DType cuda_rmsnorm_dtype(const OpCheck& check, const std::vector<const Tensor*>&
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   OpCheck check("embedding_forward",
                 {{"ids", &ids, Role::Index}, {"table", &table, Role::In}, {"out", &out, Role::Out}});
-  check.require_cpu();
   check.expect_ndim("ids", ids, 1);
   check.expect_ndim("table", table, 2);
   int64_t n = ids.dim(0), vocab = table.dim(0), hidden = table.dim(1);
   check.expect_shape("out", out, {n, hidden});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype();
+    cuda_check_token_ids("embedding_forward", ids, vocab);
+    cuda::embedding_forward(ids.data<int32_t>(), table.raw(), n, vocab, hidden, dt, out.raw(),
+                            stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::embedding_forward(ids.data<int32_t>(), table.data<float>(), n, vocab, hidden,
                            out.data<float>());
@@ -164,11 +244,21 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   OpCheck check("embedding_backward", {{"ids", &ids, Role::Index},
                                        {"dout", &dout, Role::In},
                                        {"dtable", &dtable, Role::Out}});
-  check.require_cpu();
   check.expect_ndim("ids", ids, 1);
   check.expect_ndim("dtable", dtable, 2);
   int64_t n = ids.dim(0), vocab = dtable.dim(0), hidden = dtable.dim(1);
   check.expect_shape("dout", dout, {n, hidden});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({"dtable"});
+    cuda_check_token_ids("embedding_backward", ids, vocab);
+    cuda::embedding_backward(ids.data<int32_t>(), dout.raw(), n, vocab, hidden, dt,
+                             dtable.data<float>(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::embedding_backward(ids.data<int32_t>(), dout.data<float>(), n, vocab, hidden,
                             dtable.data<float>());
@@ -191,12 +281,11 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
   check.expect(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got ", eps);
   if (check.device() == Device::CUDA) {
 #ifdef OPD_WITH_CUDA
-    DType dtype = cuda_rmsnorm_dtype(check, {&x, &w, &y}, {&rstd});
-    opd::cuda::rmsnorm_forward(x.raw(), w.raw(), eps, n, h, dtype, y.raw(), rstd.data<float>(),
-                               nullptr);
+    DType dt = check.cuda_float_dtype({"rstd"});
+    cuda::rmsnorm_forward(x.raw(), w.raw(), eps, n, h, dt, y.raw(), rstd.data<float>(), stream());
     return;
 #else
-    OPD_FAIL(Unsupported, "rmsnorm_forward on CUDA: this build has no CUDA backend");
+    no_cuda_backend(check);
 #endif
   }
   if (check.cpu_float_dtype() == DType::F32) {
@@ -225,12 +314,12 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   check.expect_shape("dw", dw, {h});
   if (check.device() == Device::CUDA) {
 #ifdef OPD_WITH_CUDA
-    DType dtype = cuda_rmsnorm_dtype(check, {&dy, &x, &w, &dx}, {&rstd, &dw});
-    opd::cuda::rmsnorm_backward(dy.raw(), x.raw(), w.raw(), rstd.data<float>(), n, h, dtype,
-                                dx.raw(), dw.data<float>(), nullptr);
+    DType dt = check.cuda_float_dtype({"rstd", "dw"});
+    cuda::rmsnorm_backward(dy.raw(), x.raw(), w.raw(), rstd.data<float>(), n, h, dt, dx.raw(),
+                           dw.data<float>(), stream());
     return;
 #else
-    OPD_FAIL(Unsupported, "rmsnorm_backward on CUDA: this build has no CUDA backend");
+    no_cuda_backend(check);
 #endif
   }
   if (check.cpu_float_dtype() == DType::F32) {
@@ -242,6 +331,79 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   }
 }
 
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& r, const Tensor& w, double eps,
+                              Tensor& sum, Tensor& y, Tensor& rstd) {
+  OpCheck check("rmsnorm_residual_forward", {{"x", &x, Role::In},
+                                             {"r", &r, Role::In},
+                                             {"w", &w, Role::In},
+                                             {"sum", &sum, Role::Out},
+                                             {"y", &y, Role::Out},
+                                             {"rstd", &rstd, Role::Out}});
+  check.expect_ndim("x", x, 2);
+  int64_t n = x.dim(0), h = x.dim(1);
+  check.expect_shape("r", r, {n, h});
+  check.expect_shape("w", w, {h});
+  check.expect_shape("sum", sum, {n, h});
+  check.expect_shape("y", y, {n, h});
+  check.expect_shape("rstd", rstd, {n});
+  check.expect(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got ", eps);
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({"rstd"});
+    cuda::rmsnorm_residual_forward(x.raw(), r.raw(), w.raw(), eps, n, h, dt, sum.raw(), y.raw(),
+                                   rstd.data<float>(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::rmsnorm_residual_forward(x.data<float>(), r.data<float>(), w.data<float>(), eps, n, h,
+                                  sum.data<float>(), y.data<float>(), rstd.data<float>());
+  } else {
+    cpu::rmsnorm_residual_forward(x.data<double>(), r.data<double>(), w.data<double>(), eps, n,
+                                  h, sum.data<double>(), y.data<double>(), rstd.data<double>());
+  }
+}
+
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& sum, const Tensor& w,
+                               const Tensor& rstd, const Tensor& dres, Tensor& ds, Tensor& dw) {
+  OpCheck check("rmsnorm_residual_backward", {{"dy", &dy, Role::In},
+                                              {"sum", &sum, Role::In},
+                                              {"w", &w, Role::In},
+                                              {"rstd", &rstd, Role::In},
+                                              {"dres", &dres, Role::In},
+                                              {"ds", &ds, Role::Out},
+                                              {"dw", &dw, Role::Out}});
+  check.expect_ndim("sum", sum, 2);
+  int64_t n = sum.dim(0), h = sum.dim(1);
+  check.expect_shape("dy", dy, {n, h});
+  check.expect_shape("w", w, {h});
+  check.expect_shape("rstd", rstd, {n});
+  check.expect_shape("dres", dres, {n, h});
+  check.expect_shape("ds", ds, {n, h});
+  check.expect_shape("dw", dw, {h});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({"rstd", "dw"});
+    cuda::rmsnorm_residual_backward(dy.raw(), sum.raw(), w.raw(), rstd.data<float>(), dres.raw(),
+                                    n, h, dt, ds.raw(), dw.data<float>(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::rmsnorm_residual_backward(dy.data<float>(), sum.data<float>(), w.data<float>(),
+                                   rstd.data<float>(), dres.data<float>(), n, h,
+                                   ds.data<float>(), dw.data<float>());
+  } else {
+    cpu::rmsnorm_residual_backward(dy.data<double>(), sum.data<double>(), w.data<double>(),
+                                   rstd.data<double>(), dres.data<double>(), n, h,
+                                   ds.data<double>(), dw.data<double>());
+  }
+}
+
 namespace {
 
 void rope_dispatch(const char* op, Tensor& x, const Tensor& positions, const Tensor& inv_freq,
@@ -249,12 +411,30 @@ void rope_dispatch(const char* op, Tensor& x, const Tensor& positions, const Ten
   OpCheck check(op, {{"x", &x, Role::Out},
                      {"positions", &positions, Role::Index},
                      {"inv_freq", &inv_freq, Role::Table}});
-  check.require_cpu();
   check.expect_ndim("x", x, 3);
   int64_t n = x.dim(0), heads = x.dim(1), head_dim = x.dim(2);
   check.expect(head_dim % 2 == 0, "head_dim must be even, got ", head_dim);
   check.expect_shape("positions", positions, {n});
   check.expect_shape("inv_freq", inv_freq, {head_dim / 2});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    // inv_freq on the host (the model keeps it there): f32 values uploaded for this call.
+    Tensor freq = inv_freq;
+    if (inv_freq.device() == Device::CPU) {
+      std::vector<double> f64 = table_as_double(inv_freq);
+      std::vector<float> f32(f64.begin(), f64.end());
+      freq = Tensor::from_vector(f32, inv_freq.shape()).to(Device::CUDA);
+    }
+    DType dt = check.cuda_float_dtype();
+    check.expect(freq.dtype() == DType::F32, "inv_freq must be f32 on CUDA");
+    cuda_check_positions(op, positions);
+    cuda::rope(x.raw(), positions.data<int32_t>(), freq.data<float>(), n, heads, head_dim, dt,
+               !forward, stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   DType dtype = check.cpu_float_dtype();
   std::vector<double> freq = table_as_double(inv_freq);
   const int32_t* pos = positions.data<int32_t>();
@@ -368,10 +548,18 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
   OpCheck check("swiglu_forward",
                 {{"gate", &gate, Role::In}, {"up", &up, Role::In}, {"out", &out, Role::Out}});
-  check.require_cpu();
   check.expect_shape("up", up, gate.shape());
   check.expect_shape("out", out, gate.shape());
   int64_t n = gate.numel();
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype();
+    cuda::swiglu_forward(gate.raw(), up.raw(), n, dt, out.raw(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::swiglu_forward(gate.data<float>(), up.data<float>(), n, out.data<float>());
   } else {
@@ -386,12 +574,21 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, T
                                     {"up", &up, Role::In},
                                     {"dgate", &dgate, Role::Out},
                                     {"dup", &dup, Role::Out}});
-  check.require_cpu();
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dout", &dout},
                          {"up", &up}, {"dgate", &dgate}, {"dup", &dup}}) {
     check.expect_shape(name, *t, gate.shape());
   }
   int64_t n = gate.numel();
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype();
+    cuda::swiglu_backward(dout.raw(), gate.raw(), up.raw(), n, dt, dgate.raw(), dup.raw(),
+                          stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::swiglu_backward(dout.data<float>(), gate.data<float>(), up.data<float>(), n,
                          dgate.data<float>(), dup.data<float>());
@@ -405,13 +602,32 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
   std::vector<Arg> args = {{"x", &x, Role::In}, {"w", &w, Role::In}, {"y", &y, Role::Out}};
   if (bias.defined()) args.push_back({"bias", &bias, Role::In});
   OpCheck check("linear_forward", std::move(args));
-  check.require_cpu();
   check.expect_ndim("x", x, 2);
   check.expect_ndim("w", w, 2);
   int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
   check.expect_shape("w", w, {out, in});
   check.expect_shape("y", y, {n, out});
   if (bias.defined()) check.expect_shape("bias", bias, {out});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({}, {"y", "bias"});
+    DType ydt = y.dtype();
+    check.expect(ydt == dt || ydt == DType::F32, "y must be ", dtype_name(dt), " or f32, got ",
+                 dtype_name(ydt));
+    if (bias.defined()) check.expect(bias.dtype() == ydt, "bias must have the dtype of y");
+    if (n == 0 || out == 0) return;
+    const void* b = bias.defined() ? bias.raw() : nullptr;
+    if (in == 0) {  // an empty reduction: y = bias (or 0); cuBLASLt refuses k = 0
+      y.fill_zero();
+      if (b) cuda::add_bias_rows(y.raw(), b, n, out, ydt, stream());
+      return;
+    }
+    cuda::linear_forward(x.raw(), w.raw(), b, n, in, out, dt, ydt, y.raw(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::linear_forward(x.data<float>(), w.data<float>(),
                         bias.defined() ? bias.data<float>() : nullptr, n, in, out,
@@ -430,7 +646,6 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
   if (dx.defined()) args.push_back({"dx", &dx, Role::Out});
   if (dbias.defined()) args.push_back({"dbias", &dbias, Role::Out});
   OpCheck check("linear_backward", std::move(args));
-  check.require_cpu();
   check.expect_ndim("x", x, 2);
   check.expect_ndim("w", w, 2);
   int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
@@ -439,6 +654,27 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
   check.expect_shape("dw", dw, {out, in});
   if (dx.defined()) check.expect_shape("dx", dx, {n, in});
   if (dbias.defined()) check.expect_shape("dbias", dbias, {out});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({"dbias"}, {"dw"});
+    check.expect(dw.dtype() == dt || dw.dtype() == DType::F32, "dw must be ", dtype_name(dt),
+                 " or f32, got ", dtype_name(dw.dtype()));
+    if (dx.defined() && n > 0 && in > 0) {
+      if (out == 0) dx.fill_zero();
+      else cuda::linear_backward_input(dy.raw(), w.raw(), n, in, out, dt, dt, dx.raw(), stream());
+    }
+    if (n > 0 && in > 0 && out > 0) {
+      cuda::linear_backward_weight(dy.raw(), x.raw(), n, in, out, dt, dw.dtype(), dw.raw(),
+                                   stream());
+    }
+    if (dbias.defined() && out > 0) {
+      cuda::column_sum_accumulate(dy.raw(), n, out, dt, dbias.data<float>(), stream());
+    }
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::linear_backward(dy.data<float>(), x.data<float>(), w.data<float>(), n, in, out,
                          dx.defined() ? dx.data<float>() : nullptr, dw.data<float>(),
@@ -456,13 +692,23 @@ int64_t cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tenso
                                           {"targets", &targets, Role::Index},
                                           {"losses", &losses, Role::Out},
                                           {"lse", &lse, Role::Out}});
-  check.require_cpu();
   check.expect_ndim("logits", logits, 2);
   int64_t n = logits.dim(0), vocab = logits.dim(1);
   check.expect(vocab >= 1, "the vocabulary must not be empty");
   check.expect_shape("targets", targets, {n});
   check.expect_shape("losses", losses, {n});
   check.expect_shape("lse", lse, {n});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({"losses", "lse"});
+    int64_t counted = cuda_check_targets("cross_entropy_forward", targets, vocab);
+    cuda::cross_entropy_forward(logits.raw(), targets.data<int32_t>(), n, vocab, dt,
+                                losses.data<float>(), lse.data<float>(), stream());
+    return counted;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     return cpu::cross_entropy_forward(logits.data<float>(), targets.data<int32_t>(), n, vocab,
                                       losses.data<float>(), lse.data<float>());
@@ -477,7 +723,6 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                                            {"targets", &targets, Role::Index},
                                            {"lse", &lse, Role::In},
                                            {"dlogits", &dlogits, Role::Out}});
-  check.require_cpu();
   check.expect_ndim("logits", logits, 2);
   int64_t n = logits.dim(0), vocab = logits.dim(1);
   check.expect(vocab >= 1, "the vocabulary must not be empty");
@@ -485,6 +730,17 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   check.expect_shape("lse", lse, {n});
   check.expect_shape("dlogits", dlogits, {n, vocab});
   check.expect(std::isfinite(scale), "scale must be finite, got ", scale);
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype({"lse"});
+    cuda_check_targets("cross_entropy_backward", targets, vocab);
+    cuda::cross_entropy_backward(logits.raw(), targets.data<int32_t>(), lse.data<float>(), n,
+                                 vocab, scale, dt, dlogits.raw(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
                                 n, vocab, scale, dlogits.data<float>());
@@ -496,9 +752,17 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   OpCheck check("add", {{"a", &a, Role::In}, {"b", &b, Role::In}, {"out", &out, Role::Out}});
-  check.require_cpu();
   check.expect_shape("b", b, a.shape());
   check.expect_shape("out", out, a.shape());
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype();
+    cuda::add(a.raw(), b.raw(), a.numel(), dt, out.raw(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::add(a.data<float>(), b.data<float>(), a.numel(), out.data<float>());
   } else {
@@ -508,8 +772,16 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void add_inplace(Tensor& acc, const Tensor& x) {
   OpCheck check("add_inplace", {{"acc", &acc, Role::Out}, {"x", &x, Role::In}});
-  check.require_cpu();
   check.expect_shape("x", x, acc.shape());
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    DType dt = check.cuda_float_dtype();
+    cuda::add(acc.raw(), x.raw(), acc.numel(), dt, acc.raw(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
   if (check.cpu_float_dtype() == DType::F32) {
     cpu::add_inplace(acc.data<float>(), x.data<float>(), acc.numel());
   } else {

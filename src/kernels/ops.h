@@ -6,6 +6,13 @@
 //   sequence b owns rows [cu_seqlens[b], cu_seqlens[b+1]); there is no padding at all, so
 //   nothing can attend to padding or send gradient into it. cu_seqlens is i32 [B+1], starts
 //   at 0, is non-decreasing and ends at T (validated).
+// - CUDA tensors (f32 or bf16 storage, f32 arithmetic): float inputs/outputs share one dtype,
+//   except that statistics (rstd, lse, losses) and parameter gradients (dw, dtable, dbias) are
+//   f32 (master gradients); linear_forward may write an f32 y from bf16 operands and
+//   linear_backward accumulates dw in f32 or in the operands' dtype; rope's inv_freq is f32.
+//   Ops are issued on cuda::current_stream() (core/cuda/allocator.h). Index inputs are checked
+//   on the device before the op's kernels run (one small read-back), so nothing is written
+//   when they are rejected, as on the CPU.
 // - Activation gradients are written (=); parameter gradients are accumulated (+=), so
 //   micro-batches add into the same gradient buffers.
 // - Inputs must be contiguous tensors of matching dtype (f32 or f64 on the CPU); shapes are
@@ -29,6 +36,17 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
 // dx = rstd * (w*dy - x * rstd^2 * mean(x * w * dy)) (written); dw += sum_rows dy * x * rstd.
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       Tensor& dx, Tensor& dw);
+
+// RMSNorm fused with the residual add before it (pre-norm blocks): sum = x + r (written: the
+// residual stream continues from it), y = rmsnorm(sum) * w, rstd as in rmsnorm_forward. On
+// CUDA in bf16 the sum is rounded to bf16 before the norm, so the norm sees the stored sum.
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& r, const Tensor& w, double eps,
+                              Tensor& sum, Tensor& y, Tensor& rstd);
+// ds = rmsnorm_dx(dy; sum) + dres (written): the gradient of the residual stream at sum, which
+// both x and r receive; dres is the gradient arriving through the residual path and may be
+// the same tensor as ds (in place). dw += sum_rows dy * sum * rstd.
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& sum, const Tensor& w,
+                               const Tensor& rstd, const Tensor& dres, Tensor& ds, Tensor& dw);
 
 // Rotary embedding in place on x [T, heads, head_dim], Hugging Face "rotate_half" layout:
 // for i < d/2 with angle = positions[t] * inv_freq[i]:

@@ -1,35 +1,40 @@
-// Tensor's device hooks on the CUDA runtime: allocation, copies, zero fill.
-// (A caching allocator replaces the raw cudaMalloc here in the CUDA-backend issue.)
+// Tensor's device hooks on the CUDA runtime: storage from the caching allocator
+// (core/cuda/allocator.h) on the calling thread's current stream, copies and zero fill.
+// Tensor keeps its own byte counters (memory_stats(Device::CUDA): bytes of live tensors);
+// the allocator's stats add what is reserved and cached.
+#include "core/cuda/allocator.h"
 #include "core/cuda/cuda_check.h"
+#include "core/log.h"
 #include "core/tensor.h"
 
 namespace opd::device_hooks {
 
 bool cuda_compiled() { return true; }
 
-void* cuda_malloc(size_t bytes) {
-  void* p = nullptr;
-  cudaError_t st = cudaMalloc(&p, bytes);
-  if (st == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    OPD_FAIL(OutOfMemory, "cudaMalloc of ", bytes, " bytes failed: device out of memory");
-  }
-  OPD_CUDA_CHECK(st);
-  return p;
-}
+void* cuda_malloc(size_t bytes) { return cuda::device_allocator().allocate(bytes, cuda::current_stream()); }
 
 void cuda_free(void* ptr) {
-  if (ptr) (void)cudaFree(ptr);  // destructor path: never throw
+  try {
+    cuda::device_allocator().deallocate(ptr);
+  } catch (const Error& e) {  // destructor path: never throw, but say so
+    log_error("device storage release: ", e.what());
+  }
 }
 
+// Synchronous on purpose: host buffers are pageable and callers read results right after.
+// With a non-default current stream, wait for it first so the copy sees the op's results.
 void cuda_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = dst_device == Device::CUDA
                             ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice
                                                           : cudaMemcpyHostToDevice)
                             : cudaMemcpyDeviceToHost;
-  OPD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  cudaStream_t stream = cuda::current_stream();
+  OPD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void cuda_memset_zero(void* ptr, size_t bytes) { OPD_CUDA_CHECK(cudaMemset(ptr, 0, bytes)); }
+void cuda_memset_zero(void* ptr, size_t bytes) {
+  OPD_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda::current_stream()));
+}
 
 }  // namespace opd::device_hooks

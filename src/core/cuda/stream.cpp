@@ -1,6 +1,8 @@
 // RAII CUDA stream, event and cuBLAS/cuBLASLt handles; device queries (see stream.h).
 #include "core/cuda/stream.h"
 
+#include "core/cuda/allocator.h"  // release_stream: cached blocks must not outlive their stream
+
 namespace opd::cuda {
 
 int device_count() {
@@ -20,12 +22,21 @@ std::string device_description(int index) {
 }
 
 Stream::Stream() { OPD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-Stream::~Stream() {
-  if (stream_) (void)cudaStreamDestroy(stream_);
+namespace {
+void destroy_stream(cudaStream_t stream) noexcept {
+  if (!stream) return;
+  try {
+    device_allocator().release_stream(stream);
+  } catch (...) {  // never throw from a destructor; the stream is destroyed regardless
+  }
+  (void)cudaStreamDestroy(stream);
 }
+}  // namespace
+
+Stream::~Stream() { destroy_stream(stream_); }
 Stream& Stream::operator=(Stream&& other) noexcept {
   if (this != &other) {
-    if (stream_) (void)cudaStreamDestroy(stream_);
+    destroy_stream(stream_);
     stream_ = other.stream_;
     other.stream_ = nullptr;
   }

@@ -26,6 +26,14 @@ template <typename T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, int64_t n, int64_t h,
                       T* dx, T* dw);
 
+// ---- rmsnorm_residual.cpp ----  x, r, sum, y, dy, dres, ds [n, h]; ds may alias dres.
+template <typename T>
+void rmsnorm_residual_forward(const T* x, const T* r, const T* w, double eps, int64_t n,
+                              int64_t h, T* sum, T* y, T* rstd);
+template <typename T>
+void rmsnorm_residual_backward(const T* dy, const T* sum, const T* w, const T* rstd,
+                               const T* dres, int64_t n, int64_t h, T* ds, T* dw);
+
 // ---- rope.cpp ----  x [n, heads, head_dim] in place; inv_freq [head_dim / 2] as double so
 // the angle positions[t] * inv_freq[i] is formed in double whatever the caller's dtype.
 void check_positions(const char* op, const int32_t* positions, int64_t n);

@@ -1,150 +1,356 @@
-// RMSNorm forward/backward on CUDA (formula in kernels/ops.h): y = x * rstd * w,
-// rstd = 1/sqrt(mean(x^2) + eps); f32 or bf16 storage, f32 accumulation.
-// Forward/backward-dx: one block per row, block-wide reductions through warp shuffles.
-// Backward-dw is deterministic (no atomics): row groups write partial column sums to a
-// scratch buffer, then one pass adds the groups in a fixed order into dw.
+// RMSNorm forward/backward on CUDA, plain and fused with the residual add (formulas in
+// kernels/ops.h): s = x (+ r), y = s * rstd * w, rstd = 1/sqrt(mean(s^2) + eps);
+// ds = rstd * (w*dy - s * rstd^2 * mean(s*w*dy)) (+ dres), dw += sum_rows dy * s * rstd.
+// f32 or bf16 storage, f32 arithmetic. The fused sum is rounded to the storage dtype before
+// the norm, so forward and backward see the same s that is stored (as PyTorch does).
+//
+// Fast path (h a multiple of the 16-byte vector, aligned pointers, h <= 1024 vectors): a row
+// is owned by a warp (short rows, e.g. per-head q/k norm) or by the 256-thread block, each
+// thread keeps its elements and w in registers, so x (and r) are read once and y (and s)
+// written once. The backward accumulates dw in registers over the rows a block owns, combines
+// the block's warps in a fixed order, writes one partial row per block, and a fixed-order
+// tree over blocks adds it to dw: deterministic, no float atomics. The grid depends only on
+// the shape, so results are identical on every GPU. Other shapes take a simple block-per-row
+// path that re-reads the row.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "core/cuda/allocator.h"
 #include "core/cuda/stream.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace opd::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using dev::Pack;
+constexpr int kBlock = 256;
 
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
+template <int kGroup>
+__device__ __forceinline__ float group_sum(float v) {
+  if constexpr (kGroup == 32) return dev::warp_sum(v);
+  else return dev::block_sum<kBlock>(v);
 }
 
-// Sum over the block; every thread gets the result.
-__device__ float block_sum(float v) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
-  __syncthreads();  // partial[] is reused by the next call
-  return total;
+// ---------------------------------------------------------------- fast path
+template <typename T, int W, int kGroup, int kE, bool kRes>
+__global__ void __launch_bounds__(kBlock)
+    rms_fwd_fast(const T* x, const T* r, const T* w, float eps, int64_t n, int64_t h, T* sum,
+                 T* y, float* rstd) {
+  constexpr int kRowsPerBlock = kBlock / kGroup;
+  const int lane = threadIdx.x % kGroup;
+  Pack<T, W> wv[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+    if (col < h) wv[e].load(w + col);
+  }
+  // The trip count is uniform within a group (block_sum needs every thread of the block).
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kGroup;
+       row < n; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    Pack<T, W> v[kE];
+    float ss = 0;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+      if (col < h) {
+        v[e].load(x + row * h + col);
+        if constexpr (kRes) {
+          Pack<T, W> rr;
+          rr.load(r + row * h + col);
+#pragma unroll
+          for (int i = 0; i < W; ++i) v[e].f[i] += rr.f[i];
+          v[e].round_to_storage();
+          v[e].store(sum + row * h + col);
+        }
+#pragma unroll
+        for (int i = 0; i < W; ++i) ss += v[e].f[i] * v[e].f[i];
+      }
+    }
+    const float rs = rsqrtf(group_sum<kGroup>(ss) / static_cast<float>(h) + eps);
+    if (lane == 0) rstd[row] = rs;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+      if (col < h) {
+        Pack<T, W> o;
+#pragma unroll
+        for (int i = 0; i < W; ++i) o.f[i] = v[e].f[i] * rs * wv[e].f[i];
+        o.store(y + row * h + col);
+      }
+    }
+  }
 }
 
-template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* w, float eps, int64_t h, T* y,
-                                       float* rstd) {
+template <typename T, int W, int kGroup, int kE, bool kRes>
+__global__ void __launch_bounds__(kBlock)
+    rms_bwd_fast(const T* dy, const T* x, const T* w, const float* rstd, const T* dres, int64_t n,
+                 int64_t h, T* dx, float* partial) {
+  constexpr int kRowsPerBlock = kBlock / kGroup;
+  const int lane = threadIdx.x % kGroup;
+  Pack<T, W> wv[kE];
+  float dw[kE][W];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+    if (col < h) wv[e].load(w + col);
+#pragma unroll
+    for (int i = 0; i < W; ++i) dw[e][i] = 0;
+  }
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kGroup;
+       row < n; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    Pack<T, W> dyv[kE], xv[kE];
+    float dot = 0;  // sum_i x_i * w_i * dy_i
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+      if (col < h) {
+        dyv[e].load(dy + row * h + col);
+        xv[e].load(x + row * h + col);
+#pragma unroll
+        for (int i = 0; i < W; ++i) dot += xv[e].f[i] * wv[e].f[i] * dyv[e].f[i];
+      }
+    }
+    const float mean = group_sum<kGroup>(dot) / static_cast<float>(h);
+    const float rs = rstd[row];
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+      if (col < h) {
+        Pack<T, W> o;
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+          o.f[i] = rs * (wv[e].f[i] * dyv[e].f[i] - xv[e].f[i] * rs * rs * mean);
+          dw[e][i] += dyv[e].f[i] * xv[e].f[i] * rs;
+        }
+        if constexpr (kRes) {
+          Pack<T, W> d;
+          d.load_rw(dres + row * h + col);  // dres may alias dx
+#pragma unroll
+          for (int i = 0; i < W; ++i) o.f[i] += d.f[i];
+        }
+        o.store(dx + row * h + col);
+      }
+    }
+  }
+  float* out = partial + blockIdx.x * h;
+  if constexpr (kRowsPerBlock == 1) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+      if (col < h)
+#pragma unroll
+        for (int i = 0; i < W; ++i) out[col + i] = dw[e][i];
+    }
+  } else {
+    // Warp-per-row: add the block's warps in warp order (fixed), one partial row per block.
+    __shared__ float sm[kRowsPerBlock][kE * kGroup * W];
+    const int warp = threadIdx.x / kGroup;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+#pragma unroll
+      for (int i = 0; i < W; ++i) sm[warp][col + i] = dw[e][i];
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < h; c += kBlock) {
+      float t = 0;
+#pragma unroll
+      for (int k = 0; k < kRowsPerBlock; ++k) t += sm[k][c];
+      out[c] = t;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- any shape
+template <typename T, bool kRes>
+__global__ void __launch_bounds__(kBlock)
+    rms_fwd_slow(const T* x, const T* r, const T* w, float eps, int64_t h, T* sum, T* y,
+                 float* rstd) {
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * h;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < h; i += kThreads) {
-    float v = load(xr, i);
+  for (int64_t i = threadIdx.x; i < h; i += kBlock) {
+    float v = dev::to_f32(x[row * h + i]);
+    if constexpr (kRes) {
+      v = dev::to_f32(dev::from_f32<T>(v + dev::to_f32(r[row * h + i])));
+      sum[row * h + i] = dev::from_f32<T>(v);
+    }
     ss += v * v;
   }
-  const float r = rsqrtf(block_sum(ss) / static_cast<float>(h) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
-  T* yr = y + row * h;
-  for (int64_t i = threadIdx.x; i < h; i += kThreads) store(yr, i, load(xr, i) * r * load(w, i));
+  const float rs = rsqrtf(dev::block_sum<kBlock>(ss) / static_cast<float>(h) + eps);
+  if (threadIdx.x == 0) rstd[row] = rs;
+  const T* s = kRes ? sum : x;  // the same thread wrote sum[i] above: no race
+  for (int64_t i = threadIdx.x; i < h; i += kBlock)
+    y[row * h + i] = dev::from_f32<T>(dev::to_f32(s[row * h + i]) * rs * dev::to_f32(w[i]));
 }
 
-template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const T* w,
-                                           const float* rstd, int64_t h, T* dx) {
+template <typename T, bool kRes>
+__global__ void __launch_bounds__(kBlock)
+    rms_bwd_dx_slow(const T* dy, const T* x, const T* w, const float* rstd, const T* dres,
+                    int64_t h, T* dx) {
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * h;
-  const T* dyr = dy + row * h;
-  float dot = 0;  // sum_i x_i * w_i * dy_i
-  for (int64_t i = threadIdx.x; i < h; i += kThreads) dot += load(xr, i) * load(w, i) * load(dyr, i);
-  const float mean = block_sum(dot) / static_cast<float>(h);
-  const float r = rstd[row];
-  T* dxr = dx + row * h;
-  for (int64_t i = threadIdx.x; i < h; i += kThreads)
-    store(dxr, i, r * (load(w, i) * load(dyr, i) - load(xr, i) * r * r * mean));
+  float dot = 0;
+  for (int64_t i = threadIdx.x; i < h; i += kBlock)
+    dot += dev::to_f32(x[row * h + i]) * dev::to_f32(w[i]) * dev::to_f32(dy[row * h + i]);
+  const float mean = dev::block_sum<kBlock>(dot) / static_cast<float>(h);
+  const float rs = rstd[row];
+  for (int64_t i = threadIdx.x; i < h; i += kBlock) {
+    float v = rs * (dev::to_f32(w[i]) * dev::to_f32(dy[row * h + i]) -
+                    dev::to_f32(x[row * h + i]) * rs * rs * mean);
+    if constexpr (kRes) v += dev::to_f32(dres[row * h + i]);
+    dx[row * h + i] = dev::from_f32<T>(v);
+  }
 }
 
-// partial[g, i] = sum over rows of group g of dy * x * rstd (column i).
+// partial[g, i] = sum over the rows of group g of dy * x * rstd (column i).
 template <typename T>
-__global__ void rmsnorm_backward_dw_partial_kernel(const T* dy, const T* x, const float* rstd,
-                                                   int64_t n, int64_t h, int64_t rows_per_group,
-                                                   float* partial) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+__global__ void rms_dw_partial_slow(const T* dy, const T* x, const float* rstd, int64_t n,
+                                    int64_t h, int64_t rows_per_group, float* partial) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kBlock) + threadIdx.x;
   if (i >= h) return;
   const int64_t g = blockIdx.y;
-  const int64_t begin = g * rows_per_group;
-  const int64_t end = min(n, begin + rows_per_group);
+  const int64_t end = min(n, (g + 1) * rows_per_group);
   float acc = 0;
-  for (int64_t r = begin; r < end; ++r) acc += load(dy, r * h + i) * load(x, r * h + i) * rstd[r];
+  for (int64_t r = g * rows_per_group; r < end; ++r)
+    acc += dev::to_f32(dy[r * h + i]) * dev::to_f32(x[r * h + i]) * rstd[r];
   partial[g * h + i] = acc;
 }
 
-__global__ void rmsnorm_backward_dw_reduce_kernel(const float* partial, int64_t groups, int64_t h,
-                                                  float* dw) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
-  if (i >= h) return;
-  float acc = 0;
-  for (int64_t g = 0; g < groups; ++g) acc += partial[g * h + i];
-  dw[i] += acc;
+// ---------------------------------------------------------------- dispatch
+struct Args {
+  const void *x, *r, *w, *dy, *dres;
+  const float* rstd_in;
+  double eps;
+  int64_t n, h;
+  void *sum, *y, *dx;
+  float *rstd, *dw;
+  cudaStream_t stream;
+};
+
+// Blocks of the backward: each writes one partial row of dw, so their number trades
+// parallelism against the partial traffic; it depends only on the shape.
+int64_t bwd_blocks(int64_t n, int rows_per_block, int64_t h) {
+  const int64_t cap = h <= 1024 ? 1024 : 512;
+  return std::max<int64_t>(1, std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, cap));
 }
 
-template <typename T>
-void forward_impl(const void* x, const void* w, double eps, int64_t n, int64_t h, void* y,
-                  float* rstd, cudaStream_t stream) {
-  if (n == 0) return;
-  rmsnorm_forward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<float>(eps), h,
-      static_cast<T*>(y), rstd);
-  check_launch("rmsnorm_forward_kernel");
+template <typename T, int W, int kGroup, int kE, bool kRes>
+void launch_fast(const Args& a, bool forward) {
+  constexpr int kRowsPerBlock = kBlock / kGroup;
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  if (forward) {
+    const unsigned blocks = grid_for(a.n, kRowsPerBlock, 1 << 20);
+    rms_fwd_fast<T, W, kGroup, kE, kRes><<<blocks, kBlock, 0, a.stream>>>(
+        x, static_cast<const T*>(a.r), w, static_cast<float>(a.eps), a.n, a.h,
+        static_cast<T*>(a.sum), static_cast<T*>(a.y), a.rstd);
+    check_launch("rms_fwd_fast");
+    return;
+  }
+  const int64_t blocks = bwd_blocks(a.n, kRowsPerBlock, a.h);
+  DeviceBuffer partial(static_cast<size_t>(blocks * a.h) * sizeof(float), a.stream);
+  rms_bwd_fast<T, W, kGroup, kE, kRes><<<static_cast<unsigned>(blocks), kBlock, 0, a.stream>>>(
+      static_cast<const T*>(a.dy), x, w, a.rstd_in, static_cast<const T*>(a.dres), a.n, a.h,
+      static_cast<T*>(a.dx), partial.as<float>());
+  check_launch("rms_bwd_fast");
+  reduce_partials_accumulate(partial.as<float>(), blocks, a.h, a.dw, a.stream);
 }
 
-template <typename T>
-void backward_impl(const void* dy, const void* x, const void* w, const float* rstd, int64_t n,
-                   int64_t h, void* dx, float* dw, cudaStream_t stream) {
-  if (n == 0) return;
-  rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd, h,
-      static_cast<T*>(dx));
-  check_launch("rmsnorm_backward_dx_kernel");
-  // Enough row groups to fill the GPU, each long enough to amortize its partial row.
-  const int64_t groups = std::min<int64_t>(128, (n + 31) / 32);
-  const int64_t rows_per_group = (n + groups - 1) / groups;
-  float* partial = nullptr;
-  OPD_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial),
-                                 static_cast<size_t>(groups * h) * sizeof(float), stream));
-  const unsigned col_blocks = static_cast<unsigned>((h + kThreads - 1) / kThreads);
-  rmsnorm_backward_dw_partial_kernel<T><<<dim3(col_blocks, static_cast<unsigned>(groups)), kThreads,
-                                          0, stream>>>(static_cast<const T*>(dy),
-                                                       static_cast<const T*>(x), rstd, n, h,
-                                                       rows_per_group, partial);
-  check_launch("rmsnorm_backward_dw_partial_kernel");
-  rmsnorm_backward_dw_reduce_kernel<<<col_blocks, kThreads, 0, stream>>>(partial, groups, h, dw);
-  check_launch("rmsnorm_backward_dw_reduce_kernel");
-  OPD_CUDA_CHECK(cudaFreeAsync(partial, stream));
+// Picks the register layout for `chunks` accesses of W elements per row; false if too long.
+template <typename T, int W, bool kRes>
+bool try_fast(const Args& a, bool forward) {
+  const int64_t chunks = a.h / W;
+  if (chunks <= 32) launch_fast<T, W, 32, 1, kRes>(a, forward);
+  else if (chunks <= 64) launch_fast<T, W, 32, 2, kRes>(a, forward);
+  else if (chunks <= 256) launch_fast<T, W, 256, 1, kRes>(a, forward);
+  else if (chunks <= 512) launch_fast<T, W, 256, 2, kRes>(a, forward);
+  else if (chunks <= 1024) launch_fast<T, W, 256, 4, kRes>(a, forward);
+  else return false;
+  return true;
+}
+
+template <typename T, bool kRes>
+void launch_slow(const Args& a, bool forward) {
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  const unsigned rows = static_cast<unsigned>(a.n);
+  if (forward) {
+    rms_fwd_slow<T, kRes><<<rows, kBlock, 0, a.stream>>>(x, static_cast<const T*>(a.r), w,
+                                                         static_cast<float>(a.eps), a.h,
+                                                         static_cast<T*>(a.sum),
+                                                         static_cast<T*>(a.y), a.rstd);
+    check_launch("rms_fwd_slow");
+    return;
+  }
+  rms_bwd_dx_slow<T, kRes><<<rows, kBlock, 0, a.stream>>>(
+      static_cast<const T*>(a.dy), x, w, a.rstd_in, static_cast<const T*>(a.dres), a.h,
+      static_cast<T*>(a.dx));
+  check_launch("rms_bwd_dx_slow");
+  const int64_t groups = std::min<int64_t>(128, (a.n + 31) / 32);
+  const int64_t rows_per_group = (a.n + groups - 1) / groups;
+  DeviceBuffer partial(static_cast<size_t>(groups * a.h) * sizeof(float), a.stream);
+  const unsigned col_blocks = static_cast<unsigned>((a.h + kBlock - 1) / kBlock);
+  rms_dw_partial_slow<T><<<dim3(col_blocks, static_cast<unsigned>(groups)), kBlock, 0, a.stream>>>(
+      static_cast<const T*>(a.dy), x, a.rstd_in, a.n, a.h, rows_per_group, partial.as<float>());
+  check_launch("rms_dw_partial_slow");
+  reduce_partials_accumulate(partial.as<float>(), groups, a.h, a.dw, a.stream);
+}
+
+template <typename T, bool kRes>
+void run_typed(const Args& a, bool forward) {
+  constexpr int V = 16 / sizeof(T);
+  const bool aligned = dev::aligned16(a.x) && dev::aligned16(a.w) &&
+                       (forward ? dev::aligned16(a.y) && (!kRes || (dev::aligned16(a.r) &&
+                                                                    dev::aligned16(a.sum)))
+                                : dev::aligned16(a.dy) && dev::aligned16(a.dx) &&
+                                      (!kRes || dev::aligned16(a.dres)));
+  if (aligned && a.h % V == 0 && try_fast<T, V, kRes>(a, forward)) return;
+  if (try_fast<T, 1, kRes>(a, forward)) return;
+  launch_slow<T, kRes>(a, forward);
+}
+
+void run(const Args& a, DType dtype, bool residual, bool forward, const char* op) {
+  if (a.n == 0) return;
+  OPD_CHECK(a.n <= 0x7fffffff && a.h > 0, InvalidArgument, op, ": n ", a.n, ", h ", a.h);
+  if (dtype == DType::F32) {
+    residual ? run_typed<float, true>(a, forward) : run_typed<float, false>(a, forward);
+  } else if (dtype == DType::BF16) {
+    residual ? run_typed<__nv_bfloat16, true>(a, forward)
+             : run_typed<__nv_bfloat16, false>(a, forward);
+  } else {
+    OPD_FAIL(Unsupported, "CUDA ", op, " for dtype ", dtype_name(dtype));
+  }
 }
 
 }  // namespace
 
 void rmsnorm_forward(const void* x, const void* w, double eps, int64_t n, int64_t h, DType dtype,
                      void* y, float* rstd, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::F32: return forward_impl<float>(x, w, eps, n, h, y, rstd, stream);
-    case DType::BF16: return forward_impl<__nv_bfloat16>(x, w, eps, n, h, y, rstd, stream);
-    default: OPD_FAIL(Unsupported, "CUDA rmsnorm_forward for dtype ", dtype_name(dtype));
-  }
+  Args a{x, nullptr, w, nullptr, nullptr, nullptr, eps, n, h, nullptr, y, nullptr, rstd, nullptr,
+         stream};
+  run(a, dtype, false, true, "rmsnorm_forward");
 }
 
 void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, int64_t n,
                       int64_t h, DType dtype, void* dx, float* dw, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::F32: return backward_impl<float>(dy, x, w, rstd, n, h, dx, dw, stream);
-    case DType::BF16: return backward_impl<__nv_bfloat16>(dy, x, w, rstd, n, h, dx, dw, stream);
-    default: OPD_FAIL(Unsupported, "CUDA rmsnorm_backward for dtype ", dtype_name(dtype));
-  }
+  Args a{x, nullptr, w, dy, nullptr, rstd, 0.0, n, h, nullptr, nullptr, dx, nullptr, dw, stream};
+  run(a, dtype, false, false, "rmsnorm_backward");
+}
+
+void rmsnorm_residual_forward(const void* x, const void* r, const void* w, double eps, int64_t n,
+                              int64_t h, DType dtype, void* sum, void* y, float* rstd,
+                              cudaStream_t stream) {
+  Args a{x, r, w, nullptr, nullptr, nullptr, eps, n, h, sum, y, nullptr, rstd, nullptr, stream};
+  run(a, dtype, true, true, "rmsnorm_residual_forward");
+}
+
+void rmsnorm_residual_backward(const void* dy, const void* sum, const void* w, const float* rstd,
+                               const void* dres, int64_t n, int64_t h, DType dtype, void* ds,
+                               float* dw, cudaStream_t stream) {
+  Args a{sum, nullptr, w, dy, dres, rstd, 0.0, n, h, nullptr, nullptr, ds, nullptr, dw, stream};
+  run(a, dtype, true, false, "rmsnorm_residual_backward");
 }
 
 }  // namespace opd::cuda

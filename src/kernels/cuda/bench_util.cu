@@ -1,0 +1,69 @@
+// Device helpers for benchmarks and tests: fill a buffer with Philox uniforms in its storage
+// dtype (no host round trip for GB-sized inputs), and a spin kernel that holds a stream for a
+// while so the host can queue a timed loop ahead of the GPU (launch gaps stay out of timings).
+#include <cuda_bf16.h>
+
+#include "core/cuda/stream.h"
+#include "core/philox.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace opd::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    out[i] = dev::from_f32<T>(lo + (hi - lo) * philox_uniform(seed, 5, static_cast<uint64_t>(i)));
+}
+
+__global__ void fill_ints_kernel(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float u = philox_uniform(seed, 6, static_cast<uint64_t>(i));
+    out[i] = min(hi - 1, lo + static_cast<int32_t>(u * static_cast<float>(hi - lo)));
+  }
+}
+
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+}  // namespace
+
+void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, float hi,
+                  cudaStream_t stream) {
+  if (n == 0) return;
+  if (dtype == DType::F32) {
+    fill_uniform_kernel<float><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<float*>(out), n, seed, lo, hi);
+  } else if (dtype == DType::BF16) {
+    fill_uniform_kernel<__nv_bfloat16><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(out), n, seed, lo, hi);
+  } else {
+    OPD_FAIL(Unsupported, "fill_uniform for dtype ", dtype_name(dtype));
+  }
+  check_launch("fill_uniform_kernel");
+}
+
+void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,
+               cudaStream_t stream) {
+  if (n == 0) return;
+  fill_ints_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, n, seed, lo, hi);
+  check_launch("fill_ints_kernel");
+}
+
+void spin(double microseconds, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(static_cast<uint64_t>(microseconds * 1000.0));
+  check_launch("spin_kernel");
+}
+
+}  // namespace opd::cuda
