@@ -12,6 +12,7 @@ void set_exit_code(int code) { g_exit_code = code; }
 void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
+  register_chat_template(app);
 }
 
 }  // namespace opd::cli

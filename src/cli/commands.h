@@ -11,5 +11,6 @@ void set_exit_code(int code);
 
 void register_info(CLI::App& app);
 void register_predict(CLI::App& app);
+void register_chat_template(CLI::App& app);
 
 }  // namespace opd::cli
