@@ -21,6 +21,7 @@ void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
   register_tokenize(app);
+  register_chat_template(app);
   register_bench_attention(app);
   register_bench_loss(bench_command(app));
   register_bench_kernels(app);

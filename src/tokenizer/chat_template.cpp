@@ -593,8 +593,7 @@ class Lexer {
     size_t n = src_.size();
     if (sign == '-') {
       size_t start = pos_;
-      std::u32string rest;  // strip Python whitespace, which may be multi-byte
-      size_t k = pos_;
+      size_t k = pos_;  // strip Python whitespace, which may be multi-byte
       while (k < n) {
         size_t len = 1;
         unsigned char c = src_[k];
@@ -1461,7 +1460,6 @@ class Renderer {
       loop.obj->set("depth0", Value::integer(0));
       loop.obj->set("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
       loop.obj->set("nextitem", k + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
-      Array cycle_base;
       loop.obj->set("cycle", Value::callable("loop.cycle", [k](CallArgs& a, int) {
         return a.pos.empty() ? Value::none() : a.pos[k % a.pos.size()];
       }));

@@ -275,3 +275,57 @@ TEST(ChatTemplate, RejectsMalformedMessages) {
 
 }  // namespace
 }  // namespace opd
+
+namespace opd {
+namespace {
+
+// `opd chat-template` end to end: the printed bytes equal transformers' render.
+std::string run_capture(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+TEST(ChatTemplateCli, PrintsTransformersBytes) {
+  const std::string dir = ::testing::TempDir() + "opd_chat_cli";
+  std::filesystem::create_directories(dir);
+  int checked = 0;
+  for (const auto& c : expected()["cases"]) {
+    if (c["template"] != "qwen3" || !c.contains("expected")) continue;
+    const std::string conv_id = c["conversation"].get<std::string>();
+    if (conv_id != "multi_turn_system_ends_user" && conv_id != "tool_call_dict_args") continue;
+    ojson input;
+    for (const auto& conv : conversations()["conversations"]) {
+      if (conv["id"] == conv_id) {
+        input["messages"] = conv["messages"];
+        if (conv.contains("tools")) input["tools"] = conversations()["tools"][conv["tools"].get<std::string>()];
+      }
+    }
+    const std::string file = dir + "/m.json";
+    std::ofstream(file) << input.dump();
+    std::string cmd = test::opd_binary() + " chat-template --model " + test::fixture_path("chat_templates/qwen3") +
+                      " --messages " + file;
+    if (c["options"]["add_generation_prompt"].get<bool>()) cmd += " --add-generation-prompt";
+    if (c["options"].contains("enable_thinking")) cmd += std::string(" --enable-thinking ") + (c["options"]["enable_thinking"].get<bool>() ? "true" : "false");
+    int status = -1;
+    std::string out = run_capture(cmd, &status);
+    EXPECT_EQ(status, 0) << cmd;
+    EXPECT_EQ(out, c["expected"].get<std::string>()) << cmd;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 12);
+  // A directory without a template: exit 1 and a message naming the override.
+  int status = -1;
+  std::string out = run_capture(test::opd_binary() + " chat-template --model " + dir + " --messages " + dir + "/m.json 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--chat-template"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace opd
