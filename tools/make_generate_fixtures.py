@@ -150,7 +150,10 @@ def family_fixture(name, seed):
                 scores = warpers(t, k, p, m)(torch.tensor([ids]), logits.clone()[None])
                 probs = torch.softmax(scores[0].double(), -1)
                 entry["configs"].append({"temperature": t, "top_k": k, "top_p": p, "min_p": m,
-                                         "probs": probs.tolist(), "boundary_margin": margin})
+                                         "probs": probs.tolist(),
+                                         # null: no top-p / min-p boundary (JSON has no inf)
+                                         "boundary_margin": None if margin == float("inf")
+                                         else margin})
             fx["sampling"].append(entry)
     return fx
 
@@ -164,7 +167,7 @@ def main():
         fx = family_fixture(name, seed=4242 + i)
         path = os.path.join(args.out, name + ".json")
         with open(path, "w") as f:
-            json.dump(fx, f, separators=(",", ":"))
+            json.dump(fx, f, separators=(",", ":"), allow_nan=False)
             f.write("\n")
         print(f"{name}: {len(fx['greedy'])} greedy cases, "
               f"{sum(len(e['configs']) for e in fx['sampling'])} sampling configs -> {path}")
