@@ -10,6 +10,7 @@ int exit_code() { return g_exit_code; }
 void set_exit_code(int code) { g_exit_code = code; }
 
 void register_commands(CLI::App& app) {
+  register_generate(app);
   register_info(app);
   register_predict(app);
   register_tokenize(app);

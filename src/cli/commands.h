@@ -9,6 +9,7 @@ void register_commands(CLI::App& app);
 int exit_code();         // set by the subcommand that ran
 void set_exit_code(int code);
 
+void register_generate(CLI::App& app);
 void register_info(CLI::App& app);
 void register_predict(CLI::App& app);
 void register_tokenize(CLI::App& app);

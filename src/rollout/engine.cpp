@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
@@ -355,7 +356,16 @@ std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const Mode
       }
     }
   }
-  if (tokenizer && tokenizer->eos_id()) add(*tokenizer->eos_id(), tokenizer->path());
+  // The tokenizer may come from elsewhere (--tokenizer): an EOS the model cannot emit is
+  // harmless for generation, so it is reported, not fatal.
+  if (tokenizer && tokenizer->eos_id()) {
+    const int32_t id = *tokenizer->eos_id();
+    if (id < config.vocab_size)
+      add(id, tokenizer->path());
+    else
+      log_warn(tokenizer->path(), ": eos token id ", id, " is outside the model vocabulary [0, ",
+               config.vocab_size, "); not used as a stop token");
+  }
   return ids;
 }
 

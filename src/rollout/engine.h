@@ -97,7 +97,9 @@ class RolloutEngine {
 };
 
 // EOS ids for generation: the union of config.json eos_token_id, generation_config.json
-// eos_token_id (int or list) in model_dir when present, and the tokenizer's eos token.
+// eos_token_id (int or list) in model_dir when present, and the tokenizer's eos token (skipped
+// with a warning when outside the model's vocabulary). Ids from the model's own files must be
+// in the vocabulary (InvalidData naming the file otherwise).
 std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const ModelConfig& config,
                                         const Tokenizer* tokenizer);
 
