@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "model/kv_cache.h"
@@ -403,6 +405,52 @@ TEST(Engine, RejectsBadRequests) {
     EXPECT_NE(std::string(e.what()).find("EOS token id 96 is outside the vocabulary [0, 96)"),
               std::string::npos);
   }
+}
+
+}  // namespace
+}  // namespace opd
+
+namespace opd {
+namespace {
+
+// EOS ids come from config.json, generation_config.json (int or list) and the tokenizer.
+TEST(GenerationEosIds, UnionOfConfigGenerationConfigAndTokenizer) {
+  Transformer model = Transformer::load(test::model_dir("qwen3"));  // config eos_token_id 2
+  const std::string dir = ::testing::TempDir() + "opd_eos_ids";
+  std::filesystem::create_directories(dir);
+  auto write_gen = [&](const std::string& body) {
+    std::ofstream(dir + "/generation_config.json") << body;
+  };
+  std::filesystem::remove(dir + "/generation_config.json");
+  EXPECT_EQ(generation_eos_ids(dir, model.config(), nullptr), std::vector<int32_t>({2}));
+  write_gen(R"({"eos_token_id": 7, "do_sample": true})");
+  EXPECT_EQ(generation_eos_ids(dir, model.config(), nullptr), std::vector<int32_t>({2, 7}));
+  write_gen(R"({"eos_token_id": [7, 2, 9]})");
+  EXPECT_EQ(generation_eos_ids(dir, model.config(), nullptr), std::vector<int32_t>({2, 7, 9}));
+  write_gen(R"({"eos_token_id": null})");
+  EXPECT_EQ(generation_eos_ids(dir, model.config(), nullptr), std::vector<int32_t>({2}));
+  // The Qwen3 tokenizer's EOS (<|im_end|>, 151645) is outside this 96-token model: skipped.
+  Tokenizer tok = Tokenizer::load(test::fixture_path("tokenizers/qwen3"));
+  ASSERT_TRUE(tok.eos_id().has_value());
+  EXPECT_EQ(generation_eos_ids(dir, model.config(), &tok), std::vector<int32_t>({2}));
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"eos_token_id": 96})", "eos_token_id 96 is outside the vocabulary [0, 96)"},
+      {R"({"eos_token_id": "2"})", "must be an integer or a list"},
+      {R"({"eos_token_id": [1, 2.5]})", "entries must be integers"},
+      {R"([1])", "not a JSON object"},
+  };
+  for (const auto& [body, part] : bad) {
+    write_gen(body);
+    try {
+      generation_eos_ids(dir, model.config(), nullptr);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("generation_config.json"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
