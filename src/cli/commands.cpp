@@ -20,6 +20,7 @@ CLI::App& bench_command(CLI::App& app) {
 void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
+  register_generate(app);
   register_tokenize(app);
   register_chat_template(app);
   register_bench_attention(app);

@@ -15,6 +15,7 @@ CLI::App& bench_command(CLI::App& app);
 
 void register_info(CLI::App& app);
 void register_predict(CLI::App& app);
+void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_chat_template(CLI::App& app);
 void register_train(CLI::App& app);            // `opd train` and `opd sft`

@@ -90,6 +90,31 @@ int64_t cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tenso
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             double scale, Tensor& dlogits);
 
+// ---- Paged KV cache (generation; see docs/rollout.md) ----
+// One layer's cache is k_cache / v_cache [num_blocks, block_size, Hkv, D]: a pool of fixed-size
+// blocks, slot s of block b holding the key (value) of one token. A sequence's token at
+// position p lives at slot (block_table[p / block_size], p % block_size); blocks are handed out
+// by model/kv_cache.h, so sequences never need contiguous memory and can share blocks.
+
+// Scatter new keys/values into the cache: k_cache[slot / bs, slot % bs] = k[t] with
+// slot = slot_mapping[t], and the same for v. k, v [T, Hkv, D]; slot_mapping i32 [T], every
+// entry in [0, num_blocks * block_size) (validated: InvalidData naming row, value and limit).
+void kv_cache_store(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                    Tensor& v_cache);
+
+// Causal GQA attention of new query rows against a paged cache (prefill chunks and decode).
+// q [T, Hq, D] packed by cu_seqlens_q [B+1]; sequence b has seq_lens[b] tokens in the cache,
+// its own new rows included (stored first with kv_cache_store), and its q_len_b =
+// cu_seqlens_q[b+1] - cu_seqlens_q[b] query rows are its last q_len_b positions: row
+// cu_seqlens_q[b] + i is position p = seq_lens[b] - q_len_b + i and attends to positions 0..p:
+//   out = softmax(scale * q K[0..p]^T) V[0..p].
+// block_tables i32 [B, max_blocks]: row b lists the blocks of sequence b; only the first
+// ceil(seq_lens[b] / block_size) entries are read (each checked to be in [0, num_blocks)).
+// Decode is q_len_b = 1. Equals the rows of attention_forward over the whole sequences.
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& cu_seqlens_q, const Tensor& seq_lens,
+                     const Tensor& block_tables, double scale, Tensor& out);
+
 // Elementwise helpers: out = a + b; acc += x.
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_inplace(Tensor& acc, const Tensor& x);

@@ -57,6 +57,18 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
                         const T* lse, const int32_t* cu_seqlens, int64_t batch, int64_t n,
                         int64_t hq, int64_t hkv, int64_t d, double scale, T* dq, T* dk, T* dv);
 
+// ---- paged_attention.cpp ----  k, v [n, hkv, d]; caches [num_blocks, bs, hkv, d];
+// q, out [n, hq, d]; cu_seqlens_q [batch + 1]; seq_lens [batch]; block_tables [batch, max_blocks].
+template <typename T>
+void kv_cache_store(const T* k, const T* v, const int32_t* slot_mapping, int64_t n,
+                    int64_t num_blocks, int64_t block_size, int64_t hkv, int64_t d, T* k_cache,
+                    T* v_cache);
+template <typename T>
+void paged_attention(const T* q, const T* k_cache, const T* v_cache, const int32_t* cu_seqlens_q,
+                     const int32_t* seq_lens, const int32_t* block_tables, int64_t batch,
+                     int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t num_blocks,
+                     int64_t block_size, int64_t max_blocks, double scale, T* out);
+
 // ---- swiglu.cpp ----  all [n] (elementwise).
 template <typename T>
 void swiglu_forward(const T* gate, const T* up, int64_t n, T* out);

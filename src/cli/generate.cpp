@@ -1,0 +1,271 @@
+// `opd generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --prompts FILE.jsonl)
+// [--max-new-tokens N] [--temperature T --top-p P --top-k K --min-p P --seed S --n N]
+// [--stop STR] [--ignore-eos] [--kv-cache-gb G] [--json]`: samples completions with the rollout
+// engine (rollout/engine.h) on the CPU. Text prompts need a tokenizer (tokenizer.json in the
+// model directory, or --tokenizer PATH); token-id prompts do not. No chat template is applied:
+// the prompt is encoded as given. JSON output (one object): per prompt, per sample: token ids,
+// text (when a tokenizer is loaded), finish reason, and two per-token log-probabilities:
+// sampling_logprobs under the distribution the token was drawn from (temperature, top-k/p,
+// min-p applied; 0 for greedy) and model_logprobs under the unmodified model at temperature 1.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/transformer.h"
+#include "rollout/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace opd::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model;
+  std::string tokenizer;
+  std::vector<std::string> prompts;
+  std::vector<std::string> prompt_ids;
+  std::string prompts_file;
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double min_p = 0.0;
+  uint64_t seed = 0;
+  int64_t n = 1;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  double kv_cache_gb = 1.0;
+  int64_t block_size = 16;
+  int64_t max_step_tokens = 512;
+  int64_t max_running = 256;
+  bool json = false;
+};
+
+// "1,2,3" -> ids (range-checked against the vocabulary later, by the engine).
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what) {
+  std::vector<int32_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      OPD_FAIL(InvalidArgument, what, " '", text, "': '", item, "' is not an integer");
+    }
+    OPD_CHECK(used == item.size() && v >= INT32_MIN && v <= INT32_MAX, InvalidArgument, what,
+              " '", text, "': '", item, "' is not a 32-bit integer");
+    out.push_back(static_cast<int32_t>(v));
+  }
+  OPD_CHECK(!out.empty(), InvalidArgument, what, " '", text, "' holds no ids");
+  return out;
+}
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  std::optional<std::string> text;
+};
+
+const Tokenizer& need_tokenizer(const std::optional<Tokenizer>& tok, const std::string& where) {
+  if (!tok)
+    OPD_FAIL(InvalidArgument, where,
+             ": a text prompt needs a tokenizer, but the model directory has no tokenizer.json "
+             "(pass --tokenizer PATH, or give token ids with --prompt-ids 1,2,3 / "
+             "{\"prompt_ids\": [...]})");
+  return *tok;
+}
+
+// JSONL lines: {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}; blank lines are skipped.
+std::vector<Prompt> read_prompts_file(const std::string& path, const std::optional<Tokenizer>& tok) {
+  std::ifstream in(path, std::ios::binary);
+  OPD_CHECK(in.good(), Io, "cannot open --prompts file ", path);
+  std::vector<Prompt> out;
+  std::string line;
+  for (size_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = cat(path, " line ", no);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    OPD_CHECK(!j.is_discarded() && j.is_object(), InvalidData, where, ": not a JSON object");
+    Prompt p;
+    if (j.contains("prompt_ids")) {
+      const auto& a = j["prompt_ids"];
+      OPD_CHECK(a.is_array() && !a.empty(), InvalidData, where,
+                ": prompt_ids must be a non-empty array of token ids");
+      for (size_t i = 0; i < a.size(); ++i) {
+        OPD_CHECK(a[i].is_number_integer() && a[i].get<int64_t>() >= INT32_MIN &&
+                      a[i].get<int64_t>() <= INT32_MAX,
+                  InvalidData, where, ": prompt_ids[", i, "] = ", a[i].dump(),
+                  " is not a 32-bit integer");
+        p.ids.push_back(static_cast<int32_t>(a[i].get<int64_t>()));
+      }
+    } else if (j.contains("prompt")) {
+      OPD_CHECK(j["prompt"].is_string(), InvalidData, where, ": prompt must be a string");
+      p.text = j["prompt"].get<std::string>();
+      p.ids = need_tokenizer(tok, where).encode(*p.text, true);
+    } else if (j.contains("messages")) {
+      OPD_FAIL(Unsupported, where,
+               ": chat \"messages\" need a chat template, which opd generate does not apply yet; "
+               "give \"prompt\" text or \"prompt_ids\"");
+    } else {
+      OPD_FAIL(InvalidData, where, ": expected a \"prompt\" or \"prompt_ids\" field");
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void run_generate(const GenerateOptions& o) {
+  Transformer model = Transformer::load(o.model);
+  std::optional<Tokenizer> tok;
+  if (!o.tokenizer.empty())
+    tok.emplace(Tokenizer::load(o.tokenizer));
+  else if (std::filesystem::exists(o.model + "/tokenizer.json"))
+    tok.emplace(Tokenizer::load(o.model));
+
+  std::vector<Prompt> prompts;
+  for (const std::string& t : o.prompts)
+    prompts.push_back({need_tokenizer(tok, "--prompt").encode(t, true), t});
+  for (const std::string& s : o.prompt_ids) prompts.push_back({parse_id_list(s, "--prompt-ids"), {}});
+  if (!o.prompts_file.empty()) {
+    std::vector<Prompt> more = read_prompts_file(o.prompts_file, tok);
+    prompts.insert(prompts.end(), more.begin(), more.end());
+  }
+  OPD_CHECK(!prompts.empty(), InvalidArgument,
+            "no prompt: give --prompt TEXT, --prompt-ids 1,2,3 or --prompts FILE.jsonl");
+
+  std::vector<GenerationRequest> reqs;
+  for (const Prompt& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p.ids;
+    r.sampling.temperature = o.temperature;
+    r.sampling.top_p = o.top_p;
+    r.sampling.top_k = o.top_k;
+    r.sampling.min_p = o.min_p;
+    r.sampling.seed = o.seed;
+    r.n = o.n;
+    r.max_new_tokens = o.max_new_tokens;
+    r.stop = o.stop;
+    r.ignore_eos = o.ignore_eos;
+    reqs.push_back(std::move(r));
+  }
+  EngineOptions eo;
+  eo.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_gb * 1024.0 * 1024.0 * 1024.0);
+  eo.block_size = o.block_size;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.max_running = o.max_running;
+  const std::vector<int32_t> eos = generation_eos_ids(o.model, model.config(), tok ? &*tok : nullptr);
+  RolloutEngine engine(model, eo, eos, tok ? &*tok : nullptr);
+  std::vector<RequestOutput> outs = engine.generate(reqs);
+  const EngineStats& st = engine.stats();
+
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    nlohmann::json pj;
+    pj["prompt_index"] = i;
+    pj["prompt_ids"] = prompts[i].ids;
+    if (prompts[i].text) pj["prompt"] = *prompts[i].text;
+    pj["samples"] = nlohmann::json::array();
+    for (size_t k = 0; k < outs[i].samples.size(); ++k) {
+      const SampleOutput& s = outs[i].samples[k];
+      nlohmann::json sj;
+      sj["index"] = k;
+      sj["ids"] = s.ids;
+      sj["text"] = s.text ? nlohmann::json(*s.text) : nlohmann::json(nullptr);
+      sj["finish_reason"] = finish_reason_name(s.finish_reason);
+      if (s.finish_reason == FinishReason::Stop) sj["stop"] = s.stop;
+      sj["sampling_logprobs"] = s.sampling_logprobs;
+      sj["model_logprobs"] = s.model_logprobs;
+      pj["samples"].push_back(sj);
+    }
+    results.push_back(pj);
+  }
+  nlohmann::json stats = {{"seconds", st.seconds},
+                          {"steps", st.steps},
+                          {"prefill_tokens", st.prefill_tokens},
+                          {"decode_tokens", st.decode_tokens},
+                          {"preemptions", st.preemptions},
+                          {"recomputed_tokens", st.recomputed_tokens},
+                          {"kv_blocks", st.num_blocks},
+                          {"block_size", o.block_size},
+                          {"peak_kv_blocks_used", st.peak_blocks_used},
+                          {"max_batch", st.max_batch}};
+  if (o.json) {
+    nlohmann::json out = {{"model", o.model}, {"eos_token_ids", eos}, {"results", results},
+                          {"stats", stats}};
+    // Invalid UTF-8 cannot occur in text (the decoder emits U+FFFD), but be safe anyway.
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  std::printf("%s: %s, %zu prompts x n=%lld, %.2f s, %lld steps, %lld preemptions\n",
+              o.model.c_str(), architecture_name(model.config().arch), prompts.size(),
+              (long long)o.n, st.seconds, (long long)st.steps, (long long)st.preemptions);
+  for (const auto& pj : results) {
+    std::printf("\nprompt %zu  ids %s\n", pj["prompt_index"].get<size_t>(),
+                pj["prompt_ids"].dump().c_str());
+    for (const auto& sj : pj["samples"]) {
+      double total = 0;
+      for (double lp : sj["model_logprobs"]) total += lp;
+      std::printf("  sample %zu [%s, %zu tokens, model logprob %.3f]: %s\n",
+                  sj["index"].get<size_t>(), sj["finish_reason"].get<std::string>().c_str(),
+                  sj["ids"].size(), total,
+                  sj["text"].is_null() ? sj["ids"].dump().c_str()
+                                       : sj["text"].dump(-1, ' ', false,
+                                                         nlohmann::json::error_handler_t::replace).c_str());
+    }
+  }
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "Sample completions with the rollout engine (paged KV cache, CPU backend)");
+  cmd->add_option("--model", o->model, "Hugging Face model directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.json or a directory holding one (default: the model directory's)");
+  cmd->add_option("--prompt", o->prompts, "a text prompt (repeatable; needs a tokenizer)");
+  cmd->add_option("--prompt-ids", o->prompt_ids,
+                  "a prompt as comma-separated token ids (repeatable; no tokenizer needed)");
+  cmd->add_option("--prompts", o->prompts_file,
+                  "JSONL file: one {\"prompt\": TEXT} or {\"prompt_ids\": [ids]} per line")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most per sample")
+      ->default_val(64)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--temperature", o->temperature, "sampling temperature; 0 = greedy")
+      ->default_val(1.0);
+  cmd->add_option("--top-p", o->top_p, "nucleus sampling mass in (0, 1]; 1 = off")->default_val(1.0);
+  cmd->add_option("--top-k", o->top_k, "keep the k most likely tokens; 0 = off")->default_val(0);
+  cmd->add_option("--min-p", o->min_p, "drop tokens below min_p x the top probability; 0 = off")
+      ->default_val(0.0);
+  cmd->add_option("--seed", o->seed, "sampling seed (a sample depends on seed, prompt, index)")
+      ->default_val(0);
+  cmd->add_option("--n", o->n, "samples per prompt (they share the prompt's KV blocks)")
+      ->default_val(1)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--stop", o->stop, "stop string (repeatable; needs a tokenizer)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "do not stop at EOS tokens");
+  cmd->add_option("--kv-cache-gb", o->kv_cache_gb, "KV cache budget in GiB")
+      ->default_val(1.0)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--block-size", o->block_size, "tokens per KV cache block")->default_val(16);
+  cmd->add_option("--max-step-tokens", o->max_step_tokens,
+                  "tokens per forward step (prefill chunk budget)")
+      ->default_val(512);
+  cmd->add_option("--max-running", o->max_running, "sequences decoded together at most")
+      ->default_val(256);
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->callback([o] { run_generate(*o); });
+}
+
+}  // namespace opd::cli

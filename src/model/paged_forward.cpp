@@ -1,0 +1,141 @@
+// Incremental forward over a paged KV cache (contract in paged_forward.h). The layer sequence
+// mirrors Transformer::forward line for line; only attention differs.
+#include "model/paged_forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "model/rope.h"
+
+namespace opd {
+
+void PagedStep::add(std::span<const int32_t> new_ids, int64_t context_len,
+                    std::span<const int32_t> block_table) {
+  OPD_CHECK(!new_ids.empty(), InvalidArgument, "PagedStep::add: sequence ", num_sequences(),
+            " has no new token");
+  OPD_CHECK(context_len >= 0 && context_len + static_cast<int64_t>(new_ids.size()) <= INT32_MAX,
+            InvalidArgument, "PagedStep::add: sequence ", num_sequences(), " context length ",
+            context_len, " is out of range");
+  ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+  cu_seqlens.push_back(static_cast<int32_t>(ids.size()));
+  context_lens.push_back(static_cast<int32_t>(context_len));
+  block_tables.push_back(block_table);
+}
+
+PagedForward::PagedForward(const Transformer& model)
+    : model_(&model), inv_freq_(rope_inv_freq(model.config())) {}
+
+Tensor PagedForward::step(const PagedStep& s, KvCache& cache) const {
+  const ModelConfig& c = model_->config();
+  const ModelWeights& W = model_->weights();
+  const int64_t B = s.num_sequences(), T = s.num_tokens();
+  const int64_t H = c.hidden_size, D = c.head_dim, bs = cache.block_size();
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  OPD_CHECK(B >= 1, InvalidArgument, "PagedForward::step: empty step");
+  OPD_CHECK(cache.num_layers() == c.num_hidden_layers, InvalidArgument,
+            "PagedForward::step: cache has ", cache.num_layers(), " layers, model ",
+            c.num_hidden_layers);
+
+  // Host-side index tensors: positions, slots, per-sequence lengths, the padded block table,
+  // and the row of each sequence's last token. Ids are checked here (they index the
+  // embedding), block ids by the ops that use them.
+  std::vector<int32_t> positions(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
+  std::vector<int32_t> seq_lens(static_cast<size_t>(B)), last_rows(static_cast<size_t>(B));
+  int64_t max_blocks = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r0 = s.cu_seqlens[b], r1 = s.cu_seqlens[b + 1];
+    const int64_t total = s.context_lens[b] + (r1 - r0);
+    const auto& table = s.block_tables[b];
+    OPD_CHECK(static_cast<int64_t>(table.size()) * bs >= total, InvalidArgument,
+              "PagedForward::step: sequence ", b, " needs ", total, " cache slots but its block table has ",
+              table.size(), " blocks of ", bs);
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(table.size()));
+    seq_lens[b] = static_cast<int32_t>(total);
+    last_rows[b] = static_cast<int32_t>(r1 - 1);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t pos = s.context_lens[b] + (r - r0);
+      const int32_t id = s.ids[r];
+      if (id < 0 || id >= c.vocab_size)
+        OPD_FAIL(InvalidData, "token id ", id, " at sequence ", b, " position ", pos,
+                 " is outside the vocabulary [0, ", c.vocab_size, ")");
+      positions[r] = static_cast<int32_t>(pos);
+      const int32_t blk = table[static_cast<size_t>(pos / bs)];
+      OPD_CHECK(blk >= 0 && blk < cache.num_blocks(), InvalidArgument,
+                "PagedForward::step: sequence ", b, " block ", pos / bs, " = ", blk,
+                " is outside the cache [0, ", cache.num_blocks(), ")");
+      slots[r] = static_cast<int32_t>(blk * bs + pos % bs);
+    }
+  }
+  std::vector<int32_t> tables(static_cast<size_t>(B * max_blocks), 0);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy(s.block_tables[b].begin(), s.block_tables[b].end(), tables.begin() + b * max_blocks);
+
+  const Tensor& emb = W.embed_tokens;
+  const Device dev = emb.device();
+  auto idx = [&](const std::vector<int32_t>& v, const Shape& shape) {
+    return Tensor::from_vector(v, shape).to(dev);
+  };
+  const Tensor ids_t = idx(s.ids, {T}), pos_t = idx(positions, {T}), slot_t = idx(slots, {T});
+  const Tensor cu_t = idx(s.cu_seqlens, {B + 1}), lens_t = idx(seq_lens, {B});
+  const Tensor tables_t = idx(tables, {B, max_blocks}), last_t = idx(last_rows, {B});
+  auto empty = [&](const Shape& shape) { return Tensor::empty(shape, emb.dtype(), dev); };
+  const Tensor none;
+
+  Tensor x = empty({T, H});
+  ops::embedding_forward(ids_t, emb, x);
+  for (size_t li = 0; li < W.layers.size(); ++li) {
+    const LayerWeights& L = W.layers[li];
+    Tensor h1 = empty({T, H}), rstd = empty({T});
+    ops::rmsnorm_forward(x, L.input_norm, eps, h1, rstd);
+    Tensor q = empty({T, Hq * D}), k = empty({T, Hkv * D}), v = empty({T, Hkv * D});
+    ops::linear_forward(h1, L.q_proj, L.q_bias, q);
+    ops::linear_forward(h1, L.k_proj, L.k_bias, k);
+    ops::linear_forward(h1, L.v_proj, L.v_bias, v);
+    if (c.qk_norm) {  // per-head RMSNorm of q and k (Qwen3), before RoPE
+      Tensor qn = empty({T, Hq * D}), kn = empty({T, Hkv * D});
+      Tensor rq = empty({T * Hq}), rk = empty({T * Hkv});
+      Tensor qn_v = qn.reshape({T * Hq, D}), kn_v = kn.reshape({T * Hkv, D});
+      ops::rmsnorm_forward(q.reshape({T * Hq, D}), L.q_norm, eps, qn_v, rq);
+      ops::rmsnorm_forward(k.reshape({T * Hkv, D}), L.k_norm, eps, kn_v, rk);
+      q = qn;
+      k = kn;
+    }
+    Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
+    ops::rope_forward(q3, pos_t, inv_freq_);
+    ops::rope_forward(k3, pos_t, inv_freq_);
+    ops::kv_cache_store(k3, v3, slot_t, cache.k(static_cast<int64_t>(li)),
+                        cache.v(static_cast<int64_t>(li)));
+    Tensor attn = empty({T, Hq, D});
+    ops::paged_attention(q3, cache.k(static_cast<int64_t>(li)), cache.v(static_cast<int64_t>(li)),
+                         cu_t, lens_t, tables_t, scale, attn);
+    Tensor o = empty({T, H});
+    ops::linear_forward(attn.reshape({T, Hq * D}), L.o_proj, L.o_bias, o);
+    Tensor x2 = empty({T, H});
+    ops::add(x, o, x2);
+    Tensor h2 = empty({T, H}), rstd2 = empty({T});
+    ops::rmsnorm_forward(x2, L.post_norm, eps, h2, rstd2);
+    const int64_t I = c.intermediate_size;
+    Tensor gate = empty({T, I}), up = empty({T, I}), act = empty({T, I});
+    ops::linear_forward(h2, L.gate_proj, none, gate);
+    ops::linear_forward(h2, L.up_proj, none, up);
+    ops::swiglu_forward(gate, up, act);
+    Tensor m = empty({T, H});
+    ops::linear_forward(act, L.down_proj, none, m);
+    Tensor x_next = empty({T, H});
+    ops::add(x2, m, x_next);
+    x = x_next;
+  }
+  // Only the last new row of each sequence needs logits: gather those B rows first (an
+  // embedding lookup with the hidden states as the table), then final norm and lm_head.
+  Tensor last = empty({B, H});
+  ops::embedding_forward(last_t, x, last);
+  Tensor h = empty({B, H}), rstd = empty({B});
+  ops::rmsnorm_forward(last, W.final_norm, eps, h, rstd);
+  Tensor logits = empty({B, c.vocab_size});
+  ops::linear_forward(h, W.lm_head, none, logits);
+  return logits;
+}
+
+}  // namespace opd

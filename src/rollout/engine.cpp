@@ -1,0 +1,372 @@
+// Rollout engine: the scheduler loop of engine.h (continuous batching over a paged KV cache,
+// prompt forks, preemption by recompute) driving PagedForward and the sampler.
+#include "rollout/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "model/kv_cache.h"
+#include "model/paged_forward.h"
+#include "rollout/stop.h"
+
+namespace opd {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::Eos: return "eos";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+  }
+  return "?";
+}
+
+void EngineOptions::validate() const {
+  OPD_CHECK(block_size >= 1 && block_size <= 4096, InvalidArgument,
+            "block_size must be in [1, 4096], got ", block_size);
+  OPD_CHECK(kv_cache_bytes >= 1, InvalidArgument, "kv_cache_bytes must be >= 1, got ",
+            kv_cache_bytes);
+  OPD_CHECK(max_step_tokens >= 1, InvalidArgument, "max_step_tokens must be >= 1, got ",
+            max_step_tokens);
+  OPD_CHECK(max_running >= 1, InvalidArgument, "max_running must be >= 1, got ", max_running);
+}
+
+RolloutEngine::RolloutEngine(const Transformer& model, EngineOptions options,
+                             std::vector<int32_t> eos_ids, const Tokenizer* tokenizer)
+    : model_(&model), options_(options), eos_ids_(std::move(eos_ids)), tokenizer_(tokenizer) {
+  options_.validate();
+  const int64_t V = model.config().vocab_size;
+  for (int32_t id : eos_ids_)
+    OPD_CHECK(id >= 0 && id < V, InvalidData, "EOS token id ", id,
+              " is outside the vocabulary [0, ", V, ")");
+}
+
+int64_t RolloutEngine::num_blocks() const {
+  const DType dtype = model_->weights().embed_tokens.dtype();
+  return options_.kv_cache_bytes /
+         KvCache::block_bytes(model_->config(), options_.block_size, dtype);
+}
+
+namespace {
+
+// One sample being generated. tokens = prompt + generated; the first `computed` of them have
+// their keys/values in the cache, in `blocks`.
+struct Sequence {
+  int64_t request = 0, sample = 0;
+  std::vector<int32_t> tokens;
+  int64_t prompt_len = 0;
+  int64_t computed = 0;
+  std::vector<int32_t> blocks;
+  std::vector<int64_t> pending_forks;  // sample indices forked when the prompt is computed
+  uint64_t stream_key = 0;
+  SampleOutput out;
+  std::optional<CompletionText> text;
+  bool finished = false;
+};
+
+}  // namespace
+
+std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationRequest>& requests) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelConfig& cfg = model_->config();
+  const int64_t V = cfg.vocab_size, bs = options_.block_size;
+  const int64_t num_blocks = this->num_blocks();
+  const DType dtype = model_->weights().embed_tokens.dtype();
+  const int64_t block_bytes = KvCache::block_bytes(cfg, bs, dtype);
+  stats_ = EngineStats{};
+  stats_.num_blocks = num_blocks;
+  OPD_CHECK(num_blocks >= 1, OutOfMemory, "kv_cache_bytes ", options_.kv_cache_bytes,
+            " is less than one KV block (", block_bytes, " bytes = 2 x ", cfg.num_hidden_layers,
+            " layers x ", bs, " tokens x ", cfg.num_key_value_heads, " kv heads x ", cfg.head_dim,
+            " x ", dtype_size(dtype), " bytes)");
+
+  // Validate everything before any work: ids against the vocabulary, options, and that every
+  // sample fits the budget alone (K/V of prompt + max_new_tokens - 1 tokens: the last token
+  // generated is never fed back).
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const GenerationRequest& q = requests[r];
+    OPD_CHECK(!q.prompt.empty(), InvalidArgument, "request ", r, ": the prompt is empty");
+    for (size_t p = 0; p < q.prompt.size(); ++p) {
+      if (q.prompt[p] < 0 || q.prompt[p] >= V)
+        OPD_FAIL(InvalidData, "request ", r, ": prompt token id ", q.prompt[p], " at position ",
+                 p, " is outside the vocabulary [0, ", V, ")");
+    }
+    for (int32_t id : q.stop_token_ids)
+      OPD_CHECK(id >= 0 && id < V, InvalidData, "request ", r, ": stop token id ", id,
+                " is outside the vocabulary [0, ", V, ")");
+    try {
+      q.sampling.validate();
+    } catch (const Error& e) {
+      OPD_FAIL(InvalidArgument, "request ", r, ": ", e.what());
+    }
+    OPD_CHECK(q.n >= 1 && q.n <= INT32_MAX, InvalidArgument, "request ", r, ": n must be >= 1, got ", q.n);
+    OPD_CHECK(q.max_new_tokens >= 1, InvalidArgument, "request ", r,
+              ": max_new_tokens must be >= 1, got ", q.max_new_tokens);
+    OPD_CHECK(q.stop.empty() || tokenizer_, InvalidArgument, "request ", r,
+              ": stop strings need a tokenizer (the model directory has no tokenizer.json)");
+    const int64_t kv_tokens = static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens - 1;
+    OPD_CHECK(kv_tokens <= INT32_MAX, InvalidArgument, "request ", r, ": prompt + max_new_tokens = ",
+              kv_tokens + 1, " exceeds 2^31");
+    const int64_t need = (kv_tokens + bs - 1) / bs;
+    OPD_CHECK(need <= num_blocks, OutOfMemory, "request ", r, ": a sample of ", q.prompt.size(),
+              " prompt tokens + max_new_tokens ", q.max_new_tokens, " needs K/V for ", kv_tokens,
+              " tokens = ", need, " blocks of ", bs, " tokens (", need * block_bytes,
+              " bytes), but kv_cache_bytes ", options_.kv_cache_bytes, " holds only ", num_blocks,
+              " blocks; raise the KV cache budget or lower max_new_tokens");
+  }
+
+  KvCache cache(cfg, bs, num_blocks, dtype, model_->weights().embed_tokens.device());
+  PagedForward forward(*model_);
+  std::vector<RequestOutput> outputs(requests.size());
+  std::vector<std::unique_ptr<Sequence>> all;  // owns every sequence
+  std::deque<Sequence*> waiting;
+  std::vector<Sequence*> running;  // admission order: oldest first
+
+  auto make_text = [&](Sequence& s) {
+    if (tokenizer_) s.text.emplace(*tokenizer_, requests[s.request].stop);
+  };
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const GenerationRequest& q = requests[r];
+    outputs[r].samples.resize(static_cast<size_t>(q.n));
+    auto s = std::make_unique<Sequence>();
+    s->request = static_cast<int64_t>(r);
+    s->tokens = q.prompt;
+    s->prompt_len = static_cast<int64_t>(q.prompt.size());
+    s->stream_key = q.stream_key ? *q.stream_key : prompt_stream_key(q.prompt);
+    for (int64_t k = 1; k < q.n; ++k) s->pending_forks.push_back(k);
+    make_text(*s);
+    waiting.push_back(s.get());
+    all.push_back(std::move(s));
+  }
+
+  // Blocks for positions [computed, end) of s, all or nothing: a shared block that will be
+  // written (the partially filled one at `computed`) is copied first.
+  auto reserve = [&](Sequence& s, int64_t end) -> bool {
+    const size_t first = static_cast<size_t>(s.computed / bs);
+    const bool cow = first < s.blocks.size() && cache.ref_count(s.blocks[first]) > 1;
+    const int64_t fresh = (end + bs - 1) / bs - static_cast<int64_t>(s.blocks.size());
+    if (cache.num_free() < std::max<int64_t>(fresh, 0) + (cow ? 1 : 0)) return false;
+    if (cow) {
+      const int32_t copy = cache.allocate();
+      cache.copy_block(s.blocks[first], copy);
+      cache.release(s.blocks[first]);
+      s.blocks[first] = copy;
+    }
+    for (int64_t i = 0; i < fresh; ++i) s.blocks.push_back(cache.allocate());
+    return true;
+  };
+  auto release_blocks = [&](Sequence& s) {
+    for (int32_t b : s.blocks) cache.release(b);
+    s.blocks.clear();
+  };
+  auto preempt = [&](Sequence* s) {
+    release_blocks(*s);
+    stats_.preemptions += 1;
+    stats_.recomputed_tokens += s->computed;
+    s->computed = 0;
+    waiting.push_front(s);
+  };
+
+  while (!waiting.empty() || !running.empty()) {
+    struct Scheduled {
+      Sequence* seq;
+      int64_t end;
+    };
+    std::vector<Scheduled> sched;
+    int64_t budget = options_.max_step_tokens;
+    bool preempted = false;
+    // 1. Running sequences, oldest first; the youngest make room for older ones.
+    for (size_t i = 0; i < running.size() && budget > 0;) {
+      Sequence* s = running[i];
+      const int64_t end = s->computed +
+                          std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
+      bool ok = reserve(*s, end);
+      while (!ok && running.back() != s) {
+        preempt(running.back());
+        running.pop_back();
+        preempted = true;
+        ok = reserve(*s, end);
+      }
+      if (!ok) {  // s is the youngest left: it waits for the older ones to finish
+        OPD_CHECK(!sched.empty(), Internal, "request ", s->request, " sample ", s->sample,
+                  " cannot get ", end, " token slots from ", num_blocks,
+                  " blocks although it runs alone");
+        preempt(s);
+        running.pop_back();
+        preempted = true;
+        break;
+      }
+      sched.push_back({s, end});
+      budget -= end - s->computed;
+      ++i;
+    }
+    // 2. Admissions (none in a step that had to preempt: memory is short).
+    while (!preempted && !waiting.empty() && budget > 0) {
+      Sequence* s = waiting.front();
+      const int64_t group = 1 + static_cast<int64_t>(s->pending_forks.size());
+      if (!running.empty() && static_cast<int64_t>(running.size()) + group > options_.max_running) break;
+      const int64_t end = s->computed +
+                          std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
+      if (!reserve(*s, end)) break;
+      waiting.pop_front();
+      running.push_back(s);
+      sched.push_back({s, end});
+      budget -= end - s->computed;
+    }
+    OPD_CHECK(!sched.empty(), Internal, "rollout scheduler made no progress with ", waiting.size(),
+              " waiting and ", running.size(), " running sequences");
+
+    // 3. One forward step over every scheduled chunk.
+    PagedStep step;
+    for (const Scheduled& sc : sched) {
+      const int64_t n = sc.end - sc.seq->computed;
+      step.add(std::span<const int32_t>(sc.seq->tokens).subspan(static_cast<size_t>(sc.seq->computed),
+                                                                static_cast<size_t>(n)),
+               sc.seq->computed, sc.seq->blocks);
+      if (sc.seq->computed + n == static_cast<int64_t>(sc.seq->tokens.size()) &&
+          static_cast<int64_t>(sc.seq->tokens.size()) > sc.seq->prompt_len && n == 1)
+        stats_.decode_tokens += 1;
+      else
+        stats_.prefill_tokens += n;
+    }
+    Tensor logits = forward.step(step, cache).to(Device::CPU);
+    stats_.steps += 1;
+    stats_.max_batch = std::max<int64_t>(stats_.max_batch, static_cast<int64_t>(sched.size()));
+    stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, num_blocks - cache.num_free());
+
+    // 4. Sequences that caught up sample; a finished prompt forks its other samples first.
+    struct Draw {
+      Sequence* seq;
+      int64_t row;
+      SampledToken token;
+    };
+    std::vector<Draw> draws;
+    for (size_t j = 0; j < sched.size(); ++j) {
+      Sequence* s = sched[j].seq;
+      s->computed = sched[j].end;
+      if (s->computed < static_cast<int64_t>(s->tokens.size())) continue;  // mid-prefill
+      draws.push_back({s, static_cast<int64_t>(j), {}});
+      for (int64_t k : s->pending_forks) {
+        auto child = std::make_unique<Sequence>();
+        child->request = s->request;
+        child->sample = k;
+        child->tokens = s->tokens;
+        child->prompt_len = s->prompt_len;
+        child->computed = s->computed;
+        child->blocks = s->blocks;
+        for (int32_t b : child->blocks) cache.retain(b);
+        child->stream_key = s->stream_key;
+        make_text(*child);
+        running.push_back(child.get());
+        draws.push_back({child.get(), static_cast<int64_t>(j), {}});
+        all.push_back(std::move(child));
+      }
+      s->pending_forks.clear();
+    }
+    const float* lg = logits.data<float>();
+    parallel_for(static_cast<int64_t>(draws.size()), [&](int64_t begin, int64_t end) {
+      std::vector<double> local;
+      for (int64_t i = begin; i < end; ++i) {
+        Draw& d = draws[static_cast<size_t>(i)];
+        const GenerationRequest& q = requests[static_cast<size_t>(d.seq->request)];
+        const int64_t gen = static_cast<int64_t>(d.seq->tokens.size()) - d.seq->prompt_len;
+        const double u = sampling_uniform(q.sampling.seed, d.seq->stream_key,
+                                          static_cast<uint32_t>(d.seq->sample),
+                                          static_cast<uint32_t>(gen));
+        d.token = sample_token(lg + d.row * V, V, q.sampling, u, local);
+      }
+    });
+    for (Draw& d : draws) {
+      Sequence& s = *d.seq;
+      const GenerationRequest& q = requests[static_cast<size_t>(s.request)];
+      const int32_t t = d.token.id;
+      s.tokens.push_back(t);
+      s.out.ids.push_back(t);
+      s.out.sampling_logprobs.push_back(d.token.sampling_logprob);
+      s.out.model_logprobs.push_back(d.token.model_logprob);
+      const bool stop_string = s.text && s.text->push(t);
+      if (!q.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end()) {
+        s.out.finish_reason = FinishReason::Eos;
+        s.finished = true;
+      } else if (std::find(q.stop_token_ids.begin(), q.stop_token_ids.end(), t) !=
+                 q.stop_token_ids.end()) {
+        s.out.finish_reason = FinishReason::Stop;
+        s.finished = true;
+      } else if (stop_string) {
+        s.out.finish_reason = FinishReason::Stop;
+        s.out.stop = *s.text->matched();
+        s.finished = true;
+      } else if (static_cast<int64_t>(s.out.ids.size()) >= q.max_new_tokens) {
+        s.out.finish_reason = FinishReason::Length;
+        s.finished = true;
+      }
+      if (s.finished) {
+        if (s.text) {
+          s.text->finish();
+          s.out.text = s.text->text();
+        }
+        release_blocks(s);
+        outputs[static_cast<size_t>(s.request)].samples[static_cast<size_t>(s.sample)] = std::move(s.out);
+      }
+    }
+    std::erase_if(running, [](const Sequence* s) { return s->finished; });
+  }
+  OPD_CHECK(cache.num_free() == num_blocks, Internal, "rollout finished with ",
+            num_blocks - cache.num_free(), " KV blocks still held");
+  stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return outputs;
+}
+
+std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const ModelConfig& config,
+                                        const Tokenizer* tokenizer) {
+  std::vector<int32_t> ids;
+  auto add = [&](int64_t id, const std::string& source) {
+    OPD_CHECK(id >= 0 && id < config.vocab_size, InvalidData, source, ": eos_token_id ", id,
+              " is outside the vocabulary [0, ", config.vocab_size, ")");
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(static_cast<int32_t>(id));
+  };
+  for (int64_t id : config.eos_token_ids) add(id, model_dir + "/config.json");
+  const std::string gen_path = model_dir + "/generation_config.json";
+  std::ifstream in(gen_path, std::ios::binary);
+  if (in) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+    OPD_CHECK(!j.is_discarded() && j.is_object(), InvalidData, gen_path,
+              ": not a JSON object");
+    if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+      const auto& e = j["eos_token_id"];
+      if (e.is_number_integer()) {
+        add(e.get<int64_t>(), gen_path);
+      } else if (e.is_array()) {
+        for (const auto& x : e) {
+          OPD_CHECK(x.is_number_integer(), InvalidData, gen_path,
+                    ": eos_token_id entries must be integers, got ", x.dump());
+          add(x.get<int64_t>(), gen_path);
+        }
+      } else {
+        OPD_FAIL(InvalidData, gen_path, ": eos_token_id must be an integer or a list, got ",
+                 e.dump());
+      }
+    }
+  }
+  // The tokenizer may come from elsewhere (--tokenizer): an EOS the model cannot emit is
+  // harmless for generation, so it is reported, not fatal.
+  if (tokenizer && tokenizer->eos_id()) {
+    const int32_t id = *tokenizer->eos_id();
+    if (id < config.vocab_size)
+      add(id, tokenizer->path());
+    else
+      log_warn(tokenizer->path(), ": eos token id ", id, " is outside the model vocabulary [0, ",
+               config.vocab_size, "); not used as a stop token");
+  }
+  return ids;
+}
+
+}  // namespace opd

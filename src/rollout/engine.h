@@ -1,0 +1,106 @@
+// Rollout engine: batched generation for many prompts from the live model weights, with a
+// paged KV cache (model/kv_cache.h), continuous batching, chunked prefill, n samples per prompt
+// sharing the prompt's KV blocks, and preemption by recompute under a KV memory budget.
+//
+// Scheduling, once per step (one PagedForward::step over all scheduled tokens):
+//   1. running sequences, oldest first, each get their uncomputed tokens (1 when decoding; a
+//      chunk of a prompt or of a recompute), within max_step_tokens. A sequence that needs a
+//      block when none is free preempts the youngest running sequence (its blocks are
+//      released; it goes back to the front of the queue and later recomputes prompt +
+//      generated tokens), or itself when it is the youngest. The oldest always advances.
+//   2. waiting requests (and preempted sequences) join while step tokens, sequence slots
+//      (max_running) and free blocks for their first chunk remain.
+//   3. a sequence whose tokens are all computed samples its next token from its logits row;
+//      a request's first sample, when its prompt is done, forks the n - 1 others (they retain
+//      the prompt blocks; a partially filled last block is copied on first write).
+//   4. finished sequences (EOS, stop string, max_new_tokens) leave and free their blocks.
+// A draw depends only on (seed, prompt, sample index, step) and its logits (rollout/sampler.h),
+// so outputs do not depend on batch composition, n, max_step_tokens or preemption.
+// The cache is allocated by generate() and released before it returns (nothing is held
+// between rollouts, e.g. during the training phase).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/transformer.h"
+#include "rollout/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace opd {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;         // token ids, non-empty, each < vocab (validated)
+  SamplingParams sampling;
+  int64_t n = 1;                       // samples of this prompt
+  int64_t max_new_tokens = 16;         // >= 1
+  std::vector<std::string> stop;       // stop strings (need a tokenizer)
+  std::vector<int32_t> stop_token_ids; // extra stop tokens besides the engine's EOS ids
+  bool ignore_eos = false;             // keep generating past EOS (benchmarks, W1)
+  std::optional<uint64_t> stream_key;  // default prompt_stream_key(prompt)
+};
+
+enum class FinishReason { Eos, Stop, Length };
+const char* finish_reason_name(FinishReason reason);  // "eos", "stop", "length"
+
+struct SampleOutput {
+  std::vector<int32_t> ids;              // generated tokens (EOS / stop token included)
+  std::vector<double> sampling_logprobs; // log p of each token under the sampling distribution
+  std::vector<double> model_logprobs;    // log softmax(logits)[token]: model at T=1, unfiltered
+  FinishReason finish_reason = FinishReason::Length;
+  std::string stop;                      // the stop string (or "<id>" stop token) that matched
+  std::optional<std::string> text;       // decoded completion when the engine has a tokenizer
+};
+
+struct RequestOutput {
+  std::vector<SampleOutput> samples;  // index = sample index
+};
+
+struct EngineOptions {
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  int64_t block_size = 16;        // tokens per KV block
+  int64_t max_step_tokens = 512;  // tokens per forward step (the prefill chunk budget)
+  int64_t max_running = 256;      // sequences in the running batch
+  void validate() const;
+};
+
+struct EngineStats {
+  int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
+  int64_t preemptions = 0, recomputed_tokens = 0;
+  int64_t num_blocks = 0, peak_blocks_used = 0, max_batch = 0;
+  double seconds = 0;
+};
+
+class RolloutEngine {
+ public:
+  // eos_ids: tokens that end a sample (see generation_eos_ids); tokenizer: optional, needed for
+  // text and stop strings. The model and tokenizer must outlive the engine.
+  RolloutEngine(const Transformer& model, EngineOptions options, std::vector<int32_t> eos_ids,
+                const Tokenizer* tokenizer = nullptr);
+
+  // Generates every request to completion. Errors (InvalidData / InvalidArgument /
+  // OutOfMemory) name the request and the value; a request that cannot fit the KV budget even
+  // alone is an OutOfMemory error before anything runs.
+  std::vector<RequestOutput> generate(const std::vector<GenerationRequest>& requests);
+
+  const EngineStats& stats() const { return stats_; }
+  int64_t num_blocks() const;  // blocks the budget buys
+
+ private:
+  const Transformer* model_;
+  EngineOptions options_;
+  std::vector<int32_t> eos_ids_;
+  const Tokenizer* tokenizer_;
+  EngineStats stats_;
+};
+
+// EOS ids for generation: the union of config.json eos_token_id, generation_config.json
+// eos_token_id (int or list) in model_dir when present, and the tokenizer's eos token (skipped
+// with a warning when outside the model's vocabulary). Ids from the model's own files must be
+// in the vocabulary (InvalidData naming the file otherwise).
+std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const ModelConfig& config,
+                                        const Tokenizer* tokenizer);
+
+}  // namespace opd
