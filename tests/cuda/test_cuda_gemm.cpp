@@ -24,7 +24,9 @@ class CudaLinear : public ::testing::TestWithParam<GemmCase> {};
 // correct summation orders grow like eps * sqrt(k) * 4.
 Tol gemm_tol(DType out_dt, int64_t k) {
   const double scale = 4.0 * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1)));
-  if (out_dt == DType::F32) return {1e-5, 2e-6 * scale, 1e-5};
+  // f32 output: the accumulation order differs from OpenBLAS's; at K = 3072 single outputs of
+  // magnitude ~5 differed by 5.3e-4 on the H200 (fp32 sums of |partial| ~ sqrt(K)).
+  if (out_dt == DType::F32) return {1e-5, 6e-6 * scale, 1e-5};
   return {8e-3, 2e-3 * scale, 6e-3};
 }
 

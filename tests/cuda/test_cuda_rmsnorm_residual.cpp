@@ -67,7 +67,8 @@ TEST_P(CudaRmsnormPaths, FusedResidualMatchesCpu) {
 TEST_P(CudaRmsnormPaths, PlainMatchesCpu) {
   REQUIRE_GPU();
   const auto [n, h] = GetParam();
-  const double eps = 1e-5;
+  // At H = 1 dx is pure cancellation (see test_cuda_ops.cpp); a large eps makes it well-posed.
+  const double eps = h == 1 ? 0.5 : 1e-5;
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_label(dt));
     Tensor x = rand_in({n, h}, dt, 11), w = rand_in({h}, dt, 12, 0.5, 1.5);
