@@ -29,8 +29,10 @@ if [[ "$what" == tests || "$what" == all ]]; then
   run cuda 300 $B/test_cuda
   run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='-*PeakScratch*:*DISABLED*:*HugeRequest*'
-  run racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='*Rmsnorm*:CudaAttention.F*:CudaFusedLoss.OddShapes:CudaEmbedding*:CudaCrossEntropy*:CudaAdamW*'
+  # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards
+  # inside cuBLAS's split-K kernels (nvjet_*_splitK), which are not ours.
+  run racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*Rmsnorm*:CudaAttention.DeterministicBitIdentical:CudaAttention.ForwardThenBackwardEndToEnd:CudaEmbedding*:CudaCrossEntropy*:CudaAdamW*:*Rope*:CudaElementwise*'
   run repro_unchecked 60 compute-sanitizer --tool memcheck $B/test_cuda --gtest_also_run_disabled_tests \
       --gtest_filter='CudaLossRepro.DISABLED_UncheckedGatherOutOfBounds'
   for t in core kernels model loss train cli; do
