@@ -48,9 +48,11 @@ TEST(CudaAdamW, MatchesTheCpuReferenceOverSeveralSteps) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         SCOPED_TRACE(cat("tensor ", i));
         // Elementwise bounds allow FMA contraction on the GPU (seen on the H200: ~1.5e-5 relative
-        // on single moments, rel_l2 ~5e-8); the relative L2 bound stays at 1e-6.
+        // on single moments, and ~1.2e-9 absolute on moments after a clipped step, where the clip
+        // coefficient comes from a differently ordered norm reduction; rel_l2 ~5e-8); the
+        // relative L2 bound stays at 1e-6.
         EXPECT_TRUE(close(host(gpu[i].master), cpu[i].master, 2e-5, 1e-7, 1e-6));
-        EXPECT_TRUE(close(host(b.exp_avg()[i]), a.exp_avg()[i], 2e-5, 1e-9, 1e-6));
+        EXPECT_TRUE(close(host(b.exp_avg()[i]), a.exp_avg()[i], 2e-5, 1e-8, 1e-6));
         EXPECT_TRUE(close(host(b.exp_avg_sq()[i]), a.exp_avg_sq()[i], 2e-5, 1e-12, 1e-6));
         EXPECT_TRUE(close(host(gpu[i].model), cpu[i].model.to_dtype(DType::F32),
                           model_dt == DType::BF16 ? 8e-3 : 2e-5, 1e-9, 1e-3));
