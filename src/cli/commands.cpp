@@ -13,6 +13,8 @@ void register_commands(CLI::App& app) {
   register_info(app);
   register_predict(app);
   register_tokenize(app);
+  register_serve(app);
+  register_score(app);
 }
 
 }  // namespace opd::cli

@@ -12,5 +12,7 @@ void set_exit_code(int code);
 void register_info(CLI::App& app);
 void register_predict(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_serve(CLI::App& app);
+void register_score(CLI::App& app);
 
 }  // namespace opd::cli

@@ -96,6 +96,10 @@ TeacherPayload to_teacher_payload(const ScoreResponse& r) {
   return p;
 }
 
+std::vector<NextToken> Scorer::next_tokens(const NextTokenRequest&) {
+  OPD_FAIL(Unsupported, "this teacher backend does not generate tokens");
+}
+
 CompletionLayout completion_layout(const ScoreRequest& q) {
   CompletionLayout l;
   for (const auto& s : q.sequences) {
@@ -275,7 +279,9 @@ ScoreResponse CpuScorer::score(const ScoreRequest& req) {
   }
   TopKLmHeadArgs a = impl_->lm_args(impl_->hidden_rows(fwd, need), req.k, req.temperature);
   a.actual = std::move(actual);
+  a.want_ranks = req.with_ranks;
   TopKLmHeadResult r = topk_lm_head(a);
+  out.actual_ranks = std::move(r.actual_ranks);
   out.ids = std::move(r.ids);
   out.logprobs = std::move(r.logprobs);
   out.actual_logprobs = std::move(r.actual_logprobs);

@@ -35,6 +35,7 @@ struct ScoreRequest {
   int64_t k = 0;                  // entries per position, 0 <= k <= vocab
   double temperature = 1.0;       // applied to the logits before the softmax, finite and > 0
   std::string model_fingerprint;  // expected teacher tokenizer fingerprint ("" = not checked)
+  bool with_ranks = false;        // also the actual token's rank (vLLM's "rank"; not on the wire)
   int64_t num_rows() const;       // sum of (end - begin)
 };
 
@@ -48,6 +49,7 @@ struct ScoreResponse {
   std::vector<int32_t> ids;              // [rows * k]
   std::vector<float> logprobs;           // [rows * k]
   std::vector<float> actual_logprobs;    // [rows]
+  std::vector<int64_t> actual_ranks;     // [rows] when requested: 1 + #{v : z_v > z_y}
   int64_t num_rows() const { return row_offsets.empty() ? 0 : row_offsets.back(); }
   int64_t num_sequences() const { return static_cast<int64_t>(seq_begin.size()); }
 };
@@ -84,15 +86,6 @@ TeacherPayload to_teacher_payload(const ScoreResponse& response);
 // The completion layout the payload must line up with, from the request.
 CompletionLayout completion_layout(const ScoreRequest& request);
 
-class Scorer {
- public:
-  virtual ~Scorer() = default;
-  virtual const TeacherInfo& info() const = 0;
-  // Thread-safe. Throws opd::Error: InvalidArgument for a bad request (incl. a fingerprint
-  // that is not this teacher's), Io for transport failures of remote scorers.
-  virtual ScoreResponse score(const ScoreRequest& request) = 0;
-};
-
 // One next token per sequence (for /v1/completions with max_tokens = 1): sampled from
 // softmax(z / sample_temperature) by the Gumbel-max trick over vocabulary tiles with Philox
 // noise keyed by (seed, sequence index, id), or argmax when sample_temperature == 0.
@@ -107,6 +100,17 @@ struct NextToken {
   float logprob = 0;                 // log p_1(id), temperature 1 (what vLLM reports)
   std::vector<int32_t> top_ids;      // k entries, the ordering above
   std::vector<float> top_logprobs;
+};
+
+class Scorer {
+ public:
+  virtual ~Scorer() = default;
+  virtual const TeacherInfo& info() const = 0;
+  // Thread-safe. Throws opd::Error: InvalidArgument for a bad request (incl. a fingerprint
+  // that is not this teacher's), Io for transport failures of remote scorers.
+  virtual ScoreResponse score(const ScoreRequest& request) = 0;
+  // One sampled next token per prompt (Unsupported unless the backend generates).
+  virtual std::vector<NextToken> next_tokens(const NextTokenRequest& request);
 };
 
 // In-process CPU scorer over a Transformer (model/transformer.h).
@@ -136,7 +140,7 @@ class CpuScorer : public Scorer {
 
   const TeacherInfo& info() const override;
   ScoreResponse score(const ScoreRequest& request) override;
-  std::vector<NextToken> next_tokens(const NextTokenRequest& request);
+  std::vector<NextToken> next_tokens(const NextTokenRequest& request) override;
   const Options& options() const;
   // Scratch bytes of the lm_head pass for `rows` scored rows (the formula above, asserted in
   // the tests): rows x H (gathered hidden) + min(rows, row_chunk) x min(tile, V) (logit tile),

@@ -161,6 +161,32 @@ TopKLmHeadResult topk_lm_head(const TopKLmHeadArgs& a) {
     }
   }
 
+  if (a.want_ranks && !a.actual.empty()) {
+    // Second pass: count the ids whose logit beats the actual token's (same GEMM tiles, so the
+    // comparison sees exactly the values the first pass saw).
+    out.actual_ranks.assign(static_cast<size_t>(N), 0);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t rn = std::min(chunk, N - r0);
+      const Tensor h = a.hidden.slice_rows(r0, r0 + rn);
+      for (int64_t v0 = 0; v0 < V; v0 += tile) {
+        const int64_t vn = std::min(tile, V - v0);
+        Tensor z = buf.slice_rows(0, rn * vn).reshape({rn, vn});
+        ops::linear_forward(h, a.lm_head.slice_rows(v0, v0 + vn), none, z);
+        const float* zp = z.data<float>();
+        for (int64_t i = 0; i < rn; ++i) {
+          const int64_t r = r0 + i;
+          if (a.actual[static_cast<size_t>(r)] < 0) continue;
+          const float zy = state[static_cast<size_t>(r)].z_actual;
+          int64_t c = 0;
+          for (int64_t j = 0; j < vn; ++j) c += zp[i * vn + j] > zy;
+          out.actual_ranks[static_cast<size_t>(r)] += c;
+        }
+      }
+    }
+    for (int64_t r = 0; r < N; ++r)
+      if (a.actual[static_cast<size_t>(r)] >= 0) out.actual_ranks[static_cast<size_t>(r)] += 1;
+  }
+
   for (int64_t r = 0; r < N; ++r) {
     const RowState& st = state[static_cast<size_t>(r)];
     OPD_CHECK(st.bad_id < 0, Internal, "teacher scoring: row ", r, ": logit of id ", st.bad_id,

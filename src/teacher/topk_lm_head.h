@@ -32,6 +32,8 @@ struct TopKLmHeadArgs {
   double temperature = 1.0;     // > 0
   int64_t vocab_tile = 4096;
   int64_t row_chunk = 512;
+  // Ranks of the actual tokens, 1 + #{v : z_v > z_y} (a second pass over the tiles).
+  bool want_ranks = false;
   // Sampling (optional): one id per row.
   bool sample = false;
   double sample_temperature = 1.0;  // >= 0 (0 = argmax)
@@ -43,6 +45,7 @@ struct TopKLmHeadResult {
   std::vector<int32_t> ids;              // [N * k]
   std::vector<float> logprobs;           // [N * k]
   std::vector<float> actual_logprobs;    // [N]; NaN where actual = -1
+  std::vector<int64_t> actual_ranks;     // [N] when want_ranks (0 where actual = -1)
   std::vector<int32_t> sampled;          // [N] when sampling
   std::vector<float> sampled_logprobs;   // [N] at `temperature`
 };
