@@ -24,6 +24,8 @@
 
 #include "common/test_util.h"
 #include "core/philox.h"
+#include <nlohmann/json.hpp>
+
 #include "teacher/client.h"
 #include "teacher/scorer.h"
 
@@ -230,6 +232,72 @@ TEST(TeacherLoad, ConcurrentClientsZeroErrorsBoundedMemory) {
   EXPECT_LT(hwm - rss0, 256 * 1024);
   EXPECT_LT(rss1 - rss0, 128 * 1024);
   EXPECT_EQ(server.terminate(), 0);
+}
+
+}  // namespace
+}  // namespace opd
+
+namespace opd {
+namespace {
+
+std::string run_capture(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+// `opd score` in-process and through a served teacher: the same JSONL, and the values are the
+// scorer's (itself checked against the dense reference in test_scorer.cpp).
+TEST(ScoreCli, InProcessAndServedGiveTheSameJsonl) {
+  const std::string in = testing::TempDir() + "opd_score_in.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"ids": [5, 17, 3, 42, 9, 11], "completion_start": 3})" << "\n\n"
+      << R"({"ids": [1, 2], "completion_start": 1})" << "\n";
+  }
+  int st = 0;
+  const std::string bin = test::opd_binary();
+  const std::string local = run_capture(bin + " score --model " + model_dir() + " --input " + in +
+                                            " --top-k 3 --temperature 0.8 2>/dev/null", &st);
+  ASSERT_EQ(st, 0);
+  ChildServer server(model_dir(), 0);
+  const std::string served =
+      run_capture(bin + " score --teacher-url http://127.0.0.1:" + std::to_string(server.port()) +
+                      " --input " + in + " --top-k 3 --temperature 0.8 2>/dev/null", &st);
+  ASSERT_EQ(st, 0);
+  EXPECT_EQ(local, served);
+  // Line 1 holds positions 3..5 with 3 entries each, equal to CpuScorer's.
+  const size_t nl = local.find('\n');
+  ASSERT_NE(nl, std::string::npos);
+  auto j = nlohmann::json::parse(local.substr(0, nl));
+  CpuScorer scorer(model_dir());
+  ScoreRequest q;
+  q.k = 3;
+  q.temperature = 0.8;
+  q.sequences.push_back({{5, 17, 3, 42, 9, 11}, 3, 6});
+  q.sequences.push_back({{1, 2}, 1, 2});  // the same batch as the CLI's (same GEMM rows: bit-equal)
+  ScoreResponse r = scorer.score(q);
+  ASSERT_EQ(j["ids"].size(), 3u);
+  for (int row = 0; row < 3; ++row)
+    for (int e = 0; e < 3; ++e) {
+      EXPECT_EQ(j["ids"][row][e].get<int32_t>(), r.ids[row * 3 + e]);
+      EXPECT_EQ(j["logprobs"][row][e].get<float>(), r.logprobs[row * 3 + e]);
+    }
+  EXPECT_EQ(j["completion_start"].get<int>(), 3);
+  // A bad line is reported with file:line, exit status non-zero.
+  {
+    std::ofstream f(in);
+    f << R"({"ids": [5, 17, 3], "completion_start": 1})" << "\n"
+      << R"({"ids": [5, 17, 3], "completion_start": 9})" << "\n";
+  }
+  const std::string err = run_capture(bin + " score --model " + model_dir() + " --input " + in +
+                                          " --top-k 2 2>&1 >/dev/null", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(err.find("opd_score_in.jsonl:2: completion_start 9"), std::string::npos) << err;
 }
 
 }  // namespace
