@@ -62,7 +62,11 @@ class ChildServer {
       }
     }
     const size_t at = text.find("port ");
-    if (at == std::string::npos) throw std::runtime_error("opd serve did not report a port: " + text);
+    if (at == std::string::npos) {  // the destructor will not run: reap the child here
+      kill9();
+      close(out_fd_);
+      throw std::runtime_error("opd serve did not report a port: " + text);
+    }
     port_ = std::stoi(text.substr(at + 5));
   }
   ~ChildServer() {
