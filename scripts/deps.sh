@@ -7,7 +7,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
-      libcli11-dev libgtest-dev libpcre2-dev python3 python3-pip)
+      libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

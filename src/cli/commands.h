@@ -18,9 +18,10 @@ void register_predict(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_chat_template(CLI::App& app);
-void register_train(CLI::App& app);            // `opd train` and `opd sft`
 void register_bench_attention(CLI::App& app);  // `opd bench attention`
 void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the bench parent)
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
+void register_serve(CLI::App& app);
+void register_score(CLI::App& app);
 
 }  // namespace opd::cli

@@ -1,0 +1,315 @@
+// Remote teacher client (client.h): connection pool, retries with backoff, connect-time
+// compatibility check, and validation of every response before it is returned.
+#include "teacher/client.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/philox.h"
+#include "teacher/protocol.h"
+
+namespace opd {
+
+std::string_view teacher_api_name(TeacherApi api) {
+  switch (api) {
+    case TeacherApi::Auto: return "auto";
+    case TeacherApi::Opd: return "opd";
+    case TeacherApi::Vllm: return "vllm";
+  }
+  return "?";
+}
+
+TeacherApi parse_teacher_api(std::string_view name) {
+  if (name == "auto") return TeacherApi::Auto;
+  if (name == "opd") return TeacherApi::Opd;
+  if (name == "vllm") return TeacherApi::Vllm;
+  OPD_FAIL(InvalidArgument, "teacher api '", name, "' is not one of auto, opd, vllm");
+}
+
+namespace {
+
+// A failure worth another attempt (transport, 5xx, 429, corrupted body).
+struct Retryable {
+  std::string what;
+};
+
+void parse_url(const std::string& url, std::string& host, int& port) {
+  std::string rest = url;
+  OPD_CHECK(rest.rfind("https://", 0) != 0, InvalidArgument, "teacher url '", url,
+            "': https is not supported (opd speaks plain HTTP on trusted networks)");
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  OPD_CHECK(rest.find('/') == std::string::npos, InvalidArgument, "teacher url '", url,
+            "': give only scheme, host and port (http://host:port)");
+  const size_t colon = rest.rfind(':');
+  OPD_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(), InvalidArgument,
+            "teacher url '", url, "': expected http://host:port");
+  host = rest.substr(0, colon);
+  const std::string p = rest.substr(colon + 1);
+  OPD_CHECK(std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                p.size() <= 5 && std::stoi(p) > 0 && std::stoi(p) < 65536,
+            InvalidArgument, "teacher url '", url, "': port '", p, "' is not in [1, 65535]");
+  port = std::stoi(p);
+}
+
+std::string error_message_of(const std::string& body) {
+  // {"error": {"message": ...}} (opd, vLLM) or {"message": ...} (older vLLM); else the raw text.
+  try {
+    auto j = nlohmann::json::parse(body);
+    if (j.contains("error") && j["error"].is_object() && j["error"].contains("message"))
+      return j["error"]["message"].dump();
+    if (j.contains("message")) return j["message"].dump();
+  } catch (const std::exception&) {
+  }
+  return body.substr(0, 500);
+}
+
+}  // namespace
+
+struct TeacherClient::Http {
+  Http(const std::string& host, int port, const ClientOptions& o) : cli(host, port) {
+    const auto us = [](double s) { return static_cast<time_t>(s * 1e6); };
+    cli.set_connection_timeout(us(o.connect_timeout_s) / 1000000, us(o.connect_timeout_s) % 1000000);
+    cli.set_read_timeout(us(o.request_timeout_s) / 1000000, us(o.request_timeout_s) % 1000000);
+    cli.set_write_timeout(us(o.request_timeout_s) / 1000000, us(o.request_timeout_s) % 1000000);
+    cli.set_keep_alive(true);
+    cli.set_tcp_nodelay(true);
+  }
+  httplib::Client cli;
+};
+
+std::unique_ptr<TeacherClient::Http> TeacherClient::acquire() {
+  std::unique_lock<std::mutex> lock(pool_mu_);
+  pool_cv_.wait(lock, [&] { return !idle_.empty() || open_ < opts_.connections; });
+  if (!idle_.empty()) {
+    auto h = std::move(idle_.back());
+    idle_.pop_back();
+    return h;
+  }
+  ++open_;
+  lock.unlock();
+  return std::make_unique<Http>(host_, port_, opts_);
+}
+
+void TeacherClient::release(std::unique_ptr<Http> h) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (h) idle_.push_back(std::move(h));
+    else --open_;
+  }
+  pool_cv_.notify_one();
+}
+
+TeacherClient::Reply TeacherClient::call(const std::string& method, const std::string& path,
+                                         const std::string& body, const std::string& content_type,
+                                         const std::string& accept,
+                                         const std::function<void(const Reply&)>& decode_check) {
+  const int64_t id = ++seq_;
+  std::string last;
+  for (int attempt = 0; attempt < opts_.max_attempts; ++attempt) {
+    if (attempt > 0) {
+      ++retries_;
+      const double base = std::min(opts_.backoff_max_s,
+                                   opts_.backoff_initial_s * std::pow(2.0, attempt - 1));
+      const double jitter = 0.5 + 0.5 * philox_uniform(static_cast<uint64_t>(id), 99,
+                                                       static_cast<uint64_t>(attempt));
+      log_warn("teacher client: ", method, " ", path, " attempt ", attempt, " failed (", last,
+               "); retrying in ", base * jitter, " s");
+      std::this_thread::sleep_for(std::chrono::duration<double>(base * jitter));
+    }
+    ++attempts_;
+    std::unique_ptr<Http> h = acquire();
+    httplib::Request req;
+    req.method = method;
+    req.path = path;
+    req.body = body;
+    if (!content_type.empty()) req.set_header("Content-Type", content_type);
+    if (!accept.empty()) req.set_header("Accept", accept);
+    req.set_header("X-Opd-Request-Id", std::to_string(id));
+    Reply reply;
+    bool too_big = false;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (reply.body.size() + n > opts_.max_response_bytes) {
+        too_big = true;
+        return false;
+      }
+      reply.body.append(data, n);
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    const bool ok = h->cli.send(req, res, err);
+    if (!ok) {
+      // The connection may be half-dead: drop it, the next attempt opens a fresh one.
+      h->cli.stop();
+      h.reset();
+      release(nullptr);
+      OPD_CHECK(!too_big, Io, "teacher client: response to ", method, " ", path, " exceeds ",
+                opts_.max_response_bytes, " bytes (max_response_bytes)");
+      last = cat("transport error: ", httplib::to_string(err));
+      continue;
+    }
+    release(std::move(h));
+    reply.status = res.status;
+    reply.content_type = res.get_header_value("Content-Type");
+    if (res.status == 429 || res.status >= 500) {
+      last = cat("HTTP ", res.status, ": ", error_message_of(reply.body));
+      continue;
+    }
+    if (res.status == 409)
+      OPD_FAIL(InvalidArgument, "teacher at ", opts_.url, " refused ", path,
+               " (409, teacher changed since connect?): ", error_message_of(reply.body));
+    if (res.status >= 400 || res.status < 200)
+      OPD_FAIL(InvalidArgument, "teacher at ", opts_.url, " rejected ", method, " ", path,
+               " with HTTP ", res.status, ": ", error_message_of(reply.body));
+    if (decode_check) {
+      try {
+        decode_check(reply);
+      } catch (const Retryable& r) {
+        last = r.what;
+        continue;
+      }
+    }
+    return reply;
+  }
+  OPD_FAIL(Io, "teacher client: ", method, " ", opts_.url, path, " failed after ",
+           opts_.max_attempts, " attempts; last error: ", last);
+}
+
+TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) {
+  parse_url(opts_.url, host_, port_);
+  OPD_CHECK(opts_.connections > 0 && opts_.max_attempts > 0, InvalidArgument,
+            "teacher client: connections ", opts_.connections, " and max_attempts ",
+            opts_.max_attempts, " must be > 0");
+  OPD_CHECK(opts_.student_vocab >= 0, InvalidArgument, "teacher client: student vocabulary ",
+            opts_.student_vocab, " must be >= 0 (0: no student, validate against the teacher's)");
+  check_loss_config(opts_.loss);
+
+  Reply models = call("GET", "/v1/models", "", "", "application/json", nullptr);
+  nlohmann::json j = parse_json(models.body, "teacher /v1/models");
+  OPD_CHECK(j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
+                j["data"][0].is_object() && j["data"][0].contains("id") &&
+                j["data"][0]["id"].is_string(),
+            InvalidData, "teacher /v1/models at ", opts_.url, ": expected {\"data\": [{\"id\": ...}]}");
+  const nlohmann::json& m = j["data"][0];
+  info_.model_name = m["id"].get<std::string>();
+  if (m.contains("max_model_len") && m["max_model_len"].is_number_integer())
+    info_.max_model_len = m["max_model_len"].get<int64_t>();
+  const bool is_opd = m.contains("opd") && m["opd"].is_object();
+  api_ = opts_.api == TeacherApi::Auto ? (is_opd ? TeacherApi::Opd : TeacherApi::Vllm) : opts_.api;
+  OPD_CHECK(api_ != TeacherApi::Opd || is_opd, InvalidArgument, "teacher at ", opts_.url,
+            " is not an opd server (no 'opd' section in /v1/models); use the vllm api");
+  if (is_opd) {
+    const nlohmann::json& o = m["opd"];
+    OPD_CHECK(o.contains("vocab_size") && o["vocab_size"].is_number_integer() &&
+                  o.contains("tokenizer_fingerprint") && o["tokenizer_fingerprint"].is_string(),
+              InvalidData, "teacher /v1/models at ", opts_.url,
+              ": the opd section lacks vocab_size or tokenizer_fingerprint");
+    info_.vocab_size = o["vocab_size"].get<int64_t>();
+    info_.fingerprint = o["tokenizer_fingerprint"].get<std::string>();
+    if (o.contains("has_tokenizer") && o["has_tokenizer"].is_boolean())
+      info_.has_tokenizer = o["has_tokenizer"].get<bool>();
+    if (o.contains("eos_token_ids") && o["eos_token_ids"].is_array())
+      for (const auto& e : o["eos_token_ids"])
+        if (e.is_number_integer()) info_.eos_token_ids.push_back(e.get<int64_t>());
+  }
+  if (opts_.assume_teacher_vocab) {
+    OPD_CHECK(!is_opd || *opts_.assume_teacher_vocab == info_.vocab_size, InvalidArgument,
+              "teacher at ", opts_.url, " reports vocabulary ", info_.vocab_size,
+              ", the caller asserted ", *opts_.assume_teacher_vocab);
+    info_.vocab_size = *opts_.assume_teacher_vocab;
+  }
+  if (!opts_.assume_teacher_fingerprint.empty()) {
+    OPD_CHECK(!is_opd || opts_.assume_teacher_fingerprint == info_.fingerprint, InvalidArgument,
+              "teacher at ", opts_.url, " reports fingerprint ", info_.fingerprint,
+              ", the caller asserted ", opts_.assume_teacher_fingerprint);
+    info_.fingerprint = opts_.assume_teacher_fingerprint;
+  }
+  if (api_ == TeacherApi::Vllm && !opts_.vllm_model.empty()) info_.model_name = opts_.vllm_model;
+
+  // --- compatibility -------------------------------------------------------------------------
+  if (opts_.student_vocab == 0) {  // no student (opd score): responses are checked against the
+    opts_.student_vocab = info_.vocab_size;  // teacher's own vocabulary
+    opts_.student_fingerprint.clear();
+  }
+  OPD_CHECK(info_.vocab_size > 0 && !info_.fingerprint.empty(), InvalidArgument, "teacher at ",
+            opts_.url, " (", teacher_api_name(api_), ") does not report its vocabulary size and "
+            "tokenizer fingerprint; assert them (assume_teacher_vocab / assume_teacher_fingerprint, "
+            "e.g. `opd info TEACHER_DIR`) so the student compatibility check can run");
+  const bool clip = opts_.loss.vocab_policy == VocabPolicy::ClipToStudent;
+  if (!opts_.student_fingerprint.empty() && info_.fingerprint != opts_.student_fingerprint) {
+    OPD_CHECK(clip, InvalidArgument, "teacher at ", opts_.url, " (", info_.model_name,
+              ", vocab ", info_.vocab_size, ", fingerprint ", info_.fingerprint,
+              ") does not share the student's tokenizer (vocab ", opts_.student_vocab,
+              ", fingerprint ", opts_.student_fingerprint,
+              "); vocab policy 'error' refuses this ('clip-to-student' accepts it)");
+    log_warn("teacher client: tokenizer fingerprints differ (teacher ", info_.fingerprint,
+             ", student ", opts_.student_fingerprint, "); vocab policy clip-to-student: teacher ids "
+             ">= ", opts_.student_vocab, " are dropped");
+  }
+  OPD_CHECK(info_.vocab_size <= opts_.student_vocab || clip, InvalidArgument, "teacher at ",
+            opts_.url, " has vocabulary ", info_.vocab_size, " > the student's ",
+            opts_.student_vocab, " (vocab policy 'error')");
+  log_info("teacher client: connected to ", opts_.url, " (", teacher_api_name(api_), ", model ",
+           info_.model_name, ", vocab ", info_.vocab_size, ")");
+}
+
+TeacherClient::~TeacherClient() = default;
+
+ClientStats TeacherClient::stats() const {
+  return {requests_.load(), attempts_.load(), retries_.load()};
+}
+
+TeacherClient::Validated TeacherClient::score_validated(const ScoreRequest& request) {
+  ScoreRequest q = request;
+  if (q.model_fingerprint.empty()) q.model_fingerprint = info_.fingerprint;
+  ScoreResponse r;
+  if (api_ == TeacherApi::Opd) {
+    const bool bin = opts_.binary;
+    const std::string body = bin ? encode_score_request(q) : score_request_to_json(q).dump();
+    const std::string ct = bin ? kBinaryContentType : "application/json";
+    call("POST", "/v1/score", body, ct, ct, [&](const Reply& rep) {
+      try {
+        r = rep.content_type.rfind(kBinaryContentType, 0) == 0
+                ? decode_score_response(rep.body)
+                : score_response_from_json(parse_json(rep.body, "score response"));
+      } catch (const Error& e) {
+        // A body that does not decode (CRC, truncation) was damaged in transit: retry.
+        throw Retryable{cat("undecodable response: ", e.what())};
+      }
+    });
+  } else {
+    const std::string body = vllm_score_request(q, info_.model_name).dump();
+    call("POST", "/v1/completions", body, "application/json", "application/json",
+         [&](const Reply& rep) {
+           nlohmann::json j;
+           try {
+             j = parse_json(rep.body, "vLLM completions response");
+           } catch (const Error& e) {
+             throw Retryable{cat("undecodable response: ", e.what())};
+           }
+           r = parse_vllm_prompt_logprobs(j, q, info_.vocab_size);
+         });
+  }
+  // Nothing is used before it is checked: shapes against the request, values by the loss's
+  // boundary validation against the student.
+  check_response_matches(r, q);
+  Validated v;
+  v.topk = validate_teacher_payload(to_teacher_payload(r), completion_layout(q),
+                                    opts_.student_vocab, opts_.loss, DType::F32, &v.stats);
+  v.response = std::move(r);
+  ++requests_;
+  return v;
+}
+
+ScoreResponse TeacherClient::score(const ScoreRequest& request) {
+  return score_validated(request).response;
+}
+
+}  // namespace opd

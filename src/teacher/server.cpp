@@ -1,0 +1,410 @@
+// Teacher HTTP service (server.h): routes, request parsing, error mapping and the
+// vLLM-compatible /v1/completions response.
+#include "teacher/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <new>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "teacher/protocol.h"
+
+namespace opd {
+
+namespace {
+
+using nlohmann::json;
+
+// An HTTP status decided by a handler (404 / 409 / 415 / 501 ...).
+struct HttpError {
+  int status;
+  std::string message;
+};
+
+std::string dump(const json& j) {
+  // replace: a message quoting bytes of a malformed request must not make dump() throw.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+const char* error_type(int status) {
+  switch (status) {
+    case 400: return "BadRequestError";
+    case 404: return "NotFoundError";
+    case 409: return "ConflictError";
+    case 413: return "PayloadTooLargeError";
+    case 415: return "UnsupportedMediaTypeError";
+    case 501: return "NotImplementedError";
+    case 503: return "ServiceUnavailableError";
+    default: return "InternalServerError";
+  }
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  json j;
+  j["error"] = {{"message", message}, {"type", error_type(status)}, {"code", status}};
+  res.set_content(dump(j), "application/json");
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+std::string token_str(int32_t id) { return cat("token_id:", id); }
+
+double clamp_logprob(float lp) {  // vLLM reports -inf as -9999.0
+  return std::isinf(lp) && lp < 0 ? -9999.0 : static_cast<double>(lp);
+}
+
+// Optional integer field: absent or null -> fallback.
+int64_t opt_int(const json& j, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return fallback;
+  OPD_CHECK(it->is_number_integer(), InvalidData, "completions request: '", name,
+            "' must be an integer, got ", it->type_name());
+  OPD_CHECK(!(it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) &&
+                it->get<int64_t>() >= lo && it->get<int64_t>() <= hi,
+            InvalidData, "completions request: '", name, "' = ", it->dump(), " is outside [", lo,
+            ", ", hi, "]");
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+TeacherServer::TeacherServer(Scorer& scorer, ServerOptions options)
+    : scorer_(scorer), opts_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  if (opts_.model_name.empty()) opts_.model_name = scorer_.info().model_name;
+  OPD_CHECK(opts_.threads > 0, InvalidArgument, "server: threads = ", opts_.threads,
+            " must be > 0");
+  const int threads = opts_.threads;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(opts_.max_body_bytes);
+  http_->set_read_timeout(60);
+  http_->set_write_timeout(60);
+  http_->set_keep_alive_max_count(100);
+  http_->set_tcp_nodelay(true);
+  install_routes();
+}
+
+TeacherServer::~TeacherServer() {
+  stop();
+  if (listener_.joinable()) listener_.join();
+}
+
+void TeacherServer::start() {
+  if (opts_.port == 0) {
+    port_ = http_->bind_to_any_port(opts_.host);
+    OPD_CHECK(port_ > 0, Io, "server: cannot bind an ephemeral port on ", opts_.host);
+  } else {
+    OPD_CHECK(http_->bind_to_port(opts_.host, opts_.port), Io, "server: cannot bind ", opts_.host,
+              ":", opts_.port, " (in use, or not an address of this host)");
+    port_ = opts_.port;
+  }
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  log_info("opd serve: listening on http://", opts_.host, ":", port_, " (model ",
+           opts_.model_name, ", vocab ", scorer_.info().vocab_size, ")");
+}
+
+void TeacherServer::stop() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  http_->stop();
+}
+
+void TeacherServer::wait() {
+  if (listener_.joinable()) listener_.join();
+}
+
+void TeacherServer::install_routes() {
+  // Every handler body runs inside `guard`: typed errors become 4xx/5xx JSON, nothing escapes.
+  auto guard = [this](httplib::Response& res, const std::function<void()>& fn) {
+    try {
+      fn();
+      ++served_;
+      return;
+    } catch (const HttpError& e) {
+      send_error(res, e.status, e.message);
+    } catch (const Error& e) {
+      int status = 500;
+      switch (e.kind()) {
+        case ErrorKind::InvalidArgument:
+        case ErrorKind::InvalidData: status = 400; break;
+        case ErrorKind::Unsupported: status = 501; break;
+        case ErrorKind::OutOfMemory: status = 503; break;
+        default: status = 500;
+      }
+      send_error(res, status, e.what());
+    } catch (const std::bad_alloc&) {
+      send_error(res, 503, "server: out of memory for this request");
+    } catch (const std::exception& e) {
+      send_error(res, 500, cat("server: unexpected error: ", e.what()));
+    }
+    ++rejected_;
+    log_warn("opd serve: rejected request (", res.status, "): ", res.body.substr(0, 300));
+  };
+
+  http_->set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                                  std::exception_ptr) {
+    send_error(res, 500, "server: unexpected error");
+  });
+  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler already wrote the error
+    if (res.status == 413)
+      send_error(res, 413, "request body exceeds the server's limit (--max-request-bytes)");
+    else if (res.status == 404)
+      send_error(res, 404, cat("no route ", req.method, " ", req.path));
+    else
+      send_error(res, res.status, cat("HTTP error ", res.status));
+  });
+
+  http_->Get("/health", [this, guard](const httplib::Request&, httplib::Response& res) {
+    guard(res, [&] { res.set_content(R"({"status":"ok"})", "application/json"); });
+  });
+
+  http_->Get("/v1/models", [this, guard](const httplib::Request&, httplib::Response& res) {
+    guard(res, [&] {
+      const TeacherInfo& info = scorer_.info();
+      json m;
+      m["id"] = opts_.model_name;
+      m["object"] = "model";
+      m["created"] = 0;
+      m["owned_by"] = "opd";
+      m["root"] = opts_.model_name;
+      m["max_model_len"] = info.max_model_len;
+      m["opd"] = {{"vocab_size", info.vocab_size},
+                  {"tokenizer_fingerprint", info.fingerprint},
+                  {"has_tokenizer", info.has_tokenizer},
+                  {"eos_token_ids", info.eos_token_ids},
+                  {"protocol_version", kTeacherProtocolVersion}};
+      json j;
+      j["object"] = "list";
+      j["data"] = json::array({m});
+      res.set_content(dump(j), "application/json");
+    });
+  });
+
+  http_->Post("/v1/score", [this, guard](const httplib::Request& req, httplib::Response& res) {
+    guard(res, [&] {
+      const std::string ct = req.get_header_value("Content-Type");
+      const bool bin_in = starts_with(ct, kBinaryContentType) ||
+                          starts_with(ct, "application/octet-stream");
+      const bool json_in = starts_with(ct, "application/json");
+      if (!bin_in && !json_in)
+        throw HttpError{415, cat("/v1/score: Content-Type '", ct.substr(0, 80), "' is neither ",
+                                 kBinaryContentType, " nor application/json")};
+      ScoreRequest q = bin_in ? decode_score_request(req.body)
+                              : score_request_from_json(parse_json(req.body, "score request"));
+      const std::string accept = req.get_header_value("Accept");
+      bool bin_out = bin_in;
+      if (accept.find(kBinaryContentType) != std::string::npos ||
+          accept.find("application/octet-stream") != std::string::npos)
+        bin_out = true;
+      else if (accept.find("application/json") != std::string::npos)
+        bin_out = false;
+      const TeacherInfo& info = scorer_.info();
+      if (!q.model_fingerprint.empty() && q.model_fingerprint != info.fingerprint)
+        throw HttpError{409, cat("/v1/score: request expects teacher fingerprint '",
+                                 q.model_fingerprint.substr(0, 80), "', this server's model (",
+                                 opts_.model_name, ") is '", info.fingerprint, "'")};
+      ScoreResponse r;
+      {
+        std::lock_guard<std::mutex> lock(score_mu_);
+        r = scorer_.score(q);
+      }
+      if (bin_out)
+        res.set_content(encode_score_response(r), kBinaryContentType);
+      else
+        res.set_content(dump(score_response_to_json(r)), "application/json");
+    });
+  });
+
+  http_->Post("/v1/completions", [this, guard](const httplib::Request& req,
+                                               httplib::Response& res) {
+    guard(res, [&] {
+      const json j = parse_json(req.body, "completions request");
+      OPD_CHECK(j.is_object(), InvalidData, "completions request: expected a JSON object, got ",
+                j.type_name());
+      const TeacherInfo& info = scorer_.info();
+      const int64_t V = info.vocab_size;
+      if (j.contains("model") && !j["model"].is_null()) {
+        OPD_CHECK(j["model"].is_string(), InvalidData, "completions request: 'model' must be a string");
+        if (j["model"].get<std::string>() != opts_.model_name)
+          throw HttpError{404, cat("The model `", j["model"].get<std::string>().substr(0, 200),
+                                   "` does not exist (this server serves `", opts_.model_name,
+                                   "`).")};
+      }
+      // prompt: token ids, one list or a list of lists.
+      OPD_CHECK(j.contains("prompt") && !j["prompt"].is_null(), InvalidData,
+                "completions request: 'prompt' is required");
+      const json& pj = j["prompt"];
+      std::vector<std::vector<int32_t>> prompts;
+      auto parse_ids = [&](const json& a, size_t which) {
+        OPD_CHECK(a.is_array(), InvalidData, "completions request: prompt ", which,
+                  " must be a list of token ids");
+        std::vector<int32_t> ids;
+        for (size_t p = 0; p < a.size(); ++p) {
+          OPD_CHECK(a[p].is_number_integer() && !(a[p].is_number_unsigned() &&
+                                                  a[p].get<uint64_t>() > uint64_t(INT32_MAX)) &&
+                        a[p].get<int64_t>() >= 0 && a[p].get<int64_t>() < V,
+                    InvalidData, "completions request: prompt ", which, ", position ", p,
+                    ": token id ", a[p].dump().substr(0, 40), " is outside the vocabulary [0, ",
+                    V, ")");
+          ids.push_back(static_cast<int32_t>(a[p].get<int64_t>()));
+        }
+        OPD_CHECK(!ids.empty(), InvalidData, "completions request: prompt ", which, " is empty");
+        return ids;
+      };
+      if (pj.is_string() || (pj.is_array() && !pj.empty() && pj[0].is_string()))
+        throw HttpError{400, "completions request: text prompts are not supported by opd serve "
+                             "(it does not tokenize); send token ids"};
+      OPD_CHECK(pj.is_array() && !pj.empty(), InvalidData,
+                "completions request: 'prompt' must be a non-empty list of token ids or of lists");
+      if (pj[0].is_array()) {
+        for (size_t i = 0; i < pj.size(); ++i) prompts.push_back(parse_ids(pj[i], i));
+      } else {
+        prompts.push_back(parse_ids(pj, 0));
+      }
+      (void)opt_int(j, "n", 1, 1, 1);  // only n = 1 (the range check names the value)
+      if (j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>())
+        throw HttpError{400, "completions request: stream=true is not supported"};
+      const int64_t max_tokens = opt_int(j, "max_tokens", 16, 0, std::numeric_limits<int32_t>::max());
+      if (max_tokens > 1)
+        throw HttpError{501, cat("completions request: max_tokens = ", max_tokens,
+                                 ": generating more than one token is not implemented yet (it "
+                                 "comes with the rollout engine); use max_tokens 0 or 1 with "
+                                 "prompt_logprobs for scoring")};
+      bool echo = false;
+      if (j.contains("echo") && !j["echo"].is_null()) {
+        OPD_CHECK(j["echo"].is_boolean(), InvalidData, "completions request: 'echo' must be a boolean");
+        echo = j["echo"].get<bool>();
+      }
+      int64_t logprobs = opt_int(j, "logprobs", -2, -1, V);
+      int64_t prompt_logprobs = opt_int(j, "prompt_logprobs", -2, -1, V);
+      if (logprobs == -1) logprobs = V;  // vLLM: -1 = the whole vocabulary
+      if (prompt_logprobs == -1) prompt_logprobs = V;
+      if (prompt_logprobs == -2 && echo && logprobs >= 0) prompt_logprobs = logprobs;  // as vLLM
+      double temperature = 1.0;
+      if (j.contains("temperature") && !j["temperature"].is_null()) {
+        OPD_CHECK(j["temperature"].is_number(), InvalidData,
+                  "completions request: 'temperature' must be a number");
+        temperature = j["temperature"].get<double>();
+        OPD_CHECK(std::isfinite(temperature) && temperature >= 0, InvalidData,
+                  "completions request: temperature ", temperature, " must be finite and >= 0");
+      }
+      const int64_t seed = opt_int(j, "seed", 0, std::numeric_limits<int64_t>::min(),
+                                   std::numeric_limits<int64_t>::max());
+
+      // Scores of the prompt positions (temperature 1, as vLLM reports logprobs).
+      const bool echo_logprobs = echo && logprobs >= 0;
+      const int64_t k_prompt = std::max(prompt_logprobs, echo_logprobs ? logprobs : int64_t{-2});
+      ScoreResponse sr;
+      if (k_prompt >= 0) {
+        ScoreRequest q;
+        q.k = k_prompt;
+        q.temperature = 1.0;
+        q.with_ranks = true;
+        for (const auto& p : prompts)
+          q.sequences.push_back({p, 1, static_cast<int64_t>(p.size())});
+        std::lock_guard<std::mutex> lock(score_mu_);
+        sr = scorer_.score(q);
+      }
+      std::vector<NextToken> gen;
+      if (max_tokens == 1) {
+        NextTokenRequest nq;
+        nq.prompts = prompts;
+        nq.k = std::max<int64_t>(logprobs, 0);
+        nq.sample_temperature = temperature;
+        nq.seed = static_cast<uint64_t>(seed);
+        std::lock_guard<std::mutex> lock(score_mu_);
+        gen = scorer_.next_tokens(nq);
+      }
+
+      json choices = json::array();
+      int64_t prompt_tokens = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const auto& p = prompts[i];
+        prompt_tokens += static_cast<int64_t>(p.size());
+        json c;
+        c["index"] = i;
+        c["text"] = "";
+        c["finish_reason"] = "length";
+        c["stop_reason"] = nullptr;
+        c["prompt_token_ids"] = p;
+        c["token_ids"] = max_tokens == 1 ? json::array({gen[i].id}) : json::array();
+        auto row_of = [&](size_t pos) { return sr.row_offsets[i] + static_cast<int64_t>(pos) - 1; };
+        if (prompt_logprobs >= 0) {
+          json plp = json::array({nullptr});
+          for (size_t pos = 1; pos < p.size(); ++pos) {
+            const int64_t r = row_of(pos);
+            json d = json::object();
+            for (int64_t e = 0; e < prompt_logprobs; ++e)
+              d[std::to_string(sr.ids[r * sr.k + e])] = {
+                  {"logprob", clamp_logprob(sr.logprobs[r * sr.k + e])},
+                  {"rank", e + 1},
+                  {"decoded_token", token_str(sr.ids[r * sr.k + e])}};
+            const std::string key = std::to_string(p[pos]);
+            if (!d.contains(key))
+              d[key] = {{"logprob", clamp_logprob(sr.actual_logprobs[r])},
+                        {"rank", sr.actual_ranks[r]},
+                        {"decoded_token", token_str(p[pos])}};
+            plp.push_back(std::move(d));
+          }
+          c["prompt_logprobs"] = std::move(plp);
+        } else {
+          c["prompt_logprobs"] = nullptr;
+        }
+        if (logprobs >= 0) {
+          json lp;
+          lp["tokens"] = json::array();
+          lp["token_logprobs"] = json::array();
+          lp["top_logprobs"] = json::array();
+          lp["text_offset"] = json::array();
+          auto add = [&](int32_t tok, json token_lp, json top) {
+            lp["tokens"].push_back(token_str(tok));
+            lp["token_logprobs"].push_back(std::move(token_lp));
+            lp["top_logprobs"].push_back(std::move(top));
+            lp["text_offset"].push_back(0);
+          };
+          if (echo) {
+            add(p[0], nullptr, nullptr);
+            for (size_t pos = 1; pos < p.size(); ++pos) {
+              const int64_t r = row_of(pos);
+              json top = json::object();
+              for (int64_t e = 0; e < logprobs; ++e)
+                top[token_str(sr.ids[r * sr.k + e])] = clamp_logprob(sr.logprobs[r * sr.k + e]);
+              top[token_str(p[pos])] = clamp_logprob(sr.actual_logprobs[r]);
+              add(p[pos], clamp_logprob(sr.actual_logprobs[r]), std::move(top));
+            }
+          }
+          if (max_tokens == 1) {
+            json top = json::object();
+            for (size_t e = 0; e < gen[i].top_ids.size(); ++e)
+              top[token_str(gen[i].top_ids[e])] = clamp_logprob(gen[i].top_logprobs[e]);
+            top[token_str(gen[i].id)] = clamp_logprob(gen[i].logprob);
+            add(gen[i].id, clamp_logprob(gen[i].logprob), std::move(top));
+          }
+          c["logprobs"] = std::move(lp);
+        } else {
+          c["logprobs"] = nullptr;
+        }
+        choices.push_back(std::move(c));
+      }
+      json out;
+      out["id"] = cat("cmpl-opd-", served_.load());
+      out["object"] = "text_completion";
+      out["created"] = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+      out["model"] = opts_.model_name;
+      out["choices"] = std::move(choices);
+      const int64_t completion_tokens = max_tokens * static_cast<int64_t>(prompts.size());
+      out["usage"] = {{"prompt_tokens", prompt_tokens},
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", prompt_tokens + completion_tokens}};
+      res.set_content(dump(out), "application/json");
+    });
+  });
+}
+
+}  // namespace opd

@@ -1,0 +1,352 @@
+// Wire protocol: CRC-32 check value, binary and JSON round trips, fuzzing of the decoders
+// (every truncation, byte flips, lying counts with a valid CRC) and the vLLM prompt_logprobs
+// parser on a fixture constructed from vLLM's documented shape (tests/fixtures/teacher/).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/test_util.h"
+#include "core/philox.h"
+#include "loss/teacher_payload.h"
+#include "teacher/protocol.h"
+
+namespace opd {
+namespace {
+
+ScoreRequest sample_request() {
+  ScoreRequest q;
+  q.k = 3;
+  q.temperature = 0.75;
+  q.model_fingerprint = "58411fcd61c4ac4075053861b9a78e09c628a10043cfc14127290a63c18b9786";
+  q.sequences.push_back({{5, 17, 3, 42, 9}, 2, 5});
+  q.sequences.push_back({{1}, 1, 1});
+  q.sequences.push_back({{7, 7, 90}, 1, 3});
+  return q;
+}
+
+ScoreResponse sample_response() {
+  ScoreResponse r;
+  r.k = 2;
+  r.temperature = 0.75;
+  r.vocab_size = 96;
+  r.seq_begin = {2, 1};
+  r.row_offsets = {0, 3, 4};
+  r.ids = {1, 2, 3, 4, 5, 6, 95, 0};
+  r.logprobs = {-0.5f, -1.25f, -0.1f, -3.f, -2.f, -2.5f, -0.01f, -7.f};
+  r.actual_logprobs = {-4.f, -0.1f, -2.5f, -9.f};
+  return r;
+}
+
+void expect_same(const ScoreRequest& a, const ScoreRequest& b) {
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.model_fingerprint, b.model_fingerprint);
+  ASSERT_EQ(a.sequences.size(), b.sequences.size());
+  for (size_t s = 0; s < a.sequences.size(); ++s) {
+    EXPECT_EQ(a.sequences[s].ids, b.sequences[s].ids);
+    EXPECT_EQ(a.sequences[s].begin, b.sequences[s].begin);
+    EXPECT_EQ(a.sequences[s].end, b.sequences[s].end);
+  }
+}
+
+void expect_same(const ScoreResponse& a, const ScoreResponse& b) {
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.seq_begin, b.seq_begin);
+  EXPECT_EQ(a.row_offsets, b.row_offsets);
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.logprobs, b.logprobs);  // bit-exact floats
+  EXPECT_EQ(a.actual_logprobs, b.actual_logprobs);
+}
+
+TEST(Protocol, Crc32CheckValue) {
+  // The standard CRC-32/ISO-HDLC check value of "123456789" (also zlib.crc32(b"123456789")).
+  EXPECT_EQ(crc32("123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(crc32("", 0), 0u);
+}
+
+TEST(Protocol, BinaryLayoutIsTheDocumentedOne) {
+  // Header bytes written out by hand from docs/teacher_protocol.md.
+  ScoreRequest q;
+  q.k = 2;
+  q.temperature = 1.0;
+  q.sequences.push_back({{7, 8}, 1, 2});
+  const std::string m = encode_score_request(q);
+  ASSERT_EQ(m.size(), 24u + 4 + 4 + 8 + 4 + 12 + 8);
+  EXPECT_EQ(m.substr(0, 4), "OPDT");
+  EXPECT_EQ(static_cast<uint8_t>(m[4]), 1);  // version 1, little-endian u16
+  EXPECT_EQ(static_cast<uint8_t>(m[5]), 0);
+  EXPECT_EQ(static_cast<uint8_t>(m[6]), 1);  // kind 1 = score request
+  EXPECT_EQ(static_cast<uint8_t>(m[8]), 40);  // body bytes (u64)
+  uint32_t crc;
+  std::memcpy(&crc, m.data() + 16, 4);
+  EXPECT_EQ(crc, crc32(m.data() + 24, m.size() - 24));
+  // body: n=1, k=2, T=1.0, fingerprint length 0, then len 2, begin 1, end 2, ids 7 8
+  const unsigned char body[] = {1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xF0, 0x3F, 0, 0, 0, 0,
+                                2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0};
+  ASSERT_EQ(sizeof(body), 40u);
+  EXPECT_EQ(std::memcmp(m.data() + 24, body, 40), 0);
+}
+
+TEST(Protocol, RoundTrips) {
+  expect_same(decode_score_request(encode_score_request(sample_request())), sample_request());
+  expect_same(score_request_from_json(parse_json(score_request_to_json(sample_request()).dump(), "t")),
+              sample_request());
+  expect_same(decode_score_response(encode_score_response(sample_response())), sample_response());
+  expect_same(score_response_from_json(parse_json(score_response_to_json(sample_response()).dump(), "t")),
+              sample_response());
+}
+
+// Every proper prefix of a message is rejected with InvalidData, never read past.
+TEST(Protocol, EveryTruncationIsRejected) {
+  const std::string req = encode_score_request(sample_request());
+  const std::string res = encode_score_response(sample_response());
+  for (size_t n = 0; n < req.size(); ++n)
+    EXPECT_THROW(decode_score_request(std::string_view(req).substr(0, n)), Error) << n;
+  for (size_t n = 0; n < res.size(); ++n)
+    EXPECT_THROW(decode_score_response(std::string_view(res).substr(0, n)), Error) << n;
+}
+
+// Random byte flips: either rejected with an opd::Error or (a flip the CRC cannot see, e.g.
+// none) decoded; never a crash (the ASan build of this suite runs the same loop).
+TEST(Protocol, ByteFlipsAreRejectedOrHarmless) {
+  const std::string req = encode_score_request(sample_request());
+  const std::string res = encode_score_response(sample_response());
+  int rejected = 0;
+  for (uint64_t t = 0; t < 3000; ++t) {
+    const std::string& base = t % 2 ? req : res;
+    std::string m = base;
+    const int flips = 1 + static_cast<int>(philox_u32(3, t, 0) % 3);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = philox_u32(3, t, 1 + 2 * f) % m.size();
+      m[at] = static_cast<char>(m[at] ^ (1 + philox_u32(3, t, 2 + 2 * f) % 255));
+    }
+    try {
+      if (t % 2) decode_score_request(m);
+      else decode_score_response(m);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidData) << e.what();
+      ++rejected;
+    }
+  }
+  EXPECT_EQ(rejected, 3000);  // every flip lands in the header checks or the CRC
+}
+
+// Re-seals a body with a correct header so only the counts lie.
+std::string seal(const std::string& body, uint16_t kind) {
+  std::string m = "OPDT";
+  const uint16_t v = 1;
+  const uint64_t n = body.size();
+  const uint32_t crc = crc32(body.data(), body.size()), reserved = 0;
+  m.append(reinterpret_cast<const char*>(&v), 2);
+  m.append(reinterpret_cast<const char*>(&kind), 2);
+  m.append(reinterpret_cast<const char*>(&n), 8);
+  m.append(reinterpret_cast<const char*>(&crc), 4);
+  m.append(reinterpret_cast<const char*>(&reserved), 4);
+  return m + body;
+}
+
+template <typename T> void put(std::string& s, T v) { s.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
+
+void expect_invalid(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected an error containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidData) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Protocol, LyingCountsWithValidCrcAreRejectedBeforeAllocating) {
+  {  // 4 billion sequences in a 20-byte body
+    std::string b;
+    put<uint32_t>(b, 0xFFFFFFFFu);
+    put<int32_t>(b, 2);
+    put<double>(b, 1.0);
+    put<uint32_t>(b, 0);
+    expect_invalid([&] { decode_score_request(seal(b, 1)); }, "sequence count 4294967295");
+  }
+  {  // one sequence claiming 1e9 ids
+    std::string b;
+    put<uint32_t>(b, 1);
+    put<int32_t>(b, 2);
+    put<double>(b, 1.0);
+    put<uint32_t>(b, 0);
+    put<uint32_t>(b, 1000000000u);
+    put<uint32_t>(b, 1);
+    put<uint32_t>(b, 2);
+    put<int32_t>(b, 5);
+    expect_invalid([&] { decode_score_request(seal(b, 1)); }, "sequence ids count 1000000000");
+  }
+  {  // fingerprint length over the limit
+    std::string b;
+    put<uint32_t>(b, 0);
+    put<int32_t>(b, 2);
+    put<double>(b, 1.0);
+    put<uint32_t>(b, 100000);
+    expect_invalid([&] { decode_score_request(seal(b, 1)); }, "fingerprint length 100000");
+  }
+  {  // response: rows x k that do not match the bytes (huge k)
+    std::string b;
+    put<uint32_t>(b, 1);
+    put<int32_t>(b, 0x7FFFFFFF);
+    put<double>(b, 1.0);
+    put<int64_t>(b, 96);
+    put<uint32_t>(b, 1);
+    put<uint32_t>(b, 3);
+    put<int32_t>(b, 1);
+    expect_invalid([&] { decode_score_response(seal(b, 2)); }, "do not match");
+  }
+  {  // response: negative k
+    std::string b;
+    put<uint32_t>(b, 0);
+    put<int32_t>(b, -4);
+    put<double>(b, 1.0);
+    put<int64_t>(b, 96);
+    expect_invalid([&] { decode_score_response(seal(b, 2)); }, "k = -4");
+  }
+  {  // trailing garbage after a valid request
+    std::string m = encode_score_request(sample_request());
+    std::string body = m.substr(24) + "xx";
+    expect_invalid([&] { decode_score_request(seal(body, 1)); }, "left over");
+  }
+  // wrong kind, version, magic
+  std::string m = encode_score_request(sample_request());
+  expect_invalid([&] { decode_score_response(m); }, "message kind 1, expected 2");
+  std::string v = m;
+  v[4] = 2;
+  expect_invalid([&] { decode_score_request(v); }, "protocol version 2 is not supported");
+  expect_invalid([&] { decode_score_request("{\"k\": 1, \"sequences\": []}  and more bytes"); },
+                 "bad magic");
+}
+
+TEST(Protocol, MalformedJsonIsNamed) {
+  expect_invalid([] { parse_json("{\"k\": 3,", "score request"); }, "malformed JSON");
+  auto req = [](const char* text) { return score_request_from_json(parse_json(text, "t")); };
+  expect_invalid([&] { req("[1,2]"); }, "expected a JSON object");
+  expect_invalid([&] { req(R"({"sequences": []})"); }, "missing field 'k'");
+  expect_invalid([&] { req(R"({"k": "3", "sequences": []})"); }, "expected an integer");
+  expect_invalid([&] { req(R"({"k": 1.5, "sequences": []})"); }, "expected an integer");
+  expect_invalid([&] { req(R"({"k": -1, "sequences": []})"); }, "-1 is outside");
+  expect_invalid([&] { req(R"({"k": 1, "sequences": [{"ids": [1, 99999999999]}]})"); },
+                 "99999999999 is outside");
+  expect_invalid([&] { req(R"({"k": 1, "sequences": [{"ids": [1, 2], "bgin": 1}]})"); },
+                 "unknown field 'bgin'");
+  expect_invalid([&] { req(R"({"k": 1, "temprature": 2, "sequences": []})"); },
+                 "unknown field 'temprature'");
+  expect_invalid([&] { req(R"({"k": 1, "sequences": {"ids": [1]}})"); }, "expected an array");
+  auto res = [](const char* text) { return score_response_from_json(parse_json(text, "t")); };
+  expect_invalid([&] { res(R"({"k": 2, "temperature": 1, "vocab_size": 96, "sequences": [{"begin": 1, "ids": [[1]], "logprobs": [[-1]], "actual_logprobs": [-1]}]})"); },
+                 "expected 2 ids and logprobs");
+  expect_invalid([&] { res(R"({"k": 1, "temperature": 1, "vocab_size": 96, "sequences": [{"begin": 1, "ids": [[1]], "logprobs": [[null]], "actual_logprobs": [-1]}]})"); },
+                 "expected a number");
+}
+
+// --- vLLM ---------------------------------------------------------------------------------------
+
+std::string read_fixture(const std::string& rel) {
+  std::ifstream f(test::fixture_path(rel));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+ScoreRequest fixture_request() {
+  ScoreRequest q;
+  q.k = 2;
+  q.sequences.push_back({{5, 17, 3, 42}, 1, 4});
+  q.sequences.push_back({{7, 7, 90}, 1, 3});
+  return q;
+}
+
+TEST(VllmFormat, ParsesTheDocumentedShape) {
+  const auto j = parse_json(read_fixture("teacher/vllm_completions_prompt_logprobs.json"), "fixture");
+  ScoreRequest q = fixture_request();
+  ScoreResponse r = parse_vllm_prompt_logprobs(j, q, 96);
+  // Expected values read off the fixture by hand (top-K by rank, actual token separately).
+  EXPECT_EQ(r.k, 2);
+  EXPECT_EQ(r.temperature, 1.0);
+  EXPECT_EQ(r.seq_begin, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(r.row_offsets, (std::vector<int64_t>{0, 3, 5}));
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2, 3, 8, 41, 42, 7, 11, 12, 13}));
+  const std::vector<float> lp = {-0.6931471806f, -1.3862943611f, -0.1053605157f, -2.9957322736f,
+                                 -0.4f, -2.5f, -0.2231435513f, -1.8971199849f, -0.5108256238f,
+                                 -1.2039728043f};
+  EXPECT_EQ(r.logprobs, lp);
+  EXPECT_EQ(r.actual_logprobs,
+            (std::vector<float>{-3.0f, -0.1053605157f, -2.5f, -0.2231435513f, -9999.0f}));
+  // Scored range narrower than the prompt: only those positions.
+  q.sequences[0].begin = 2;
+  q.sequences[0].end = 3;
+  ScoreResponse n = parse_vllm_prompt_logprobs(j, q, 96);
+  EXPECT_EQ(n.row_offsets, (std::vector<int64_t>{0, 1, 3}));
+  EXPECT_EQ(n.ids[0], 3);
+  // And the parsed payload passes the loss's validation at T = 1 (topk+tail), and is refused
+  // for topk+tail at T = 2 (vLLM cannot temper), accepted for topk at T = 2.
+  LossConfig cfg;
+  EXPECT_NO_THROW(validate_teacher_payload(to_teacher_payload(r), completion_layout(fixture_request()),
+                                           96, cfg, DType::F32));
+  cfg.temperature = 2.0;
+  EXPECT_THROW(validate_teacher_payload(to_teacher_payload(r), completion_layout(fixture_request()),
+                                        96, cfg, DType::F32),
+               Error);
+  cfg.mode = SupportMode::TopK;
+  EXPECT_NO_THROW(validate_teacher_payload(to_teacher_payload(r), completion_layout(fixture_request()),
+                                           96, cfg, DType::F32));
+}
+
+TEST(VllmFormat, MalformedResponsesAreNamed) {
+  const std::string text = read_fixture("teacher/vllm_completions_prompt_logprobs.json");
+  auto mutate = [&](const std::function<void(nlohmann::json&)>& fn) {
+    auto j = parse_json(text, "fixture");
+    fn(j);
+    return j;
+  };
+  auto parse = [&](const nlohmann::json& j) { parse_vllm_prompt_logprobs(j, fixture_request(), 96); };
+  auto choice0 = [](nlohmann::json& j) -> nlohmann::json& { return j["choices"][1]; };  // index 0
+  expect_invalid([&] { parse(mutate([&](auto& j) { choice0(j)["prompt_logprobs"][0] = nlohmann::json::object(); })); },
+                 "prompt_logprobs[0] must be null");
+  expect_invalid([&] { parse(mutate([&](auto& j) { choice0(j)["prompt_logprobs"].erase(3); })); },
+                 "has 3 entries for a prompt of 4 tokens");
+  expect_invalid([&] { parse(mutate([&](auto& j) { choice0(j)["prompt_logprobs"][1].erase("17"); })); },
+                 "prompt token 17 is missing");
+  expect_invalid([&] {
+    parse(mutate([&](auto& j) {
+      choice0(j)["prompt_logprobs"][2]["50"] = {{"logprob", -5.0}, {"rank", 3}};
+      choice0(j)["prompt_logprobs"][2]["51"] = {{"logprob", -6.0}, {"rank", 4}};
+    }));
+  }, "4 entries, expected K = 2");
+  expect_invalid([&] { parse(mutate([&](auto& j) { choice0(j)["prompt_logprobs"][2]["-5"] = {{"logprob", -5.0}, {"rank", 3}}; })); },
+                 "key '-5' is not a token id");
+  expect_invalid([&] { parse(mutate([&](auto& j) { choice0(j)["prompt_logprobs"][3]["41"]["logprob"] = "x"; })); },
+                 "expected a number");
+  expect_invalid([&] { parse(mutate([&](auto& j) { j["choices"][0]["index"] = 0; })); },
+                 "index 0 appears twice");
+  expect_invalid([&] { parse(mutate([&](auto& j) { j["choices"].erase(0); })); }, "1 choices for 2 prompts");
+  expect_invalid([&] { parse(mutate([&](auto& j) { choice0(j)["prompt_logprobs"] = nullptr; })); },
+                 "was prompt_logprobs requested?");
+  // Out-of-range ids parse (they are numbers) but validation names them.
+  auto j = mutate([&](auto& j) {
+    auto& d = choice0(j)["prompt_logprobs"][2];
+    d["500"] = d["8"];
+    d.erase("8");
+  });
+  ScoreResponse r = parse_vllm_prompt_logprobs(j, fixture_request(), 96);
+  try {
+    validate_teacher_payload(to_teacher_payload(r), completion_layout(fixture_request()), 96,
+                             LossConfig{}, DType::F32);
+    ADD_FAILURE() << "id 500 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("id 500 (entry 1) is outside the student vocabulary [0, 96)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace opd
