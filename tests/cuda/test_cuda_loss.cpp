@@ -1,6 +1,6 @@
 // GPU tests of the CUDA fused lm_head + loss (loss/fused_loss_cuda.h) against the CPU version
 // (loss/fused_loss.h, itself checked against the float64 PyTorch reference): every support mode
-// x beta {0, 0.5, 1} x T {0.7, 1.3} x sft_alpha {0, 0.3}; f32 tightly against the CPU in f64, bf16
+// x beta {0, 0.1, 0.5, 0.9, 1} x T {0.7, 1, 1.3} x sft_alpha {0, 0.3}; f32 tightly against the CPU in f64, bf16
 // at bf16 tolerance against the CPU (f64) on the bf16-rounded inputs, with both logit-tile
 // dtypes; odd shapes (N = 1, V not a multiple of the tile, K = 1, K = V - 1, tiles wider than 48 KB of
 // shared memory); run-to-run determinism; the device-side guards (the CPU's errors, outputs
@@ -283,16 +283,16 @@ std::string case_name(SupportMode m, double beta, double t, double sft) {
   return buf;
 }
 
-// The sweep of the brief: mode x beta {0, 0.5, 1} x T {0.7, 1.3} x sft {0, 0.3}, 4 vocabulary
+// The sweep of issue 5: mode x beta {0, 0.1, 0.5, 0.9, 1} x T {0.7, 1, 1.3} x sft {0, 0.3}, 4 vocabulary
 // tiles (the last partial) and 3 row chunks (the last partial), plus one dispatcher run per
 // mode with the default options.
 void sweep(DType dt, DType tile_dtype, DType logprob_dtype, const Tol& tol, const char* label) {
   const Problem p = make_problem(37, 64, 1000, 8, dt, dt == DType::F32 ? 10 : 20);
   Worst worst;
-  for (double t : {0.7, 1.3}) {
+  for (double t : {0.7, 1.0, 1.3}) {
     const TeacherTopK teacher = validated_teacher(p, t, logprob_dtype);
     for (SupportMode m : kModes)
-      for (double beta : {0.0, 0.5, 1.0})
+      for (double beta : {0.0, 0.1, 0.5, 0.9, 1.0})
         for (double sft : {0.0, 0.3}) {
           LossConfig cfg;
           cfg.mode = m;
