@@ -4,6 +4,7 @@
 // The encoder double maps each UTF-8 byte to its value as id, so expected ids are the bytes of
 // the expected text and decoding is exact.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -93,7 +94,7 @@ std::vector<int32_t> ids_of(const std::string& s) {
 class DatasetTest : public ::testing::Test {
  protected:
   std::string write(const std::string& name, const std::string& content) {
-    const std::string dir = ::testing::TempDir() + "opd_data_test";
+    const std::string dir = ::testing::TempDir() + "opd_data_test_" + std::to_string(::getpid()) + "";
     std::filesystem::create_directories(dir);
     const std::string path = dir + "/" + name;
     std::ofstream(path, std::ios::binary) << content;

@@ -4,6 +4,7 @@
 // batching under max_running; stop conditions (EOS, stop token, stop strings across token
 // boundaries, max tokens); a KV budget too small for one sequence is a named error.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -416,7 +417,7 @@ namespace {
 // EOS ids come from config.json, generation_config.json (int or list) and the tokenizer.
 TEST(GenerationEosIds, UnionOfConfigGenerationConfigAndTokenizer) {
   Transformer model = Transformer::load(test::model_dir("qwen3"));  // config eos_token_id 2
-  const std::string dir = ::testing::TempDir() + "opd_eos_ids";
+  const std::string dir = ::testing::TempDir() + "opd_eos_ids_" + std::to_string(::getpid()) + "";
   std::filesystem::create_directories(dir);
   auto write_gen = [&](const std::string& body) {
     std::ofstream(dir + "/generation_config.json") << body;

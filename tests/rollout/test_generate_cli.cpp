@@ -3,6 +3,7 @@
 // seeds and n, a JSONL prompts file with ids and text, stop strings, and clear errors (exit 1,
 // message naming the problem).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <sys/wait.h>
 
@@ -85,7 +86,7 @@ TEST(GenerateCli, SeedAndNSelectTheSamples) {
 }
 
 TEST(GenerateCli, PromptsFileWithIdsAndTextAndStopStrings) {
-  const std::string path = ::testing::TempDir() + "opd_generate_prompts.jsonl";
+  const std::string path = ::testing::TempDir() + "opd_generate_prompts_" + std::to_string(::getpid()) + ".jsonl";
   {
     std::ofstream f(path);
     // Qwen3 pre-tokenization splits digits one by one: "12" -> ids 16, 17 (bytes '1', '2').
@@ -124,7 +125,7 @@ TEST(GenerateCli, PromptsFileWithIdsAndTextAndStopStrings) {
 
 TEST(GenerateCli, ErrorsNameTheProblem) {
   const std::string m = "--model " + test::model_dir("qwen3");
-  const std::string jsonl = ::testing::TempDir() + "opd_generate_bad.jsonl";
+  const std::string jsonl = ::testing::TempDir() + "opd_generate_bad_" + std::to_string(::getpid()) + ".jsonl";
   {
     std::ofstream f(jsonl);
     f << "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n";

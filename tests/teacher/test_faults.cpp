@@ -257,7 +257,7 @@ std::string run_capture(const std::string& cmd, int* status) {
 // `opd score` in-process and through a served teacher: the same JSONL, and the values are the
 // scorer's (itself checked against the dense reference in test_scorer.cpp).
 TEST(ScoreCli, InProcessAndServedGiveTheSameJsonl) {
-  const std::string in = testing::TempDir() + "opd_score_in.jsonl";
+  const std::string in = testing::TempDir() + "opd_score_in_" + std::to_string(::getpid()) + ".jsonl";
   {
     std::ofstream f(in);
     f << R"({"ids": [5, 17, 3, 42, 9, 11], "completion_start": 3})" << "\n\n"

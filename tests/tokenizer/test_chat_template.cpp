@@ -4,6 +4,7 @@
 // transformers failed. Expected strings come from tools/make_chat_fixtures.py (transformers 5.24),
 // never from opd. Plus: unsupported constructs and syntax errors name construct and line.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <ctime>
@@ -237,7 +238,7 @@ TEST(ChatTemplate, StrftimeNowReadsTheGivenClock) {
 }
 
 TEST(ChatTemplate, ModelDirWithChatTemplateJinjaAndMissingTemplate) {
-  const std::string dir = ::testing::TempDir() + "opd_chat_template_dir";
+  const std::string dir = ::testing::TempDir() + "opd_chat_template_dir_" + std::to_string(::getpid()) + "";
   std::filesystem::create_directories(dir);
   {
     std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<B>", "chat_template": "from config"})";
@@ -292,7 +293,7 @@ std::string run_capture(const std::string& cmd, int* status) {
 }
 
 TEST(ChatTemplateCli, PrintsTransformersBytes) {
-  const std::string dir = ::testing::TempDir() + "opd_chat_cli";
+  const std::string dir = ::testing::TempDir() + "opd_chat_cli_" + std::to_string(::getpid()) + "";
   std::filesystem::create_directories(dir);
   int checked = 0;
   for (const auto& c : expected()["cases"]) {
