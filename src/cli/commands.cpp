@@ -31,6 +31,7 @@ void register_commands(CLI::App& app) {
   register_train(app);
   register_eval(app);
   register_init(app);
+  register_doctor(app);
 }
 
 }  // namespace opd::cli

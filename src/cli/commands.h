@@ -26,5 +26,6 @@ void register_score(CLI::App& app);
 void register_train(CLI::App& app);  // `opd train` and `opd sft`
 void register_eval(CLI::App& app);
 void register_init(CLI::App& app);
+void register_doctor(CLI::App& app);
 
 }  // namespace opd::cli

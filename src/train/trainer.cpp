@@ -32,6 +32,7 @@
 #include "tokenizer/fingerprint.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/doctor.h"
 #include "train/eval.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -223,6 +224,7 @@ class Trainer {
   void load_data();
   void setup_teacher();
   void build_optimizer();
+  void run_doctor_checks(const ModelSide& teacher);
   void resume_if_any();
   int64_t total_steps() const;
   std::vector<Sequence> make_sequences(Source source, const std::vector<uint64_t>& picks,
@@ -331,16 +333,7 @@ void Trainer::setup_teacher() {
   if (!o_.teacher.empty()) {
     log_info("loading teacher ", o_.teacher, " (in-process)");
     scorer_ = std::make_unique<CpuScorer>(o_.teacher);
-    const TeacherInfo& ti = scorer_->info();
-    if (ti.vocab_size != sc.vocab_size || ti.fingerprint != sfp.sha256) {
-      OPD_CHECK(loss_.vocab_policy == VocabPolicy::ClipToStudent, InvalidData,
-                "teacher ", o_.teacher, " (vocab ", ti.vocab_size, ", tokenizer ",
-                ti.fingerprint.substr(0, 12), ") and student ", o_.student, " (vocab ",
-                sc.vocab_size, ", tokenizer ", sfp.sha256.substr(0, 12),
-                ") do not share a vocabulary; run `opd doctor` for details, or pass "
-                "--vocab-policy clip-to-student to drop teacher ids the student lacks");
-      log_warn("teacher and student vocabularies differ; clipping teacher ids to the student's");
-    }
+    run_doctor_checks(describe_model_dir(o_.teacher));
     if (o_.seq_kd) {
       teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
       teacher_eos_ = generation_eos_ids(o_.teacher, teacher_model_->config(), tokenizer_.get());
@@ -353,7 +346,24 @@ void Trainer::setup_teacher() {
     c.loss = loss_;
     log_info("connecting to teacher ", o_.teacher_url);
     scorer_ = std::make_unique<TeacherClient>(c);
+    ModelSide t = describe_model_dir(o_.student);  // a server reports vocab, tokenizer, EOS only
+    t.where = o_.teacher_url;
+    t.vocab_size = scorer_->info().vocab_size;
+    t.fingerprint = scorer_->info().fingerprint;
+    t.eos_ids = scorer_->info().eos_token_ids;
+    run_doctor_checks(t);
   }
+}
+
+void Trainer::run_doctor_checks(const ModelSide& teacher) {
+  const ModelSide student = describe_model_dir(o_.student);
+  std::string errors;
+  for (const auto& f : check_pair(student, teacher, loss_.vocab_policy == VocabPolicy::ClipToStudent)) {
+    if (f.severity == Severity::Warning) log_warn("doctor: ", f.check, ": ", f.message);
+    if (f.severity == Severity::Error) errors += cat("\n  ", f.check, ": ", f.message);
+  }
+  OPD_CHECK(errors.empty(), InvalidData, "teacher ", teacher.where, " and student ", o_.student,
+            " are not compatible (`opd doctor` prints every check):", errors);
 }
 
 void Trainer::build_optimizer() {

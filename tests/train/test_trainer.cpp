@@ -322,7 +322,7 @@ TEST_F(TrainerTest, BadOptionsAreNamed) {
   save_model_dir(path("other_teacher"), c, init_weights(c, 3), test::source_dir() + "/demo/tokenizer");
   o = base("bad");
   o.teacher = path("other_teacher");
-  expect_msg(o, "do not share a vocabulary");
+  expect_msg(o, "not compatible");
 }
 
 }  // namespace

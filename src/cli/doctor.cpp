@@ -1,0 +1,93 @@
+// `opd doctor --student DIR (--teacher DIR | --teacher-url URL)`: the start-up checks of
+// `opd train` on their own (train/doctor.h): vocabularies, tokenizers, special tokens, EOS ids,
+// chat templates, and a memory estimate against the machine. Exit 1 when a check fails.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "teacher/client.h"
+#include "train/doctor.h"
+
+namespace opd::cli {
+namespace {
+
+struct DoctorOptions {
+  std::string student, teacher, teacher_url, vocab_policy = "error";
+  int64_t micro_batch_tokens = 8192;
+  double kv_cache_gb = 1.0;
+};
+
+std::string gib(int64_t b) { return cat(static_cast<double>(b) / (1 << 30), " GiB"); }
+
+void run_doctor(const DoctorOptions& o) {
+  OPD_CHECK(o.teacher.empty() != o.teacher_url.empty(), InvalidArgument,
+            "give exactly one of --teacher DIR or --teacher-url URL");
+  const ModelSide s = describe_model_dir(o.student);
+  ModelSide t;
+  if (!o.teacher.empty()) {
+    t = describe_model_dir(o.teacher);
+  } else {
+    ClientOptions c;
+    c.url = o.teacher_url;
+    c.max_attempts = 2;
+    TeacherClient client(c);
+    const TeacherInfo& i = client.info();
+    t.where = o.teacher_url;
+    t.vocab_size = i.vocab_size;
+    t.fingerprint = i.fingerprint;
+    t.eos_ids = i.eos_token_ids;
+    // A server does not report special tokens or its chat template: assume the student's.
+    t.bos_token = s.bos_token;
+    t.eos_token = s.eos_token;
+    t.pad_token = s.pad_token;
+    t.has_chat_template = s.has_chat_template;
+    t.chat_template = s.chat_template;
+  }
+  std::printf("student  %s: vocab %lld, %lld parameters\n", s.where.c_str(),
+              static_cast<long long>(s.vocab_size), static_cast<long long>(s.num_parameters));
+  std::printf("teacher  %s: vocab %lld%s\n", t.where.c_str(), static_cast<long long>(t.vocab_size),
+              t.num_parameters ? cat(", ", t.num_parameters, " parameters").c_str() : "");
+  int errors = 0, warnings = 0;
+  for (const auto& f : check_pair(s, t, o.vocab_policy == "clip-to-student")) {
+    const char* tag = f.severity == Severity::Ok ? "ok   " : f.severity == Severity::Warning ? "WARN " : "ERROR";
+    errors += f.severity == Severity::Error;
+    warnings += f.severity == Severity::Warning;
+    std::printf("%s %-15s %s\n", tag, f.check.c_str(), f.message.c_str());
+  }
+  const MemoryEstimate m = estimate_memory(s, o.teacher.empty() ? nullptr : &t,
+                                           o.micro_batch_tokens, o.kv_cache_gb);
+  const int64_t avail = available_host_memory();
+  const bool fits = avail == 0 || m.total() <= avail;
+  std::printf("%s memory          CPU run needs ~%s (weights %s, grads %s, AdamW %s, activations "
+              "%s at %lld tokens/micro-batch, KV cache %s, teacher %s); available %s\n",
+              fits ? "ok   " : "WARN ", gib(m.total()).c_str(), gib(m.weights).c_str(),
+              gib(m.grads).c_str(), gib(m.optimizer).c_str(), gib(m.activations).c_str(),
+              static_cast<long long>(o.micro_batch_tokens), gib(m.kv_cache).c_str(),
+              gib(m.teacher).c_str(), avail ? gib(avail).c_str() : "unknown");
+  warnings += !fits;
+  std::printf("%d error(s), %d warning(s)\n", errors, warnings);
+  if (errors) set_exit_code(1);
+}
+
+}  // namespace
+
+void register_doctor(CLI::App& app) {
+  auto o = std::make_shared<DoctorOptions>();
+  CLI::App* c = app.add_subcommand(
+      "doctor", "Check a teacher/student pair before training: vocabularies, tokenizers, "
+                "special tokens, EOS ids, chat templates, memory (exit 1 on an error)");
+  c->add_option("--student", o->student, "student model directory")->required();
+  c->add_option("--teacher", o->teacher, "teacher model directory");
+  c->add_option("--teacher-url", o->teacher_url, "remote teacher (opd serve / vLLM)");
+  c->add_option("--vocab-policy", o->vocab_policy, "error | clip-to-student (as opd train)")
+      ->capture_default_str();
+  c->add_option("--micro-batch-tokens", o->micro_batch_tokens, "tokens per micro-batch for the "
+                "activation estimate")->capture_default_str();
+  c->add_option("--kv-cache-gb", o->kv_cache_gb, "rollout KV cache budget")->capture_default_str();
+  c->callback([o] { run_doctor(*o); });
+}
+
+}  // namespace opd::cli
