@@ -27,8 +27,16 @@ run() {  # name, limit_s, command...
 }
 if [[ "$what" == tests || "$what" == all ]]; then
   run cuda 300 $B/test_cuda
+  # The generation/scoring kernels' large-shape tests (W1 batch, V = 151936 against the CPU)
+  # are left to the plain run; memcheck_gen covers their kernels on the small shapes.
   run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='-*PeakScratch*:*DISABLED*:*HugeRequest*'
+      --gtest_filter='-*PeakScratch*:*DISABLED*:*HugeRequest*:CudaPagedAttention.*:CudaTopKLmHead.*:CudaSampler.*'
+  run memcheck_gen 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
+  # --kernel-name: only opd's kernels (the top-K tests also run cuBLAS GEMMs, see above).
+  run racecheck_gen 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name 'regex:paged_attention|kv_cache_store|sample_kernel|topk_' $B/test_cuda \
+      --gtest_filter='CudaPagedAttention.RawApiForcedSplitsAndBatches:CudaTopKLmHead.DeterministicBitIdentical:CudaSampler.ChiSquare*'
   # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards
   # inside cuBLAS's split-K kernels (nvjet_*_splitK), which are not ours.
   run racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_cuda \

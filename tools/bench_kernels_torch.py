@@ -14,6 +14,10 @@ else bf16 product + f32 add, autograd's path), F.rms_norm (+ the residual add), 
 apply_rotary_pos_emb with precomputed cos/sin, F.silu(g) * u, F.embedding and
 aten.embedding_dense_backward, F.cross_entropy(reduction="none"), torch.optim.AdamW(fused=True)
 + a foreach copy to the bf16 weights (+ clip_grad_norm_ for the clipped step).
+Generation/scoring kernels: decode attention = F.scaled_dot_product_attention(enable_gqa) over a
+dense contiguous KV cache [64, 8, ctx, 128] (HF static-cache style; no paging), sampling = HF's
+warpers (top-k, top-p by sort + cumsum, min-p) + softmax + torch.multinomial, top-K lm_head =
+dense logits (F.linear) -> float -> log_softmax -> topk(64) + gather of the actual token.
 """
 import argparse
 import json
@@ -248,6 +252,64 @@ def cases():
     out.append(("adamw.step", f"{numel} params", False, 30.0 * numel, 30.0 * numel, adamw(False)))
     out.append(("adamw.step_clipped", f"{numel} params", False, 34.0 * numel, 34.0 * numel,
                 adamw(True)))
+
+    # ---- generation / scoring (issues 6, 7): same names as opd's add_generation_cases.
+    for ctx in (256, 512, 768):
+        B = 64
+        kv = 2.0 * B * ctx * KV_HEADS * HEAD_DIM * 2
+        nbytes = kv + 2.0 * B * HEADS * HEAD_DIM * 2
+
+        def decode(s, ctx=ctx, B=B):
+            q = rand((B, HEADS, 1, HEAD_DIM))
+            k, v = rand((B, KV_HEADS, ctx, HEAD_DIM)), rand((B, KV_HEADS, ctx, HEAD_DIM))
+            return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        out.append((f"paged_attention.decode_ctx{ctx}", f"{B}x{HEADS}/{KV_HEADS}x{HEAD_DIM} bs16",
+                    False, nbytes, nbytes, decode))
+
+    def sample(filtered):
+        def make(s):
+            z = rand((64, V), torch.float32, -8, 8)
+            gen = torch.Generator(device=DEV)
+            gen.manual_seed(7 + s)
+
+            def f():
+                x = z
+                if filtered:
+                    kth = torch.topk(x, 50, dim=-1).values[:, -1:]
+                    x = x.masked_fill(x < kth, -math.inf)
+                    sx, idx = torch.sort(x, descending=True, dim=-1)
+                    cum = sx.softmax(-1).cumsum(-1)
+                    drop = cum - sx.softmax(-1) >= 0.9
+                    sx = sx.masked_fill(drop, -math.inf)
+                    x = torch.full_like(x, -math.inf).scatter(-1, idx, sx)
+                    p = x.softmax(-1)
+                    x = x.masked_fill(p < 0.02 * p.max(-1, keepdim=True).values, -math.inf)
+                p = x.softmax(-1)
+                ids = torch.multinomial(p, 1, generator=gen)
+                return ids, torch.log_softmax(z, -1).gather(-1, ids)
+            return f
+        return make
+
+    out.append(("sample.t1", f"64x{V} f32", False, 4.0 * 64 * V, 4.0 * 64 * V, sample(False)))
+    out.append(("sample.topk50_topp0.9_minp0.02", f"64x{V} f32", False, 4.0 * 64 * V,
+                4.0 * 64 * V, sample(True)))
+
+    R, HT, K = 4096, 2048, 64
+
+    def topk_lm_head(s):
+        h, w = rand((R, HT)), rand((V, HT), lo=-0.05, hi=0.05)
+        actual = torch.randint(0, V, (R, 1), device=DEV)
+
+        def f():
+            lp = F.linear(h, w).float().log_softmax(-1)
+            top = lp.topk(K, dim=-1)
+            return top, lp.gather(-1, actual)
+        return f
+
+    for tile, chunk in ((16384, 2048), (8192, 4096)):
+        out.append((f"topk_lm_head.k64_tile{tile}_chunk{chunk}", f"{R}x{HT}x{V}", True,
+                    2.0 * R * HT * V, 2.0 * (R + V) * HT, topk_lm_head))
     return out
 
 

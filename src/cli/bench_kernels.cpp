@@ -30,6 +30,8 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/ops.h"
+#include "rollout/sampler_cuda.h"
+#include "teacher/topk_lm_head_cuda.h"
 #include "train/optimizer.h"
 #endif
 
@@ -186,6 +188,158 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
                        for (int s = 0; s < n; ++s) sets->push_back(make(s));
                    },
                    [sets, call](int s) { call((*sets)[s]); }, nullptr, syncs});
+}
+
+// Rollout and scoring kernels (issues 6 and 7) at the W1 shapes:
+// - paged_attention.decode: 64 sequences, one query row each, 16 q / 8 kv heads, head_dim 128,
+//   blocks of 16 (shuffled), contexts 256/512/768; bytes = the K/V read (the floor) + q + out.
+// - sample: one draw per row of f32 logits [64, 151936] (T = 1 without filters, and with top-k 50
+//   + top-p 0.9 + min-p 0.02); bytes = one read of the logits.
+// - topk_lm_head: R = 4096 rows, H = 2048 (teacher), V = 151936, K = 64, bf16, in TFLOP/s of the
+//   lm_head GEMM (2 R H V); the "vs cuBLAS" column is the same GEMM alone into a dense
+//   [R, V] f32 buffer (what a dense scorer does before its softmax/top-k).
+void add_generation_cases(std::vector<Case>& cases) {
+  const DType bf = DType::BF16;
+  for (int64_t ctx : {256, 512, 768}) {
+    const int64_t B = 64, hq = kHeads, hkv = kKvHeads, d = kHeadDim, bs = 16;
+    const int64_t per_seq = (ctx + bs - 1) / bs, num_blocks = B * per_seq;
+    const double kv_bytes = 2.0 * B * ctx * hkv * d * 2;
+    const double bytes = kv_bytes + 2.0 * B * hq * d * 2;
+    // One group per rotating set: q, caches, out, indices, workspace, and the call's arguments.
+    struct Set {
+      Tensors t;
+      Tensor ws;
+      cuda::PagedAttentionArgs a;
+    };
+    auto sets = std::make_shared<std::vector<Set>>();
+    cases.push_back(
+        {cat("paged_attention.decode_ctx", ctx), cat(B, "x", hq, "/", hkv, "x", d, " bs16"), false,
+         bytes, bytes,
+         [=](int n) {
+           if (!sets->empty()) return;
+           std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+           for (int64_t i = 0; i < num_blocks; ++i) perm[i] = static_cast<int32_t>((i * 7919) % num_blocks);
+           std::vector<int32_t> cu(B + 1), lens(B, static_cast<int32_t>(ctx));
+           for (int64_t b = 0; b <= B; ++b) cu[b] = static_cast<int32_t>(b);
+           for (int s = 0; s < n; ++s) {
+             Set set;
+             set.t = Tensors{dev_rand({B, hq, d}, bf, 900 + s), dev_rand({num_blocks, bs, hkv, d}, bf, 901 + s),
+                             dev_rand({num_blocks, bs, hkv, d}, bf, 902 + s),
+                             Tensor::empty({B, hq, d}, bf, Device::CUDA),
+                             Tensor::from_vector(cu, {B + 1}).to(Device::CUDA),
+                             Tensor::from_vector(lens, {B}).to(Device::CUDA),
+                             Tensor::from_vector(perm, {B, per_seq}).to(Device::CUDA)};
+             cuda::PagedAttentionArgs& a = set.a;
+             a.q = set.t[0].raw();
+             a.k_cache = set.t[1].raw();
+             a.v_cache = set.t[2].raw();
+             a.out = set.t[3].raw();
+             a.cu_seqlens_q = set.t[4].data<int32_t>();
+             a.seq_lens = set.t[5].data<int32_t>();
+             a.block_tables = set.t[6].data<int32_t>();
+             a.batch = B;
+             a.total_q = B;
+             a.hq = hq;
+             a.hkv = hkv;
+             a.head_dim = d;
+             a.num_blocks = num_blocks;
+             a.block_size = bs;
+             a.max_blocks = per_seq;
+             a.max_q_len = 1;
+             a.max_seq_len = ctx;
+             a.scale = 1.0 / std::sqrt(static_cast<double>(d));
+             a.dtype = bf;
+             const cuda::PagedAttentionLaunch l = cuda::paged_attention_launch(a);
+             set.ws = Tensor::empty({static_cast<int64_t>(l.workspace_bytes / 4) + 1}, DType::I32,
+                                    Device::CUDA);
+             if (s == 0)
+               std::fprintf(stderr, "  paged_attention ctx %lld: %d splits of %d positions, %d rows/CTA\n",
+                            static_cast<long long>(ctx), l.num_splits, l.split_tokens, l.rows_per_cta);
+             sets->push_back(std::move(set));
+           }
+         },
+         [=](int s) { cuda::paged_attention((*sets)[s].a, (*sets)[s].ws.raw(), g_stream); }, nullptr});
+  }
+  for (int filtered = 0; filtered < 2; ++filtered) {
+    const int64_t B = 64, V = kVocab;
+    auto t = std::make_shared<Tensors>();
+    auto params = std::make_shared<Tensor>();
+    cases.push_back(
+        {filtered ? "sample.topk50_topp0.9_minp0.02" : "sample.t1", cat(B, "x", V, " f32"), false,
+         4.0 * B * V, 4.0 * B * V,
+         [=](int n) {
+           if (!t->empty()) return;
+           std::vector<cuda::SampleRowParams> rows(static_cast<size_t>(B));
+           for (int64_t b = 0; b < B; ++b) {
+             rows[b].seed = 7;
+             rows[b].stream_key = static_cast<uint64_t>(b) * 0x9e3779b97f4a7c15ull;
+             if (filtered) {
+               rows[b].top_k = 50;
+               rows[b].top_p = 0.9;
+               rows[b].min_p = 0.02;
+             }
+           }
+           *params = Tensor::empty({static_cast<int64_t>(rows.size() * sizeof(rows[0]))}, DType::I32, Device::CUDA);
+           OPD_CUDA_CHECK(cudaMemcpy(params->raw(), rows.data(), rows.size() * sizeof(rows[0]),
+                                     cudaMemcpyHostToDevice));
+           // t[0]: outputs; t[1 + s]: the logits of rotating set s.
+           *t = Tensors{Tensor::empty({3 * B + 1}, DType::I32, Device::CUDA)};
+           for (int s = 0; s < n; ++s) t->push_back(dev_rand({B, V}, DType::F32, 910 + s, -8, 8));
+         },
+         [=](int s) {
+           int32_t* out = (*t)[0].data<int32_t>();
+           cuda::sample_rows((*t)[1 + s].data<float>(), B, V,
+                             static_cast<const cuda::SampleRowParams*>(params->raw()), out,
+                             reinterpret_cast<float*>(out + B), reinterpret_cast<float*>(out + 2 * B),
+                             nullptr, g_stream);
+         },
+         nullptr});
+  }
+  struct TopK {
+    int64_t tile, chunk;
+  };
+  for (TopK cfg : {TopK{16384, 2048}, TopK{8192, 4096}}) {
+    const int64_t R = 4096, H = 2048, V = kVocab, K = 64;
+    auto t = std::make_shared<Tensors>();
+    auto dense = std::make_shared<Tensor>();
+    auto args = std::make_shared<cuda::TopKLmHeadCudaArgs>();
+    const double flops = 2.0 * R * H * V;
+    cases.push_back(
+        {cat("topk_lm_head.k64_tile", cfg.tile, "_chunk", cfg.chunk), cat(R, "x", H, "x", V), true,
+         flops, 2.0 * (R + V) * H,
+         [=](int) {
+           if (!t->empty()) return;
+           const size_t ws = cuda::topk_lm_head_cuda_workspace_bytes(R, V, K, cfg.tile, cfg.chunk);
+           *t = Tensors{dev_rand({R, H}, bf, 920), dev_rand({V, H}, bf, 921, -0.05f, 0.05f),
+                        dev_ints({R}, 922, 0, static_cast<int32_t>(V)),
+                        Tensor::empty({R, K}, DType::I32, Device::CUDA),
+                        Tensor::empty({R, K}, DType::F32, Device::CUDA),
+                        Tensor::empty({R}, DType::F32, Device::CUDA),
+                        Tensor::empty({static_cast<int64_t>(ws / 4) + 1}, DType::I32, Device::CUDA)};
+           cuda::TopKLmHeadCudaArgs& a = *args;
+           a.hidden = (*t)[0].raw();
+           a.lm_head = (*t)[1].raw();
+           a.dtype = bf;
+           a.rows = R;
+           a.hidden_dim = H;
+           a.vocab = V;
+           a.actual = (*t)[2].data<int32_t>();
+           a.k = K;
+           a.vocab_tile = cfg.tile;
+           a.row_chunk = cfg.chunk;
+           a.ids = (*t)[3].data<int32_t>();
+           a.logprobs = (*t)[4].data<float>();
+           a.actual_logprobs = (*t)[5].data<float>();
+           std::fprintf(stderr, "  topk_lm_head workspace %.1f MB (dense [R, V] f32: %.1f MB)\n",
+                        ws / 1e6, 4.0 * R * V / 1e6);
+         },
+         [=](int) { cuda::topk_lm_head_cuda(*args, (*t)[6].raw(), g_stream); },
+         [=](int) {
+           if (!dense->defined()) *dense = Tensor::empty({R, V}, DType::F32, Device::CUDA);
+           cuda::linear_forward((*t)[0].raw(), (*t)[1].raw(), nullptr, R, H, V, bf, DType::F32,
+                                dense->raw(), g_stream);
+         }});
+  }
 }
 
 std::vector<Case> build_cases() {
@@ -364,6 +518,7 @@ std::vector<Case> build_cases() {
   cases.push_back({"adamw.step_clipped", cat(static_cast<int64_t>(numel), " params"), false,
                    34.0 * numel, 34.0 * numel, adamw_setup,
                    [=](int) { (*opt)->step(1e-5, 1.0); }, nullptr, true});
+  add_generation_cases(cases);
   return cases;
 }
 

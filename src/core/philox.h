@@ -57,4 +57,13 @@ OPD_HD float philox_uniform(uint64_t seed, uint64_t stream_id, uint64_t i) {
   return static_cast<float>(philox_u32(seed, stream_id, i) >> 8) * (1.0f / 16777216.0f);
 }
 
+// Uniform double in [0, 1) from one Philox block: the top 53 bits of words 0..1 of
+// philox4x32(ctr, seed) scaled by 2^-53 (exactly representable). The rollout sampler's draw
+// (rollout/sampler.h); the CUDA sampler calls the same function so a row draws the same u.
+OPD_HD double philox_uniform53(Philox4 ctr, uint64_t seed) {
+  Philox4 r = philox4x32(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const uint64_t bits = ((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) >> 11;
+  return static_cast<double>(bits) * (1.0 / 9007199254740992.0);
+}
+
 }  // namespace opd

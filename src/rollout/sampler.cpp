@@ -3,11 +3,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "core/tensor.h"
+#ifdef OPD_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/allocator.h"    // DeviceBuffer, current_stream
+#include "core/cuda/stream.h"       // OPD_CUDA_CHECK
+#include "rollout/sampler_cuda.h"   // the kernel
+#endif
 
 namespace opd {
 
@@ -34,9 +43,7 @@ uint64_t prompt_stream_key(std::span<const int32_t> prompt) {
 double sampling_uniform(uint64_t seed, uint64_t stream_key, uint32_t sample_index, uint32_t step) {
   Philox4 ctr{{step, sample_index, static_cast<uint32_t>(stream_key),
                static_cast<uint32_t>(stream_key >> 32)}};
-  Philox4 r = philox4x32(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const uint64_t bits = ((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) >> 11;
-  return static_cast<double>(bits) * 0x1.0p-53;
+  return philox_uniform53(ctr, seed);
 }
 
 namespace {
@@ -127,6 +134,73 @@ SampledToken sample_token(const float* z, int64_t vocab, const SamplingParams& p
   for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v]) - m);
   out.model_logprob = static_cast<double>(z[out.id]) - m - std::log(sum);
   return out;
+}
+
+std::vector<SampledToken> sample_tokens_cuda(const Tensor& logits,
+                                             std::span<const SamplingParams> params,
+                                             std::span<const SampleStream> streams) {
+#ifndef OPD_WITH_CUDA
+  (void)logits;
+  (void)params;
+  (void)streams;
+  OPD_FAIL(Unsupported, "sample_tokens_cuda: this build has no CUDA backend");
+#else
+  OPD_CHECK(logits.defined() && logits.device() == Device::CUDA && logits.dtype() == DType::F32 &&
+                logits.ndim() == 2,
+            InvalidArgument, "sample_tokens_cuda: logits must be CUDA f32 [B, V], got ",
+            logits.describe());
+  const int64_t B = logits.dim(0), V = logits.dim(1);
+  OPD_CHECK(static_cast<int64_t>(params.size()) == B && static_cast<int64_t>(streams.size()) == B,
+            InvalidArgument, "sample_tokens_cuda: ", params.size(), " params and ",
+            streams.size(), " streams for ", B, " rows");
+  OPD_CHECK(V >= 1, InvalidArgument, "sampling: empty vocabulary");
+  std::vector<SampledToken> out(static_cast<size_t>(B));
+  if (B == 0) return out;
+  std::vector<cuda::SampleRowParams> rows(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const SamplingParams& p = params[static_cast<size_t>(b)];
+    p.validate();
+    cuda::SampleRowParams& r = rows[static_cast<size_t>(b)];
+    r.temperature = p.temperature;
+    r.top_p = p.top_p;
+    r.min_p = p.min_p;
+    r.top_k = p.top_k;
+    r.seed = p.seed;
+    r.stream_key = streams[static_cast<size_t>(b)].stream_key;
+    r.sample_index = streams[static_cast<size_t>(b)].sample_index;
+    r.step = streams[static_cast<size_t>(b)].step;
+  }
+  cudaStream_t stream = cuda::current_stream();
+  const size_t param_bytes = rows.size() * sizeof(cuda::SampleRowParams);
+  const size_t result_bytes = static_cast<size_t>(B) * 12 + sizeof(unsigned);
+  cuda::DeviceBuffer dparams(param_bytes, stream), dresults(result_bytes, stream);
+  OPD_CUDA_CHECK(cudaMemcpyAsync(dparams.get(), rows.data(), param_bytes, cudaMemcpyHostToDevice,
+                                 stream));
+  int32_t* ids = dresults.as<int32_t>();
+  float* slp = reinterpret_cast<float*>(ids + B);
+  float* mlp = slp + B;
+  unsigned* flag = reinterpret_cast<unsigned*>(mlp + B);
+  OPD_CUDA_CHECK(cudaMemsetAsync(flag, 0xff, sizeof(unsigned), stream));
+  cuda::sample_rows(logits.data<float>(), B, V, dparams.as<cuda::SampleRowParams>(), ids, slp, mlp,
+                    flag, stream);
+  std::vector<char> host(result_bytes);
+  OPD_CUDA_CHECK(cudaMemcpyAsync(host.data(), dresults.get(), result_bytes,
+                                 cudaMemcpyDeviceToHost, stream));
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int32_t* hid = reinterpret_cast<const int32_t*>(host.data());
+  const float* hs = reinterpret_cast<const float*>(hid + B);
+  const float* hm = hs + B;
+  unsigned hflag;
+  std::memcpy(&hflag, hm + B, sizeof(unsigned));
+  OPD_CHECK(hflag == 0xffffffffu, InvalidData, "sampling: row ", hflag,
+            " of the logits has a non-finite value");
+  for (int64_t b = 0; b < B; ++b) {
+    out[static_cast<size_t>(b)].id = hid[b];
+    out[static_cast<size_t>(b)].sampling_logprob = hs[b];
+    out[static_cast<size_t>(b)].model_logprob = hm[b];
+  }
+  return out;
+#endif
 }
 
 }  // namespace opd

@@ -29,6 +29,8 @@
 
 namespace opd {
 
+class Tensor;  // core/tensor.h
+
 struct SamplingParams {
   double temperature = 1.0;  // >= 0; 0 = greedy
   double top_p = 1.0;        // (0, 1]; 1 = off
@@ -61,5 +63,20 @@ void sampling_distribution(const float* logits, int64_t vocab, const SamplingPar
 // Draws one token with uniform u (ignored for greedy). scratch is reused between calls.
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
                           double u, std::vector<double>& scratch);
+
+// Where a row's uniform comes from: sampling_uniform(params.seed, stream_key, sample_index, step).
+struct SampleStream {
+  uint64_t stream_key = 0;
+  uint32_t sample_index = 0;
+  uint32_t step = 0;
+};
+
+// GPU sampling (rollout/sampler_cuda.h): logits f32 [B, V] on the device stay there; row b is
+// drawn with params[b] (validated) and the uniform of streams[b], the same u the CPU draws.
+// Only the B results come back (12 B bytes). The CPU path of the engine calls sample_token.
+// Throws InvalidData naming the first row with a non-finite logit; Unsupported without CUDA.
+std::vector<SampledToken> sample_tokens_cuda(const Tensor& logits,
+                                             std::span<const SamplingParams> params,
+                                             std::span<const SampleStream> streams);
 
 }  // namespace opd

@@ -4,11 +4,20 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
+#ifdef OPD_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/allocator.h"        // DeviceBuffer, current_stream
+#include "core/cuda/stream.h"           // OPD_CUDA_CHECK
+#include "kernels/cuda/cuda_ops.h"      // check_indices
+#include "teacher/topk_lm_head_cuda.h"  // the kernels
+#endif
 
 namespace opd {
 
@@ -40,7 +49,115 @@ int64_t topk_lm_head_scratch_bytes(int64_t rows, int64_t vocab, int64_t vocab_ti
   return std::min(rows, row_chunk) * std::min(vocab_tile, vocab) * 4;
 }
 
+TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& lm_head,
+                                           const Tensor& actual, int64_t k, double temperature,
+                                           bool want_ranks, int64_t vocab_tile,
+                                           int64_t row_chunk) {
+#ifndef OPD_WITH_CUDA
+  OPD_FAIL(Unsupported, "topk_lm_head on CUDA: this build has no CUDA backend");
+#else
+  const DType dt = hidden.dtype();
+  OPD_CHECK(hidden.defined() && lm_head.defined() && hidden.device() == Device::CUDA &&
+                lm_head.device() == Device::CUDA && (dt == DType::BF16 || dt == DType::F32) &&
+                lm_head.dtype() == dt && hidden.ndim() == 2 && lm_head.ndim() == 2 &&
+                hidden.dim(1) == lm_head.dim(1),
+            InvalidArgument, "topk_lm_head on CUDA: hidden ", hidden.describe(), " and lm_head ",
+            lm_head.describe(), " must be CUDA [N, H] and [V, H] of one dtype (bf16 or f32)");
+  const int64_t N = hidden.dim(0), V = lm_head.dim(0);
+  OPD_CHECK(k >= 0 && k <= V, InvalidArgument, "topk_lm_head: k = ", k, " is outside [0, ", V, "]");
+  OPD_CHECK(k <= cuda::kTopKLmHeadMaxK, Unsupported, "topk_lm_head on CUDA: k = ", k,
+            " exceeds ", cuda::kTopKLmHeadMaxK);
+  OPD_CHECK(std::isfinite(temperature) && temperature > 0, InvalidArgument,
+            "topk_lm_head: temperature ", temperature, " must be finite and > 0");
+  OPD_CHECK(vocab_tile > 0 && row_chunk > 0, InvalidArgument, "topk_lm_head: vocab_tile ",
+            vocab_tile, " and row_chunk ", row_chunk, " must be > 0");
+  cudaStream_t stream = cuda::current_stream();
+  Tensor actual_dev;
+  if (actual.defined()) {
+    OPD_CHECK(actual.dtype() == DType::I32 && actual.ndim() == 1 && actual.dim(0) == N,
+              InvalidArgument, "topk_lm_head: actual must be i32 [", N, "], got ",
+              actual.describe());
+    actual_dev = actual.device() == Device::CUDA ? actual : actual.to(Device::CUDA);
+    const cuda::IndexCheckResult r = cuda::check_indices(
+        actual_dev.data<int32_t>(), N, cuda::IndexRule::InRangeOrNone, V, stream);
+    OPD_CHECK(r.first_bad_row < 0, InvalidData, "topk_lm_head: row ", r.first_bad_row,
+              ": actual token id ", r.value, " is outside the vocabulary [0, ", V, ")");
+  }
+  TopKLmHeadDeviceResult out;
+  out.ids = Tensor::empty({N, k}, DType::I32, Device::CUDA);
+  out.logprobs = Tensor::empty({N, k}, DType::F32, Device::CUDA);
+  out.actual_logprobs = Tensor::empty({N}, DType::F32, Device::CUDA);
+  if (want_ranks) out.actual_ranks = Tensor::empty({N}, DType::I32, Device::CUDA);
+  if (N == 0) return out;
+  const size_t ws_bytes = cuda::topk_lm_head_cuda_workspace_bytes(N, V, k, vocab_tile, row_chunk);
+  cuda::DeviceBuffer workspace(ws_bytes, stream);
+  cuda::DeviceBuffer flags(2 * sizeof(unsigned), stream);
+  OPD_CUDA_CHECK(cudaMemsetAsync(flags.get(), 0xff, 2 * sizeof(unsigned), stream));
+  cuda::TopKLmHeadCudaArgs a;
+  a.hidden = hidden.raw();
+  a.lm_head = lm_head.raw();
+  a.dtype = dt;
+  a.rows = N;
+  a.hidden_dim = hidden.dim(1);
+  a.vocab = V;
+  a.actual = actual_dev.defined() ? actual_dev.data<int32_t>() : nullptr;
+  a.k = k;
+  a.temperature = temperature;
+  a.want_ranks = want_ranks;
+  a.vocab_tile = vocab_tile;
+  a.row_chunk = row_chunk;
+  a.ids = k > 0 ? out.ids.data<int32_t>() : nullptr;
+  a.logprobs = k > 0 ? out.logprobs.data<float>() : nullptr;
+  a.actual_logprobs = out.actual_logprobs.data<float>();
+  a.actual_ranks = want_ranks ? out.actual_ranks.data<int32_t>() : nullptr;
+  a.error_flag = flags.as<unsigned>();
+  cuda::topk_lm_head_cuda(a, workspace.get(), stream);
+  unsigned host_flags[2];
+  OPD_CUDA_CHECK(cudaMemcpyAsync(host_flags, flags.get(), sizeof(host_flags),
+                                 cudaMemcpyDeviceToHost, stream));
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (host_flags[0] != 0xffffffffu) {
+    const int64_t r = host_flags[0];
+    const int32_t id = cuda::topk_lm_head_cuda_bad_id(workspace.get(), N, V, k, vocab_tile,
+                                                      row_chunk, r, stream);
+    OPD_FAIL(Internal, "teacher scoring: row ", r, ": logit of id ", id,
+             " is not finite (the teacher model produced NaN/inf)");
+  }
+  OPD_CHECK(host_flags[1] == 0xffffffffu, Internal, "topk_lm_head on CUDA: row ", host_flags[1],
+            ": actual id changed after validation");
+  return out;
+#endif
+}
+
 TopKLmHeadResult topk_lm_head(const TopKLmHeadArgs& a) {
+  if (a.hidden.defined() && a.hidden.device() == Device::CUDA) {
+    OPD_CHECK(!a.sample, Unsupported, "topk_lm_head on CUDA: sampling is CPU-only");
+    const int64_t N = a.hidden.dim(0);
+    OPD_CHECK(a.actual.empty() || static_cast<int64_t>(a.actual.size()) == N, InvalidArgument,
+              "topk_lm_head: ", a.actual.size(), " actual ids for ", N, " rows");
+    Tensor actual;
+    if (!a.actual.empty()) actual = Tensor::from_vector(a.actual, {N});
+    const bool ranks = a.want_ranks && !a.actual.empty();
+    TopKLmHeadDeviceResult d = topk_lm_head_device(a.hidden, a.lm_head, actual, a.k,
+                                                   a.temperature, ranks, a.vocab_tile,
+                                                   a.row_chunk);
+    TopKLmHeadResult out;
+    auto copy = [](const Tensor& t, auto& vec) {
+      using E = typename std::decay_t<decltype(vec)>::value_type;
+      Tensor h = t.to(Device::CPU);
+      const E* p = h.data<E>();
+      vec.assign(p, p + h.numel());
+    };
+    copy(d.ids, out.ids);
+    copy(d.logprobs, out.logprobs);
+    copy(d.actual_logprobs, out.actual_logprobs);
+    if (ranks) {
+      std::vector<int32_t> r;
+      copy(d.actual_ranks, r);
+      out.actual_ranks.assign(r.begin(), r.end());
+    }
+    return out;
+  }
   OPD_CHECK(a.hidden.dtype() == DType::F32 && a.lm_head.dtype() == DType::F32 &&
                 a.hidden.ndim() == 2 && a.lm_head.ndim() == 2 &&
                 a.hidden.dim(1) == a.lm_head.dim(1),

@@ -12,9 +12,11 @@
 //   topk_lm_head_scratch_bytes = min(N, row_chunk) * min(tile, V) * 4       logit tile (f32)
 // plus per-row state on the host heap: N * (K * 8 + 48) bytes. Never O(N x V).
 //
-// CUDA contract (to mirror this file): cuBLASLt GEMM of a [rows_chunk, tile] bf16/f32 tile,
-// then one warp per row keeps the online LSE and a register/shared-memory top-K; identical
-// ordering rule; ids of `actual` outside [0, V) are rejected on the host before the launch.
+// CUDA (teacher/topk_lm_head_cuda.{h,cu}): when hidden and lm_head are CUDA tensors (bf16 or
+// f32) the same function runs cuBLASLt tiles + one CTA per row (online LSE, running top-K merged
+// across tiles by radix select), same ordering rule; sampling is CPU-only. Device memory:
+// topk_lm_head_cuda_workspace_bytes (O(N x K + row_chunk x tile)) plus the outputs.
+// topk_lm_head_device is the seam for a CUDA scorer: device hidden rows in, device results out.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +53,24 @@ struct TopKLmHeadResult {
 };
 
 // Throws InvalidArgument for shapes/options, InvalidData for an actual id outside [0, V) and
-// Internal for a non-finite logit (naming the row and id).
+// Internal for a non-finite logit (naming the row and id). CPU tensors: f32; CUDA tensors:
+// bf16 or f32 (hidden and lm_head of one dtype), results copied back to the host.
 TopKLmHeadResult topk_lm_head(const TopKLmHeadArgs& args);
+
+// Results left on the device (CUDA).
+struct TopKLmHeadDeviceResult {
+  Tensor ids;              // i32 [N, k]
+  Tensor logprobs;         // f32 [N, k]
+  Tensor actual_logprobs;  // f32 [N]: NaN where actual is -1 or undefined
+  Tensor actual_ranks;     // i32 [N] when want_ranks (0 where actual = -1)
+};
+// hidden [N, H] and lm_head [V, H]: CUDA, bf16 or f32 (one dtype). actual: i32 [N] on the GPU
+// (or the CPU), -1 = none, or undefined. Checks actual ids on the device first (InvalidData as
+// above), then runs on the current stream and synchronizes once to read the error flags.
+TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& lm_head,
+                                           const Tensor& actual, int64_t k, double temperature,
+                                           bool want_ranks = false, int64_t vocab_tile = 16384,
+                                           int64_t row_chunk = 2048);
 
 int64_t topk_lm_head_scratch_bytes(int64_t rows, int64_t vocab, int64_t vocab_tile,
                                    int64_t row_chunk);

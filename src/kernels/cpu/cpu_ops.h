@@ -63,6 +63,11 @@ template <typename T>
 void kv_cache_store(const T* k, const T* v, const int32_t* slot_mapping, int64_t n,
                     int64_t num_blocks, int64_t block_size, int64_t hkv, int64_t d, T* k_cache,
                     T* v_cache);
+// The index checks of paged_attention (cu_seqlens_q, seq_lens vs q rows and block table
+// capacity, the block ids a sequence uses), shared with the CUDA dispatch for its messages.
+void check_paged_indices(const int32_t* cu_seqlens_q, const int32_t* seq_lens,
+                         const int32_t* block_tables, int64_t batch, int64_t n,
+                         int64_t num_blocks, int64_t block_size, int64_t max_blocks);
 template <typename T>
 void paged_attention(const T* q, const T* k_cache, const T* v_cache, const int32_t* cu_seqlens_q,
                      const int32_t* seq_lens, const int32_t* block_tables, int64_t batch,

@@ -32,11 +32,9 @@ void kv_cache_store(const T* k, const T* v, const int32_t* slot_mapping, int64_t
   }
 }
 
-template <typename T>
-void paged_attention(const T* q, const T* k_cache, const T* v_cache, const int32_t* cu_seqlens_q,
-                     const int32_t* seq_lens, const int32_t* block_tables, int64_t batch,
-                     int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t num_blocks,
-                     int64_t block_size, int64_t max_blocks, double scale, T* out) {
+void check_paged_indices(const int32_t* cu_seqlens_q, const int32_t* seq_lens,
+                         const int32_t* block_tables, int64_t batch, int64_t n,
+                         int64_t num_blocks, int64_t block_size, int64_t max_blocks) {
   check_cu_seqlens("paged_attention", cu_seqlens_q, batch, n);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_len = cu_seqlens_q[b + 1] - cu_seqlens_q[b], len = seq_lens[b];
@@ -51,6 +49,15 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, const int32
                 ", ", j, "] = ", blk, " is outside the cache [0, ", num_blocks, ")");
     }
   }
+}
+
+template <typename T>
+void paged_attention(const T* q, const T* k_cache, const T* v_cache, const int32_t* cu_seqlens_q,
+                     const int32_t* seq_lens, const int32_t* block_tables, int64_t batch,
+                     int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t num_blocks,
+                     int64_t block_size, int64_t max_blocks, double scale, T* out) {
+  check_paged_indices(cu_seqlens_q, seq_lens, block_tables, batch, n, num_blocks, block_size,
+                      max_blocks);
   const int64_t group = hq / hkv;
   // One task per (sequence, query head): they write disjoint rows of out.
   parallel_for(batch * hq, [&](int64_t begin, int64_t end) {

@@ -22,6 +22,7 @@ enum class IndexRule {
   InRange,          // 0 <= v < limit (token ids)
   InRangeOrIgnore,  // v == -100 or 0 <= v < limit (cross-entropy targets)
   NonNegative,      // v >= 0 (positions)
+  InRangeOrNone,    // v == -1 or 0 <= v < limit (a scored row's actual token, -1 = none)
 };
 struct IndexCheckResult {
   int64_t first_bad_row = -1;  // -1: all valid
@@ -164,6 +165,66 @@ void attention_backward_cuda(const Tensor& dout, const Tensor& q, const Tensor& 
                              const Tensor& v, const Tensor& out, const Tensor& lse,
                              const Tensor& cu_seqlens, double scale, Tensor& dq, Tensor& dk,
                              Tensor& dv);
+// ---- paged_attention.cu (kernels) + paged_dispatch.cpp (Tensor routing) ----
+// The paged KV cache ops of kernels/ops.h on raw device pointers, usable inside CUDA graphs:
+// no host synchronization, no allocation (the split workspace is the caller's), and every
+// data-carried index checked in the kernel. A bad index is skipped (never dereferenced) and
+// reported by atomicMin into *error_flag (optional; the caller sets it to 0xffffffff = none
+// before, and reads it when convenient, e.g. with the sampled ids of the step): the first bad
+// sequence for paged_attention, the first bad row for kv_cache_store.
+struct PagedStoreArgs {
+  const void* k = nullptr;  // [n, hkv, head_dim]
+  const void* v = nullptr;
+  const int32_t* slot_mapping = nullptr;  // [n], device
+  int64_t n = 0, num_blocks = 0, block_size = 0, hkv = 0, head_dim = 0;
+  DType dtype = DType::BF16;
+  void* k_cache = nullptr;  // [num_blocks, block_size, hkv, head_dim]
+  void* v_cache = nullptr;
+  unsigned* error_flag = nullptr;
+};
+void kv_cache_store(const PagedStoreArgs& args, cudaStream_t stream);
+
+struct PagedAttentionArgs {
+  const void* q = nullptr;        // [total_q, hq, head_dim]
+  const void* k_cache = nullptr;  // [num_blocks, block_size, hkv, head_dim]
+  const void* v_cache = nullptr;
+  void* out = nullptr;            // [total_q, hq, head_dim]
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1], device
+  const int32_t* seq_lens = nullptr;      // [batch], device
+  const int32_t* block_tables = nullptr;  // [batch, max_blocks], device
+  int64_t batch = 0, total_q = 0, hq = 0, hkv = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
+  // Host-known bounds that size the grid (a graph captures them): every q_len <= max_q_len
+  // (1 for decode) and every seq_len <= max_seq_len; a sequence beyond them is reported.
+  int64_t max_q_len = 1, max_seq_len = 0;
+  double scale = 1.0;
+  DType dtype = DType::BF16;
+  unsigned* error_flag = nullptr;
+  int sm_count = 0;      // 0: the current device's
+  int force_splits = 0;  // > 0: this many position splits (tests of the combine path)
+};
+// The grid a call will use: query rows (pairs (row, head) of one kv head) per CTA, tiles per
+// sequence, position splits and the f32 workspace they need:
+//   splits x total_q x hq x (head_dim + 2) x 4 bytes (0 with one split).
+struct PagedAttentionLaunch {
+  int rows_per_cta = 1, tiles_per_seq = 1, num_splits = 1, split_tokens = 0;
+  size_t workspace_bytes = 0;
+};
+PagedAttentionLaunch paged_attention_launch(const PagedAttentionArgs& args);
+bool paged_attention_supports(DType dtype, int64_t head_dim);
+// workspace: paged_attention_launch(args).workspace_bytes bytes of device memory (or nullptr
+// when that is 0), stream-ordered with this call.
+void paged_attention(const PagedAttentionArgs& args, void* workspace, cudaStream_t stream);
+
+// Tensor-level routing for kernels/paged_ops.cpp (CUDA float tensors; index tensors on the CPU
+// or the GPU): the index checks of the CPU op with its messages (device index tensors are read
+// back, one synchronizing copy), then the kernels above on cuda::current_stream().
+void kv_cache_store_cuda(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
+                         Tensor& k_cache, Tensor& v_cache);
+void paged_attention_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& cu_seqlens_q, const Tensor& seq_lens,
+                          const Tensor& block_tables, double scale, Tensor& out);
+
 // ---- bench_util.cu ---- uniform [lo, hi) fill in f32 or bf16, ints in [lo, hi), and a
 // kernel that occupies `stream` for the given time (timed loops queue up behind it).
 void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, float hi,

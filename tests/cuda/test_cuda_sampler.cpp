@@ -1,0 +1,257 @@
+// CUDA sampler (rollout/sampler_cuda.cu) against the CPU sampler (rollout/sampler.cpp) on the
+// same f32 logits and the same Philox streams: greedy equals the CPU's first argmax (ties
+// included); every setting's GPU pick equals the CPU's pick for the same u except where u lies
+// within rounding of a CDF boundary (counted, must be rare); sampling and model logprobs match;
+// chi-square of GPU frequencies against the CPU's filtered probabilities at several settings;
+// non-finite logits rejected. GPU only: every test skips cleanly without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/philox.h"
+#include "cuda/cuda_test_util.h"
+#include "rollout/sampler.h"
+
+namespace opd::test {
+namespace {
+
+// (chi2_pvalue and chi2_test are copied from tests/rollout/test_sampler.cpp.)
+// Upper tail of the chi-square distribution with df degrees of freedom: Q(df/2, x/2), the
+// regularized upper incomplete gamma function (series below a + 1, Lentz continued fraction
+// above; Numerical Recipes 6.2).
+double chi2_pvalue(double x, int df) {
+  const double a = df / 2.0, z = x / 2.0;
+  if (z <= 0) return 1.0;
+  const double log_front = -z + a * std::log(z) - std::lgamma(a);
+  if (z < a + 1) {
+    double term = 1.0 / a, sum = term;
+    for (int n = 1; n < 10000; ++n) {
+      term *= z / (a + n);
+      sum += term;
+      if (term < sum * 1e-16) break;
+    }
+    return 1.0 - sum * std::exp(log_front);
+  }
+  const double tiny = 1e-300;
+  double b = z + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+  for (int i = 1; i < 10000; ++i) {
+    const double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    if (std::fabs(d) < tiny) d = tiny;
+    c = b + an / c;
+    if (std::fabs(c) < tiny) c = tiny;
+    d = 1 / d;
+    const double del = d * c;
+    h *= del;
+    if (std::fabs(del - 1) < 1e-16) break;
+  }
+  return std::exp(log_front) * h;
+}
+
+// Pearson's chi-square of counts against probabilities; bins with expected count < 5 are
+// pooled into one (the usual validity rule). A count in a zero-probability bin is p = 0.
+double chi2_test(const std::vector<int64_t>& counts, const std::vector<double>& probs) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  double stat = 0, pooled_e = 0;
+  int64_t pooled_c = 0;
+  int bins = 0;
+  for (size_t v = 0; v < counts.size(); ++v) {
+    const double e = probs[v] * static_cast<double>(total);
+    if (probs[v] == 0) {
+      if (counts[v] > 0) return 0.0;
+      continue;
+    }
+    if (e < 5) {
+      pooled_e += e;
+      pooled_c += counts[v];
+      continue;
+    }
+    stat += (counts[v] - e) * (counts[v] - e) / e;
+    ++bins;
+  }
+  if (pooled_e > 0) {
+    stat += (pooled_c - pooled_e) * (pooled_c - pooled_e) / pooled_e;
+    ++bins;
+  }
+  return bins <= 1 ? 1.0 : chi2_pvalue(stat, bins - 1);
+}
+
+double model_lse(const float* z, int64_t V) {
+  double m = -INFINITY, s = 0;
+  for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(z[v]));
+  for (int64_t v = 0; v < V; ++v) s += std::exp(z[v] - m);
+  return m + std::log(s);
+}
+
+std::string describe(const SamplingParams& p) {
+  return cat("T=", p.temperature, " top_k=", p.top_k, " top_p=", p.top_p, " min_p=", p.min_p);
+}
+
+std::vector<SamplingParams> settings() {
+  std::vector<SamplingParams> s(7);
+  s[0].temperature = 1.0;
+  s[1].temperature = 0.7;
+  s[1].top_k = 50;
+  s[2].top_p = 0.9;
+  s[3].min_p = 0.05;
+  s[4].temperature = 1.3;
+  s[4].top_k = 100;
+  s[4].top_p = 0.95;
+  s[4].min_p = 0.02;
+  s[5].temperature = 1.5;
+  s[5].top_p = 0.5;
+  s[6].temperature = 0.25;
+  s[6].top_k = 1;
+  for (size_t i = 0; i < s.size(); ++i) s[i].seed = 1000 + i;
+  return s;
+}
+
+// Rows of logits with a realistic spread (a few dominant ids, a long tail).
+Tensor make_logits(int64_t B, int64_t V, uint64_t seed) {
+  Tensor z = random_uniform({B, V}, DType::F32, seed, -4, 4);
+  float* p = z.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int j = 0; j < 8; ++j) p[b * V + philox_u32(seed, b, j) % V] += 6.0f + j;  // peaks
+  return z;
+}
+
+TEST(CudaSampler, GreedyEqualsCpuFirstArgmax) {
+  REQUIRE_GPU();
+  for (int64_t V : {1, 7, 1000, 151936}) {
+    const int64_t B = 64;
+    Tensor z = make_logits(B, V, 3 + V);
+    float* p = z.data<float>();
+    for (int64_t b = 0; b < B; b += 3) {  // exact ties for the max: the first id must win
+      const int64_t a = (b * 7919) % V, c = (b * 104729 + 5) % V;
+      p[b * V + a] = p[b * V + c] = 100.0f;
+    }
+    std::vector<SamplingParams> params(B);
+    std::vector<SampleStream> streams(B);
+    for (auto& q : params) q.temperature = 0;
+    std::vector<SampledToken> got = sample_tokens_cuda(z.to(Device::CUDA), params, streams);
+    std::vector<double> scratch;
+    for (int64_t b = 0; b < B; ++b) {
+      SampledToken want = sample_token(p + b * V, V, params[b], 0.5, scratch);
+      EXPECT_EQ(got[b].id, want.id) << "V " << V << " row " << b;
+      EXPECT_EQ(got[b].sampling_logprob, 0.0);
+      EXPECT_NEAR(got[b].model_logprob, want.model_logprob, 1e-5 + 1e-6 * std::fabs(want.model_logprob));
+    }
+  }
+}
+
+// Same u, same pick (unless u is within 1e-5 of the CPU's CDF value at the smaller id: f32 exp
+// on the GPU vs f64 on the CPU moves CDF boundaries by ~1e-7, and a tail token at the top-p
+// threshold (mass ~1e-6) can fall on either side); same logprobs. The CPU pick is sample_token's
+// inverse CDF over sampling_distribution (computed once per row and setting, reused per step).
+TEST(CudaSampler, PicksAndLogprobsMatchCpuForTheSameUniform) {
+  REQUIRE_GPU();
+  int64_t draws = 0, boundary = 0;
+  for (int64_t V : {50, 1000, 151936}) {
+    const int64_t B = 64;
+    const uint32_t steps = V > 10000 ? 3u : 16u;
+    Tensor z = make_logits(B, V, 77 + V);
+    Tensor zd = z.to(Device::CUDA);
+    const float* p = z.data<float>();
+    std::vector<double> lse(B);
+    for (int64_t b = 0; b < B; ++b) lse[b] = model_lse(p + b * V, V);
+    for (const SamplingParams& base : settings()) {
+      std::vector<std::vector<double>> probs(B);
+      for (int64_t b = 0; b < B; ++b) sampling_distribution(p + b * V, V, base, probs[b]);
+      for (uint32_t step = 0; step < steps; ++step) {
+        std::vector<SamplingParams> params(B, base);
+        std::vector<SampleStream> streams(B);
+        for (int64_t b = 0; b < B; ++b)
+          streams[b] = {0x9e3779b97f4a7c15ull * (b + 1), static_cast<uint32_t>(b % 3), step};
+        std::vector<SampledToken> got = sample_tokens_cuda(zd, params, streams);
+        for (int64_t b = 0; b < B; ++b) {
+          SCOPED_TRACE(cat("V ", V, " ", describe(base), " step ", step, " row ", b));
+          const std::vector<double>& pr = probs[b];
+          const double u = sampling_uniform(base.seed, streams[b].stream_key,
+                                            streams[b].sample_index, step);
+          int32_t want = -1;  // sample_token's draw
+          double cum = 0;
+          for (int64_t v = 0; v < V; ++v) {
+            if (pr[v] <= 0) continue;
+            want = static_cast<int32_t>(v);
+            cum += pr[v];
+            if (u < cum) break;
+          }
+          ++draws;
+          ASSERT_TRUE(got[b].id >= 0 && got[b].id < V) << got[b].id;
+          EXPECT_GT(pr[got[b].id], 0.0) << "GPU picked a filtered-out id " << got[b].id;
+          if (got[b].id != want) {
+            const int32_t a = std::min(got[b].id, want);
+            double cdf = 0;
+            for (int32_t v = 0; v <= a; ++v) cdf += pr[v];
+            EXPECT_LE(std::fabs(u - cdf), 1e-5) << "pick " << got[b].id << " vs cpu " << want
+                                               << ": u " << u << " is not at a CDF boundary (" << cdf << ")";
+            ++boundary;
+          }
+          if (pr[got[b].id] > 0) {
+            const double want_slp = std::log(pr[got[b].id]);
+            EXPECT_NEAR(got[b].sampling_logprob, want_slp, 1e-5 + 1e-6 * std::fabs(want_slp));
+          }
+          const double want_mlp = p[b * V + got[b].id] - lse[b];
+          EXPECT_NEAR(got[b].model_logprob, want_mlp, 1e-5 + 1e-6 * std::fabs(want_mlp));
+        }
+      }
+    }
+  }
+  std::printf("[ boundary ] %lld of %lld draws differ from the CPU at a CDF boundary\n",
+              static_cast<long long>(boundary), static_cast<long long>(draws));
+  EXPECT_LE(boundary * 1000, draws) << "boundary cases must be rare";
+}
+
+// 20,000 GPU draws of one row per setting (steps 0..19999 as rows of a batch) against the CPU's
+// filtered probabilities: fail when p < 1e-4 (as tests/rollout/test_sampler.cpp).
+TEST(CudaSampler, ChiSquareAgainstFilteredProbabilities) {
+  REQUIRE_GPU();
+  const int64_t V = 40, N = 20000;
+  Tensor row = make_logits(1, V, 5);
+  Tensor z = Tensor::empty({N, V}, DType::F32);
+  for (int64_t i = 0; i < N; ++i) std::copy(row.data<float>(), row.data<float>() + V, z.data<float>() + i * V);
+  Tensor zd = z.to(Device::CUDA);
+  for (const SamplingParams& base : settings()) {
+    std::vector<SamplingParams> params(N, base);
+    std::vector<SampleStream> streams(N);
+    for (int64_t i = 0; i < N; ++i) streams[i] = {42, 0, static_cast<uint32_t>(i)};
+    std::vector<SampledToken> got = sample_tokens_cuda(zd, params, streams);
+    std::vector<int64_t> counts(V, 0);
+    for (const SampledToken& t : got) {
+      ASSERT_TRUE(t.id >= 0 && t.id < V);
+      ++counts[t.id];
+    }
+    std::vector<double> probs;
+    sampling_distribution(row.data<float>(), V, base, probs);
+    const double pv = chi2_test(counts, probs);
+    EXPECT_GE(pv, 1e-4) << describe(base) << ": chi-square p-value " << pv;
+    for (int64_t v = 0; v < V; ++v)
+      if (probs[v] == 0) EXPECT_EQ(counts[v], 0) << describe(base) << ": filtered id " << v << " drawn";
+  }
+}
+
+TEST(CudaSampler, NonFiniteLogitsRejected) {
+  REQUIRE_GPU();
+  const int64_t B = 4, V = 300;
+  Tensor z = make_logits(B, V, 9);
+  z.data<float>()[2 * V + 17] = std::nanf("");
+  z.data<float>()[3 * V + 1] = INFINITY;
+  std::vector<SamplingParams> params(B);
+  std::vector<SampleStream> streams(B);
+  const std::string msg = error_message([&] { sample_tokens_cuda(z.to(Device::CUDA), params, streams); },
+                                        ErrorKind::InvalidData);
+  EXPECT_NE(msg.find("row 2"), std::string::npos) << msg;
+  // The device is healthy afterwards.
+  z.data<float>()[2 * V + 17] = 0;
+  z.data<float>()[3 * V + 1] = 0;
+  EXPECT_EQ(sample_tokens_cuda(z.to(Device::CUDA), params, streams).size(), static_cast<size_t>(B));
+}
+
+}  // namespace
+}  // namespace opd::test
