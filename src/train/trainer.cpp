@@ -277,8 +277,8 @@ void Trainer::setup() {
     loss_.mode = SupportMode::TopKTail;
     loss_.sft_alpha = 0;
   }
-  OPD_CHECK(loss_.mode != SupportMode::Full, Unsupported,
-            "--loss-support full is not wired into opd train yet (use topk+tail, the default)");
+  OPD_CHECK(loss_.mode != SupportMode::Full || !o_.teacher.empty(), InvalidArgument,
+            "--loss-support full needs the teacher's logits: an in-process --teacher DIR");
   check_loss_config(loss_);
 
   log_info("loading student ", o_.student);
@@ -334,7 +334,7 @@ void Trainer::setup_teacher() {
     log_info("loading teacher ", o_.teacher, " (in-process)");
     scorer_ = std::make_unique<CpuScorer>(o_.teacher);
     run_doctor_checks(describe_model_dir(o_.teacher));
-    if (o_.seq_kd) {
+    if (o_.seq_kd || loss_.mode == SupportMode::Full) {
       teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
       teacher_eos_ = generation_eos_ids(o_.teacher, teacher_model_->config(), tokenizer_.get());
     }
@@ -671,8 +671,11 @@ TrainResult Trainer::run() {
     std::vector<int32_t> all_targets;
     for (const auto& s : seqs)
       all_targets.insert(all_targets.end(), s.ids.begin() + s.prompt_len, s.ids.end());
+    const bool full = loss_.mode == SupportMode::Full;
     if (o_.sft) {
       teacher = one_hot_teacher(all_targets);
+    } else if (full) {
+      // The teacher's hidden states are computed per micro-batch below (dense logits in tiles).
     } else {
       const auto t0 = Clock::now();
       try {
@@ -718,14 +721,25 @@ TrainResult Trainer::run() {
       }
       for (int64_t r = 0; r < rows; ++r)
         std::copy_n(hidden.data<float>() + src_rows[r] * H, H, rows_h.data<float>() + r * H);
-      TeacherTopK t = slice_teacher(teacher, row0, row0 + rows);
+      TeacherTopK t = full ? TeacherTopK{} : slice_teacher(teacher, row0, row0 + rows);
       FusedLossArgs args;
+      if (full) {
+        const auto t0 = Clock::now();
+        Tensor th = teacher_model_->forward_hidden(batch);
+        const int64_t Ht = teacher_model_->config().hidden_size;
+        Tensor rows_t = Tensor::empty({rows, Ht}, DType::F32);
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(th.data<float>() + src_rows[r] * Ht, Ht, rows_t.data<float>() + r * Ht);
+        args.teacher_hidden = rows_t;
+        args.teacher_lm_head = teacher_model_->weights().lm_head;
+        score_s += seconds_since(t0);
+      }
       args.hidden = rows_h;
       args.lm_head = student_->weights().lm_head;
       args.targets = Tensor::from_vector(targets, {rows});
       args.weights = Tensor::from_vector(std::vector<float>(rows, 1.0f), {rows});
       args.sft_rows = Tensor::from_vector(sft_rows, {rows});
-      args.teacher = &t;
+      args.teacher = full ? nullptr : &t;
       args.n_total = static_cast<double>(n_total);
       Tensor d_rows = Tensor::empty({rows, H}, DType::F32);
       LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head);
@@ -776,7 +790,7 @@ TrainResult Trainer::run() {
     m["completion_len_mean"] = static_cast<double>(n_total) / static_cast<double>(seqs.size());
     m["truncated_share"] = static_cast<double>(truncated) / static_cast<double>(seqs.size());
     m["skipped"] = skipped ? 1 : 0;
-    if (!o_.sft) {
+    if (!o_.sft && !full) {
       m["teacher_entropy_topk"] = teacher_topk_entropy_sum(teacher) / static_cast<double>(n_total);
       if (loss_.mode == SupportMode::TopKTail) m["tail_clamped"] = tail_clamped;
       if (source == Source::OnPolicy) {
@@ -789,6 +803,8 @@ TrainResult Trainer::run() {
           for (double lq : s.student_logprobs) rk += lq - ta[r++];
         m["reverse_kl_estimate"] = rk / static_cast<double>(n_total);
       }
+    }
+    if (!o_.sft) {
       m["time/score_s"] = score_s;
       m["tokens_per_s/score"] = score_s > 0 ? n_total / score_s : 0;
     }

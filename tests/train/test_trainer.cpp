@@ -188,6 +188,25 @@ TEST_F(TrainerTest, EverySourceOfCompletionsRuns) {
   }
 }
 
+TEST_F(TrainerTest, FullSupportEqualsTopKTailWithEveryId) {
+  // topk+tail with K = V has an empty tail, so it is the full divergence; the full mode computes
+  // it from the teacher's dense logits in tiles instead of a scored payload.
+  auto first_loss = [&](const std::string& mode, int64_t k) {
+    TrainOptions o = base("support_" + mode);
+    o.loss_support = mode;
+    o.teacher_top_k = k;
+    o.lmbda = 0;
+    o.max_steps = 1;
+    o.kd_temperature = 1.3;
+    train(o);
+    return MetricsLog::read(o.out + "/metrics.jsonl").back().at("loss").get<double>();
+  };
+  const double full = first_loss("full", 8);
+  const double tail = first_loss("topk+tail", 272);
+  EXPECT_NEAR(full, tail, 2e-5 * std::abs(full)) << "full " << full << " topk+tail(K=V) " << tail;
+  EXPECT_GT(full, 0);
+}
+
 TEST_F(TrainerTest, StopSignalCheckpointsAndResumeIsBitwiseExact) {
   TrainOptions full = base("full");
   train(full);
