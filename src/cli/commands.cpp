@@ -28,6 +28,7 @@ void register_commands(CLI::App& app) {
   register_bench_kernels(app);
   register_serve(app);
   register_score(app);
+  register_report(app);
 }
 
 }  // namespace opd::cli

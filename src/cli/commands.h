@@ -23,5 +23,6 @@ void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the be
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
+void register_report(CLI::App& app);  // `opd report RUN_DIR`
 
 }  // namespace opd::cli

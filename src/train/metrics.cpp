@@ -1,0 +1,303 @@
+// metrics.jsonl and TensorBoard event files of a training run (see metrics.h for the formats).
+#include "train/metrics.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "train/checkpoint.h"  // write_file_atomic
+
+namespace opd {
+namespace fs = std::filesystem;
+
+// --- CRC-32C and protobuf wire encoding -----------------------------------------------------
+
+namespace {
+
+// Reflected CRC-32C table (polynomial 0x1EDC6F41, reversed 0x82F63B78), as TFRecord uses.
+const std::array<uint32_t, 256>& crc32c_table() {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void put_fixed(std::string& out, const void* p, size_t n) {  // little-endian host (x86, arm64)
+  out.append(static_cast<const char*>(p), n);
+}
+
+void put_tag(std::string& out, uint32_t field, uint32_t wire_type) { put_varint(out, (field << 3) | wire_type); }
+
+void put_bytes_field(std::string& out, uint32_t field, std::string_view bytes) {
+  put_tag(out, field, 2);
+  put_varint(out, bytes.size());
+  out.append(bytes);
+}
+
+// Event fields shared by every event: wall_time (1, fixed64 double) and step (2, varint int64).
+std::string event_header(double wall_time, int64_t step) {
+  std::string e;
+  put_tag(e, 1, 1);
+  put_fixed(e, &wall_time, 8);
+  if (step != 0) {  // proto3 default omitted, as protobuf itself does
+    put_tag(e, 2, 0);
+    put_varint(e, static_cast<uint64_t>(step));
+  }
+  return e;
+}
+
+double unix_now() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count() * 1e-6;
+}
+
+void write_all(int fd, const std::string& bytes, const std::string& path) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      OPD_FAIL(Io, "write to ", path, " failed: ", std::strerror(errno));
+    }
+    off += static_cast<size_t>(n);
+  }
+}
+
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  OPD_CHECK(in.good(), Io, "cannot open ", path, ": ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  OPD_CHECK(!in.bad(), Io, "read of ", path, " failed");
+  return ss.str();
+}
+
+struct JsonlLine {
+  std::string text;      // without the newline
+  nlohmann::json value;  // discarded (null) when the line does not parse as an object
+  bool ok = false;
+};
+
+// Splits metrics.jsonl into lines; only the last line may be torn (see MetricsLog::read).
+std::vector<JsonlLine> read_lines(const std::string& path, int64_t* torn) {
+  const std::string bytes = read_whole(path);
+  std::vector<JsonlLine> lines;
+  int64_t torn_count = 0;
+  size_t pos = 0, lineno = 0;
+  while (pos < bytes.size()) {
+    size_t nl = bytes.find('\n', pos);
+    const bool last = nl == std::string::npos;
+    JsonlLine l;
+    l.text = bytes.substr(pos, last ? std::string::npos : nl - pos);
+    pos = last ? bytes.size() : nl + 1;
+    ++lineno;
+    if (l.text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
+    l.value = nlohmann::json::parse(l.text, nullptr, /*allow_exceptions=*/false);
+    l.ok = l.value.is_object();
+    if (!l.ok) {
+      // A crash mid-write leaves a prefix of the last line; anything else is damage.
+      OPD_CHECK(last || pos >= bytes.size(), InvalidData, path, ":", lineno,
+                ": not a JSON object (metrics.jsonl is damaged): ", l.text.substr(0, 120));
+      ++torn_count;
+      continue;
+    }
+    lines.push_back(std::move(l));
+  }
+  if (torn) *torn = torn_count;
+  return lines;
+}
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  const auto& t = crc32c_table();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = t[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+uint32_t masked_crc32c(const void* data, size_t n) {
+  const uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+std::string tfrecord_frame(std::string_view data) {
+  std::string r;
+  const uint64_t len = data.size();
+  const uint32_t len_crc = masked_crc32c(&len, 8);
+  const uint32_t data_crc = masked_crc32c(data.data(), data.size());
+  r.reserve(data.size() + 16);
+  put_fixed(r, &len, 8);
+  put_fixed(r, &len_crc, 4);
+  r.append(data);
+  put_fixed(r, &data_crc, 4);
+  return r;
+}
+
+std::string encode_file_version_event(double wall_time, std::string_view version) {
+  std::string e = event_header(wall_time, 0);
+  put_bytes_field(e, 3, version);
+  return e;
+}
+
+std::string encode_scalars_event(double wall_time, int64_t step, const std::vector<ScalarValue>& values) {
+  std::string summary;
+  for (const ScalarValue& v : values) {
+    std::string value;
+    put_bytes_field(value, 1, v.tag);
+    put_tag(value, 2, 5);
+    put_fixed(value, &v.value, 4);
+    put_bytes_field(summary, 1, value);
+  }
+  std::string e = event_header(wall_time, step);
+  put_bytes_field(e, 5, summary);
+  return e;
+}
+
+std::string encode_session_start_event(double wall_time, int64_t step) {
+  std::string session_log;
+  put_tag(session_log, 1, 0);
+  put_varint(session_log, 1);  // SessionLog.START
+  std::string e = event_header(wall_time, step);
+  put_bytes_field(e, 7, session_log);
+  return e;
+}
+
+// --- MetricsLog -----------------------------------------------------------------------------
+
+MetricsLog::MetricsLog(const std::string& run_dir, bool tensorboard) : run_dir_(run_dir) {
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  OPD_CHECK(!ec, Io, "cannot create run directory ", run_dir, ": ", ec.message());
+  jsonl_path_ = (fs::path(run_dir) / "metrics.jsonl").string();
+  open_jsonl();
+  if (!tensorboard) return;
+
+  const fs::path tb_dir = fs::path(run_dir) / "tensorboard";
+  fs::create_directories(tb_dir, ec);
+  OPD_CHECK(!ec, Io, "cannot create ", tb_dir.string(), ": ", ec.message());
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
+  const std::string base = cat("events.out.tfevents.", static_cast<int64_t>(unix_now()), ".", host,
+                               ".", ::getpid());
+  // Two logs opened by one process within a second would share the name: add a suffix.
+  for (int i = 0; event_fd_ < 0; ++i) {
+    event_path_ = (tb_dir / (i == 0 ? base : cat(base, ".", i))).string();
+    event_fd_ = ::open(event_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    OPD_CHECK(event_fd_ >= 0 || (errno == EEXIST && i < 1000), Io, "cannot create ", event_path_,
+              ": ", std::strerror(errno));
+  }
+  write_event(encode_file_version_event(unix_now(), "brain.Event:2"));
+}
+
+MetricsLog::~MetricsLog() {
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void MetricsLog::open_jsonl() {
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+  jsonl_fd_ = ::open(jsonl_path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  OPD_CHECK(jsonl_fd_ >= 0, Io, "cannot open ", jsonl_path_, ": ", std::strerror(errno));
+  // A previous process that died mid-line left a tail without '\n'; appending to it would glue
+  // the next record onto garbage. Cut the tail off (or end it when it is a complete object).
+  struct stat st{};
+  OPD_CHECK(::fstat(jsonl_fd_, &st) == 0, Io, "stat of ", jsonl_path_, " failed: ", std::strerror(errno));
+  if (st.st_size == 0) return;
+  char last = 0;
+  OPD_CHECK(::pread(jsonl_fd_, &last, 1, st.st_size - 1) == 1, Io, "read of ", jsonl_path_, " failed");
+  if (last == '\n') return;
+  const std::string bytes = read_whole(jsonl_path_);
+  const size_t nl = bytes.rfind('\n');
+  const size_t keep = nl == std::string::npos ? 0 : nl + 1;
+  const std::string tail = bytes.substr(keep);
+  if (nlohmann::json::parse(tail, nullptr, false).is_object()) {
+    write_all(jsonl_fd_, "\n", jsonl_path_);
+    return;
+  }
+  log_warn("metrics: dropping a torn last line of ", jsonl_path_, " (", tail.size(),
+           " bytes, left by an interrupted run)");
+  OPD_CHECK(::ftruncate(jsonl_fd_, static_cast<off_t>(keep)) == 0, Io, "truncate of ", jsonl_path_,
+            " failed: ", std::strerror(errno));
+}
+
+void MetricsLog::write_event(const std::string& event_bytes) {
+  if (event_fd_ < 0) return;
+  write_all(event_fd_, tfrecord_frame(event_bytes), event_path_);
+}
+
+void MetricsLog::write(int64_t step, const nlohmann::json& record) {
+  OPD_CHECK(record.is_object(), InvalidArgument, "metrics record must be a JSON object, got ",
+            record.type_name());
+  OPD_CHECK(!record.contains("step") && !record.contains("time"), InvalidArgument,
+            "metrics record must not contain the reserved keys \"step\" or \"time\"");
+  const double now = unix_now();
+  // ordered_json keeps "step" and "time" first on the line, which makes the file readable.
+  nlohmann::ordered_json line;
+  line["step"] = step;
+  line["time"] = now;
+  std::vector<ScalarValue> scalars;
+  for (const auto& [key, value] : record.items()) {
+    line[key] = value;  // NaN/inf dump as null
+    if (value.is_number()) scalars.push_back({key, static_cast<float>(value.get<double>())});
+  }
+  // replace: a key or string with invalid UTF-8 must not stop a training run.
+  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::lock_guard<std::mutex> lock(mutex_);
+  write_all(jsonl_fd_, text, jsonl_path_);
+  if (!scalars.empty()) write_event(encode_scalars_event(now, step, scalars));
+}
+
+void MetricsLog::truncate_after(int64_t step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string kept;
+  int64_t dropped = 0;
+  for (const JsonlLine& l : read_lines(jsonl_path_, nullptr)) {
+    const auto it = l.value.find("step");
+    if (it != l.value.end() && it->is_number_integer() && it->get<int64_t>() > step) {
+      ++dropped;
+      continue;
+    }
+    kept += l.text;
+    kept += '\n';
+  }
+  // Rewritten through a temp file + rename: a crash leaves the old or the new file, never half.
+  write_file_atomic(jsonl_path_, kept);
+  open_jsonl();  // the old descriptor points at the replaced inode
+  write_event(encode_session_start_event(unix_now(), step + 1));
+  if (dropped) log_info("metrics: resumed at step ", step, ", dropped ", dropped, " later lines of ", jsonl_path_);
+}
+
+std::vector<nlohmann::json> MetricsLog::read(const std::string& path, int64_t* torn_lines) {
+  std::vector<nlohmann::json> out;
+  for (JsonlLine& l : read_lines(path, torn_lines)) out.push_back(std::move(l.value));
+  return out;
+}
+
+}  // namespace opd
