@@ -162,6 +162,13 @@ void Progress::update(int64_t step, const ProgressFields& fields, double tokens_
   }
 }
 
+void Progress::clear() {
+  if (interactive_ && drawn_ && !finished_) {
+    opt_.tty_write("\r\x1b[K");
+    drawn_ = false;
+  }
+}
+
 void Progress::finish() {
   if (finished_) return;
   finished_ = true;

@@ -38,6 +38,10 @@ class Progress {
   void update(int64_t step, const ProgressFields& fields, double tokens_per_s);
   // Ends the redrawn line (newline) on a terminal; logs the last state if it was not logged.
   void finish();
+  // On a terminal, erases the drawn line so that a log line written next (a checkpoint saved,
+  // a warning) starts at column 0 instead of after the bar; the next update() redraws it.
+  // Does nothing otherwise.
+  void clear();
 
   // Pure formatting, exposed for tests.
   static std::string format_eta(double seconds);        // h:mm:ss; "-:--:--" when unknown

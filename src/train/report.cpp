@@ -89,9 +89,9 @@ constexpr const char* kScript = R"JS(
     var last = null;
     for (var j = ys.length - 1; j >= 0; j--) if (ys[j] !== null) { last = ys[j]; break; }
     var head = html("div", "plot-title", s.name, box);
-    if (last !== null) html("span", "last", "  last " + fmt(last), head);
-    if (s.non_finite) html("span", "warn", "  " + s.non_finite + " non-finite (gaps)", head);
-    if (s.decimated) html("span", "note", "  " + s.finite + " points, decimated", head);
+    if (last !== null) html("span", "last", "last " + fmt(last), head);
+    if (s.non_finite) html("span", "warn", s.non_finite + " non-finite (gaps)", head);
+    if (s.decimated) html("span", "note", s.finite + " points, decimated", head);
     var svg = el("svg", {viewBox: "0 0 " + W + " " + H, width: W, height: H}, box);
     if (n === 0) {
       el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", "class": "note"}, svg).textContent = "no finite values";
@@ -175,7 +175,7 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; max-height: 360px; ove
 #plots { display: flex; flex-wrap: wrap; gap: 12px; margin-top: 12px; }
 .plot { border: 1px solid #ddd; padding: 6px; }
 .plot-title { font-size: 14px; font-weight: bold; margin-bottom: 2px; }
-.plot-title span { font-weight: normal; font-size: 12px; }
+.plot-title span { font-weight: normal; font-size: 12px; margin-left: 8px; }
 .last { color: #555; } .warn { color: #b00; } .note { color: #777; }
 svg { display: block; max-width: 100%; height: auto; }
 .axes line { stroke: #999; stroke-width: 1; } .axes line.grid { stroke: #eee; }

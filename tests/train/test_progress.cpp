@@ -97,6 +97,24 @@ TEST(Progress, InteractiveRedrawsOneLineWithEtaFromMeanStepTime) {
   EXPECT_EQ(f.tty[2], "\n");
 }
 
+TEST(Progress, ClearErasesTheLineForALogMessage) {
+  Fake f;
+  {
+    Progress p(10, 0, true, f.options());
+    p.clear();  // nothing drawn yet: nothing to erase
+    EXPECT_TRUE(f.tty.empty());
+    f.t = 1;
+    p.update(1, {}, 0);
+    p.clear();
+    ASSERT_EQ(f.tty.size(), 2u);
+    EXPECT_EQ(f.tty[1], "\r\x1b[K");
+  }  // the line was erased and not redrawn: finish() adds no empty line
+  EXPECT_EQ(f.tty.size(), 2u);
+  Progress quiet(10, 0, false, f.options());
+  quiet.clear();
+  EXPECT_EQ(f.tty.size(), 2u);
+}
+
 TEST(Progress, EtaAfterResumeCountsOnlyStepsOfThisProcess) {
   Fake f;
   Progress p(200, 100, true, f.options());
