@@ -28,6 +28,9 @@ void register_commands(CLI::App& app) {
   register_bench_kernels(app);
   register_serve(app);
   register_score(app);
+  register_train(app);
+  register_eval(app);
+  register_init(app);
   register_report(app);
 }
 

@@ -23,6 +23,9 @@ void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the be
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
+void register_train(CLI::App& app);  // `opd train` and `opd sft`
+void register_eval(CLI::App& app);
+void register_init(CLI::App& app);
 void register_report(CLI::App& app);  // `opd report RUN_DIR`
 
 }  // namespace opd::cli

@@ -24,10 +24,22 @@ LogLevel initial_level() {
 
 std::atomic<int> g_level{static_cast<int>(initial_level())};
 std::mutex g_mutex;
+std::FILE* g_file = nullptr;  // guarded by g_mutex
 
 }  // namespace
 
 void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
+void set_log_file(const std::string& path) {
+  std::FILE* f = nullptr;
+  if (!path.empty()) {
+    f = std::fopen(path.c_str(), "a");
+    OPD_CHECK(f != nullptr, Io, "cannot open log file ", path);
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_file) std::fclose(g_file);
+  g_file = f;
+}
+
 LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
 
 void log_line(LogLevel level, const std::string& message) {
@@ -42,6 +54,12 @@ void log_line(LogLevel level, const std::string& message) {
   std::fprintf(stderr, "[opd %02d:%02d:%02d.%03d %c] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
                kTag[static_cast<int>(level)], message.c_str());
   std::fflush(stderr);
+  if (g_file) {
+    std::fprintf(g_file, "[opd %04d-%02d-%02d %02d:%02d:%02d.%03d %c] %s\n", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
+                 kTag[static_cast<int>(level)], message.c_str());
+    std::fflush(g_file);
+  }
 }
 
 }  // namespace opd

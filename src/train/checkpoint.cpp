@@ -125,6 +125,13 @@ std::string save_checkpoint(const std::string& root, const CheckpointData& data,
       save_safetensors((tmp_dir / file).string(), tensors, {{"format", "pt"}});
       add(file);
     }
+    for (const auto& [file, bytes] : data.files) {
+      OPD_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "state.json" &&
+                    file != "MANIFEST.json" && !file.ends_with(".safetensors"),
+                InvalidArgument, "checkpoint extra file name '", file, "' is not allowed");
+      write_file_synced((tmp_dir / file).string(), bytes);
+      add(file);
+    }
     nlohmann::json state = data.state;
     state["step"] = data.step;
     write_file_synced((tmp_dir / "state.json").string(), state.dump(2));
@@ -192,6 +199,8 @@ CheckpointData load_checkpoint(const std::string& dir) {
       SafetensorsFile st = SafetensorsFile::open(path);
       auto& group = out.tensor_files[file.substr(0, file.size() - 12)];
       for (const auto& n : st.names()) group[n] = st.get(n).clone();
+    } else {
+      out.files[file] = read_all(path);
     }
   }
   OPD_CHECK(out.state.is_object() && out.state.contains("step"), InvalidData, "checkpoint ", dir,

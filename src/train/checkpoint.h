@@ -29,6 +29,9 @@ struct CheckpointData {
   int64_t step = 0;
   std::map<std::string, std::map<std::string, Tensor>> tensor_files;  // file stem -> tensors
   nlohmann::json state = nlohmann::json::object();
+  // Other files stored verbatim (e.g. config.json and tokenizer files, which make the
+  // checkpoint folder a Hugging Face model directory); covered by the manifest like the rest.
+  std::map<std::string, std::string> files;  // plain file name -> bytes
 };
 
 // Writes step-<step> under root (created if needed), updates LATEST, then deletes all but the

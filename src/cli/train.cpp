@@ -1,0 +1,233 @@
+// `opd train` (on-policy distillation), `opd sft` (the same trainer, cross-entropy on dataset
+// completions), `opd eval` (held-out exact match) and `opd init` (a randomly initialized model
+// directory from a config.json). Flags follow TRL / ms-swift names where one exists; every flag
+// can also come from a TOML config file (--config FILE, keys = flag names without dashes).
+#include <CLI/CLI.hpp>
+
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/dataset.h"
+#include "model/config.h"
+#include "model/init.h"
+#include "model/transformer.h"
+#include "rollout/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "train/eval.h"
+#include "train/text_adapters.h"
+#include "train/trainer.h"
+
+namespace opd::cli {
+namespace {
+
+
+// Flags shared by train and sft; `distill` adds the teacher/rollout/loss ones.
+void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
+  c->set_config("--config", "", "TOML file holding flags (key = flag name without --)");
+  c->add_option("--student", o.student, "student model directory (Hugging Face layout)")->required();
+  c->add_option("--data", o.data, "training JSONL file(s): prompt/completion, messages, "
+                "prompt/response or query/response (docs/data.md)")->required();
+  c->add_option("--eval-data", o.eval_data, "held-out JSONL with reference completions: exact-"
+                "match accuracy before/after training (and every --eval-steps)");
+  c->add_option("--out", o.out, "run directory: checkpoints/, metrics.jsonl, tensorboard/, "
+                "train.log, config.json")->capture_default_str();
+  if (distill) {
+    c->add_option("--teacher", o.teacher, "teacher model directory, scored in-process");
+    c->add_option("--teacher-url", o.teacher_url, "remote teacher: an `opd serve` or vLLM "
+                  "server, http://host:port");
+    c->add_option("--teacher-timeout", o.teacher_timeout_s, "seconds a remote teacher may be "
+                  "unreachable (the run waits and retries) before the run fails")->capture_default_str();
+    c->add_option("--lmbda", o.lmbda, "probability that a step's completions are sampled from "
+                  "the student (on-policy); otherwise the dataset's")->capture_default_str();
+    c->add_flag("--seq-kd", o.seq_kd, "off-policy steps use completions sampled from the "
+                "teacher instead of the dataset's");
+    c->add_option("--beta", o.beta, "generalized JSD coefficient: 0 forward KL(P||Q), 1 reverse "
+                  "KL(Q||P), else JSD(beta)")->capture_default_str();
+    c->add_option("--loss-support", o.loss_support, "topk+tail (K teacher atoms + a tail atom, "
+                  "exact student LSE) | topk (renormalized over K) | sampled (per-token reverse-"
+                  "KL reward)")->capture_default_str();
+    c->add_option("--kd-temperature", o.kd_temperature, "distillation temperature T of teacher "
+                  "and student distributions")->capture_default_str();
+    c->add_option("--sft-alpha", o.sft_alpha, "weight of an added cross-entropy on dataset "
+                  "completion tokens")->capture_default_str();
+    c->add_option("--teacher-top-k", o.teacher_top_k, "teacher entries K per completion token "
+                  "(clamped to the vocabulary)")->capture_default_str();
+    c->add_option("--vocab-policy", o.vocab_policy, "teacher/student vocabularies differ: error "
+                  "| clip-to-student")->capture_default_str();
+    c->add_option("--temperature", o.temperature, "rollout sampling temperature (0 = greedy)")
+        ->capture_default_str();
+    c->add_option("--top-p", o.top_p, "rollout nucleus sampling (1 = off)")->capture_default_str();
+    c->add_option("--top-k", o.top_k, "rollout top-k sampling (0 = off)")->capture_default_str();
+    c->add_option("--min-p", o.min_p, "rollout min-p sampling (0 = off)")->capture_default_str();
+    c->add_option("--num-generations", o.num_generations, "student samples per prompt on "
+                  "on-policy steps")->capture_default_str();
+    c->add_option("--kv-cache-gb", o.kv_cache_gb, "KV cache budget of the rollout")
+        ->capture_default_str();
+  }
+  c->add_option("--max-completion-length", o.max_completion_length, "tokens per completion "
+                "(rollouts stop there; dataset completions are cut)")->capture_default_str();
+  c->add_option("--max-prompt-length", o.max_prompt_length, "prompt tokens (0 = no limit)")
+      ->capture_default_str();
+  c->add_option("--truncation", o.truncation, "prompts over --max-prompt-length: left (keep the "
+                "end) | error | skip")->capture_default_str();
+  c->add_option("--batch-size", o.batch_size, "prompts per optimizer step")->capture_default_str();
+  c->add_option("--micro-batch-size", o.micro_batch_size, "sequences per forward/backward "
+                "(gradient accumulation inside a step; the loss is normalized by the step's "
+                "tokens)")->capture_default_str();
+  c->add_option("--learning-rate,--lr", o.learning_rate, "peak learning rate")->capture_default_str();
+  c->add_option("--lr-scheduler-type", o.lr_scheduler_type, "constant | linear | cosine")
+      ->capture_default_str();
+  c->add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->capture_default_str();
+  c->add_option("--warmup-ratio", o.warmup_ratio, "warmup as a share of all steps (when "
+                "--warmup-steps is 0)")->capture_default_str();
+  c->add_option("--min-lr-ratio", o.min_lr_ratio, "floor of linear/cosine decay, share of the "
+                "peak")->capture_default_str();
+  c->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  c->add_option("--adam-beta1", o.adam_beta1, "AdamW beta1")->capture_default_str();
+  c->add_option("--adam-beta2", o.adam_beta2, "AdamW beta2")->capture_default_str();
+  c->add_option("--adam-epsilon", o.adam_epsilon, "AdamW epsilon")->capture_default_str();
+  c->add_option("--max-grad-norm", o.max_grad_norm, "global gradient-norm clipping (0 = off)")
+      ->capture_default_str();
+  c->add_option("--max-steps", o.max_steps, "optimizer steps (0 = --num-train-epochs over the "
+                "data)")->capture_default_str();
+  c->add_option("--num-train-epochs", o.num_train_epochs, "passes over the prompts when "
+                "--max-steps is 0")->capture_default_str();
+  c->add_option("--seed", o.seed, "seed of data order, lmbda draws and sampling")
+      ->capture_default_str();
+  c->add_option("--save-steps", o.save_steps, "checkpoint every N steps (0 = off)")
+      ->capture_default_str();
+  c->add_option("--save-minutes", o.save_minutes, "checkpoint every M minutes (0 = off)")
+      ->capture_default_str();
+  c->add_option("--save-total-limit", o.save_total_limit, "checkpoints kept (0 = all)")
+      ->capture_default_str();
+  c->add_option("--resume", o.resume, "auto (newest valid checkpoint in --out, if any) | never "
+                "| PATH of a checkpoint folder")->capture_default_str();
+  c->add_option("--eval-steps", o.eval_steps, "evaluate every N steps (0 = before and after "
+                "only)")->capture_default_str();
+  c->add_option("--eval-limit", o.eval_limit, "evaluate on the first N samples (0 = all)")
+      ->capture_default_str();
+  c->add_option("--max-bad-steps", o.max_bad_steps, "non-finite steps skipped before the run "
+                "aborts")->capture_default_str();
+  c->add_option("--logging-steps", o.logging_steps, "write metrics every N steps")
+      ->capture_default_str();
+  c->add_flag("!--no-tensorboard", o.tensorboard, "do not write TensorBoard event files");
+  c->add_flag("!--no-eval-before", o.eval_before, "skip the evaluation of the initial weights");
+}
+
+void report_result(const TrainResult& r) {
+  if (r.eval_before >= 0 || r.eval_after >= 0) {
+    std::printf("exact match: before %.1f%%  after %.1f%%\n", 100 * std::max(0.0, r.eval_before),
+                100 * std::max(0.0, r.eval_after));
+  }
+  std::printf("steps %lld -> %lld%s, checkpoint %s\n", static_cast<long long>(r.first_step),
+              static_cast<long long>(r.steps), r.stopped_by_signal ? " (stopped by a signal)" : "",
+              r.last_checkpoint.c_str());
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto o = std::make_shared<TrainOptions>();
+  CLI::App* c = app.add_subcommand(
+      "train", "On-policy distillation: the student samples, the teacher scores every token "
+               "(top-K), the student learns with a generalized JSD (DESIGN.md)");
+  add_trainer_flags(c, *o, true);
+  c->callback([o] { report_result(train(*o)); });
+
+  auto s = std::make_shared<TrainOptions>();
+  s->learning_rate = 1e-4;
+  s->lmbda = 0;
+  CLI::App* sft = app.add_subcommand(
+      "sft", "Supervised fine-tuning on dataset completions (the distillation trainer with a "
+             "one-hot teacher, i.e. cross-entropy)");
+  add_trainer_flags(sft, *s, false);
+  sft->callback([s] {
+    s->sft = true;
+    report_result(train(*s));
+  });
+}
+
+void register_eval(CLI::App& app) {
+  struct Opts {
+    std::string model;
+    std::vector<std::string> data;
+    int64_t max_new_tokens = 256, limit = 0;
+    double kv_cache_gb = 1.0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand(
+      "eval", "Exact-match accuracy of greedy completions on a JSONL set with reference "
+              "completions (prints one line; --json for an object)");
+  c->add_option("--model", o->model, "model directory")->required();
+  c->add_option("--data", o->data, "JSONL file(s) with reference completions")->required();
+  c->add_option("--max-new-tokens", o->max_new_tokens, "generation limit")->capture_default_str();
+  c->add_option("--limit", o->limit, "first N samples (0 = all)")->capture_default_str();
+  c->add_option("--kv-cache-gb", o->kv_cache_gb, "KV cache budget")->capture_default_str();
+  auto json = std::make_shared<bool>(false);
+  c->add_flag("--json", *json, "print a JSON object");
+  c->callback([o, json] {
+    Transformer model = Transformer::load(o->model);
+    Tokenizer tok = Tokenizer::load(o->model);
+    TokenizerTextEncoder enc(tok);
+    std::unique_ptr<ChatTemplate> tmpl;
+    std::unique_ptr<TemplateChatRenderer> chat;
+    if (tok.config().chat_template) {
+      tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o->model));
+      chat = std::make_unique<TemplateChatRenderer>(*tmpl);
+    }
+    Dataset data = Dataset::load(o->data, enc, chat.get(), DatasetOptions{});
+    EvalOptions eo;
+    eo.max_new_tokens = o->max_new_tokens;
+    eo.limit = o->limit;
+    eo.kv_cache_gb = o->kv_cache_gb;
+    EvalResult r = evaluate_exact_match(
+        model, generation_eos_ids(o->model, model.config(), &tok), data, eo);
+    for (const auto& w : r.wrong_examples) log_info("wrong: ", w);
+    if (*json)
+      std::printf("{\"model\": \"%s\", \"samples\": %lld, \"correct\": %lld, \"exact_match\": %.6f}\n",
+                  o->model.c_str(), static_cast<long long>(r.total),
+                  static_cast<long long>(r.correct), r.accuracy());
+    else
+      std::printf("%s: exact match %lld/%lld = %.1f%%\n", o->model.c_str(),
+                  static_cast<long long>(r.correct), static_cast<long long>(r.total),
+                  100 * r.accuracy());
+  });
+}
+
+void register_init(CLI::App& app) {
+  struct Opts {
+    std::string config, out, tokenizer;
+    uint64_t seed = 0;
+    double std = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand(
+      "init", "Write a randomly initialized model directory (N(0, initializer_range) weights, "
+              "unit norms) from a config.json");
+  c->add_option("--config", o->config, "config.json (llama / qwen2 / qwen3)")->required();
+  c->add_option("--out", o->out, "output model directory")->required();
+  c->add_option("--tokenizer", o->tokenizer, "directory whose tokenizer files are copied in");
+  c->add_option("--seed", o->seed, "initialization seed")->capture_default_str();
+  c->add_option("--std", o->std, "weight std (0 = config's initializer_range, else 0.02)")
+      ->capture_default_str();
+  c->callback([o] {
+    std::ifstream f(o->config, std::ios::binary);
+    OPD_CHECK(f.good(), Io, "cannot read ", o->config);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ModelConfig cfg = parse_model_config(text, o->config);
+    double std = o->std;
+    if (std <= 0) {
+      const auto j = nlohmann::json::parse(text, nullptr, false);
+      std = j.is_object() ? j.value("initializer_range", 0.02) : 0.02;
+    }
+    save_model_dir(o->out, cfg, init_weights(cfg, o->seed, std), o->tokenizer);
+    std::printf("%s: %s, %lld parameters (seed %llu, std %g)\n", o->out.c_str(),
+                architecture_name(cfg.arch), static_cast<long long>(cfg.num_parameters()),
+                static_cast<unsigned long long>(o->seed), std);
+  });
+}
+
+}  // namespace opd::cli

@@ -1,0 +1,825 @@
+// The on-policy distillation / SFT loop (see trainer.h for the step, resume and SFT contracts).
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/philox.h"
+#include "core/thread_pool.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "loss/fused_loss.h"
+#include "loss/loss_config.h"
+#include "loss/teacher_payload.h"
+#include "model/init.h"
+#include "model/transformer.h"
+#include "rollout/engine.h"
+#include "teacher/client.h"
+#include "teacher/scorer.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/fingerprint.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/eval.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+#include "train/schedule.h"
+#include "train/signals.h"
+#include "train/text_adapters.h"
+
+namespace opd {
+
+namespace fs = std::filesystem;
+
+nlohmann::json TrainOptions::to_json() const {
+  return {
+      {"student", student}, {"teacher", teacher}, {"teacher_url", teacher_url}, {"data", data},
+      {"eval_data", eval_data}, {"out", out}, {"sft", sft}, {"lmbda", lmbda}, {"seq_kd", seq_kd},
+      {"beta", beta}, {"loss_support", loss_support}, {"kd_temperature", kd_temperature},
+      {"sft_alpha", sft_alpha}, {"teacher_top_k", teacher_top_k}, {"vocab_policy", vocab_policy},
+      {"teacher_timeout_s", teacher_timeout_s}, {"temperature", temperature}, {"top_p", top_p},
+      {"top_k", top_k}, {"min_p", min_p}, {"num_generations", num_generations},
+      {"max_completion_length", max_completion_length},
+      {"max_prompt_length", max_prompt_length}, {"truncation", truncation},
+      {"kv_cache_gb", kv_cache_gb}, {"batch_size", batch_size},
+      {"micro_batch_size", micro_batch_size}, {"learning_rate", learning_rate},
+      {"lr_scheduler_type", lr_scheduler_type}, {"warmup_steps", warmup_steps},
+      {"warmup_ratio", warmup_ratio}, {"min_lr_ratio", min_lr_ratio},
+      {"weight_decay", weight_decay}, {"adam_beta1", adam_beta1}, {"adam_beta2", adam_beta2},
+      {"adam_epsilon", adam_epsilon}, {"max_grad_norm", max_grad_norm},
+      {"max_steps", max_steps}, {"num_train_epochs", num_train_epochs}, {"seed", seed},
+      {"save_steps", save_steps}, {"save_minutes", save_minutes},
+      {"save_total_limit", save_total_limit}, {"resume", resume}, {"eval_steps", eval_steps},
+      {"eval_limit", eval_limit}, {"max_bad_steps", max_bad_steps},
+      {"logging_steps", logging_steps}, {"tensorboard", tensorboard},
+      {"eval_before", eval_before}};
+}
+
+void TrainOptions::validate() const {
+  auto in = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  OPD_CHECK(!student.empty(), InvalidArgument, "--student is required");
+  OPD_CHECK(!data.empty(), InvalidArgument, "--data is required (one or more JSONL files)");
+  if (sft) {
+    OPD_CHECK(teacher.empty() && teacher_url.empty(), InvalidArgument,
+              "opd sft trains on dataset completions only: --teacher / --teacher-url not allowed");
+  } else {
+    OPD_CHECK(teacher.empty() != teacher_url.empty(), InvalidArgument,
+              "give exactly one of --teacher DIR (in-process) or --teacher-url URL");
+  }
+  OPD_CHECK(in(lmbda, 0, 1), InvalidArgument, "--lmbda ", lmbda, " must be in [0, 1]");
+  OPD_CHECK(!seq_kd || !teacher.empty(), InvalidArgument,
+            "--seq-kd needs an in-process teacher (--teacher DIR) to generate completions");
+  OPD_CHECK(in(beta, 0, 1), InvalidArgument, "--beta ", beta, " must be in [0, 1]");
+  OPD_CHECK(std::isfinite(kd_temperature) && kd_temperature > 0, InvalidArgument,
+            "--kd-temperature ", kd_temperature, " must be > 0");
+  OPD_CHECK(std::isfinite(temperature) && temperature >= 0, InvalidArgument, "--temperature ",
+            temperature, " must be >= 0 (0 = greedy)");
+  OPD_CHECK(in(sft_alpha, 0, 1e6), InvalidArgument, "--sft-alpha ", sft_alpha, " must be >= 0");
+  OPD_CHECK(teacher_top_k >= 1 && teacher_top_k <= 4096, InvalidArgument, "--teacher-top-k ",
+            teacher_top_k, " must be in [1, 4096]");
+  OPD_CHECK(num_generations >= 1 && num_generations <= 1024, InvalidArgument,
+            "--num-generations ", num_generations, " must be in [1, 1024]");
+  OPD_CHECK(max_completion_length >= 1, InvalidArgument, "--max-completion-length ",
+            max_completion_length, " must be >= 1");
+  OPD_CHECK(max_prompt_length >= 0, InvalidArgument, "--max-prompt-length must be >= 0");
+  OPD_CHECK(batch_size >= 1, InvalidArgument, "--batch-size ", batch_size, " must be >= 1");
+  OPD_CHECK(micro_batch_size >= 1, InvalidArgument, "--micro-batch-size ", micro_batch_size,
+            " must be >= 1");
+  OPD_CHECK(std::isfinite(learning_rate) && learning_rate >= 0, InvalidArgument,
+            "--learning-rate ", learning_rate, " must be >= 0");
+  OPD_CHECK(warmup_steps >= 0 && in(warmup_ratio, 0, 1) && in(min_lr_ratio, 0, 1),
+            InvalidArgument, "--warmup-steps >= 0, --warmup-ratio and --min-lr-ratio in [0, 1]");
+  OPD_CHECK(std::isfinite(max_grad_norm) && max_grad_norm >= 0, InvalidArgument,
+            "--max-grad-norm ", max_grad_norm, " must be >= 0");
+  OPD_CHECK(max_steps >= 0 && in(num_train_epochs, 0, 1e9), InvalidArgument,
+            "--max-steps >= 0 and --num-train-epochs >= 0");
+  OPD_CHECK(save_steps >= 0 && in(save_minutes, 0, 1e9) && save_total_limit >= 0,
+            InvalidArgument, "--save-steps, --save-minutes and --save-total-limit must be >= 0");
+  OPD_CHECK(eval_steps >= 0 && eval_limit >= 0 && max_bad_steps >= 0 && logging_steps >= 1,
+            InvalidArgument, "--eval-steps, --eval-limit, --max-bad-steps must be >= 0, "
+            "--logging-steps >= 1");
+  OPD_CHECK(in(kv_cache_gb, 1e-6, 1e6), InvalidArgument, "--kv-cache-gb ", kv_cache_gb,
+            " must be > 0");
+  OPD_CHECK(std::isfinite(teacher_timeout_s) && teacher_timeout_s >= 0, InvalidArgument,
+            "--teacher-timeout ", teacher_timeout_s, " must be >= 0");
+  parse_support_mode(loss_support);
+  parse_vocab_policy(vocab_policy);
+  parse_lr_schedule(lr_scheduler_type);
+  parse_truncation(truncation);
+  SamplingParams{temperature, top_p, top_k, min_p, 0}.validate();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Where a step's completions come from.
+enum class Source { OnPolicy, Dataset, Teacher };
+const char* source_name(Source s) {
+  return s == Source::OnPolicy ? "on-policy" : s == Source::Dataset ? "dataset" : "teacher";
+}
+
+// One training sequence [prompt | completion].
+struct Sequence {
+  std::vector<int32_t> ids;
+  int64_t prompt_len = 0;
+  bool from_dataset = false;  // completion is the dataset's (SFT rows)
+  bool truncated = false;     // the completion hit max_completion_length without EOS
+  std::vector<double> student_logprobs;  // on-policy: log q(y) at T=1 from the rollout
+  std::string source;         // dataset line of the prompt
+  int64_t completion_len() const { return static_cast<int64_t>(ids.size()) - prompt_len; }
+};
+
+// Philox streams of the loop's random draws (the key separates them from the sampler's).
+constexpr uint64_t kLmbdaStream = 0x6c6d6264610000ull;    // "lmbda"
+constexpr uint64_t kRolloutStream = 0x726f6c6c6f7574ull;  // "rollout"
+
+uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  OPD_CHECK(f.good(), Io, "cannot read ", path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// The one-hot "teacher" of SFT rows: K = 1, the target with logprob 0 (p = 1).
+TeacherTopK one_hot_teacher(const std::vector<int32_t>& targets) {
+  const int64_t n = static_cast<int64_t>(targets.size());
+  TeacherTopK t;
+  t.rows = n;
+  t.k = 1;
+  t.ids = Tensor::from_vector(targets, {n, 1});
+  t.logprobs = Tensor::zeros({n, 1}, DType::F32);
+  t.actual_logprobs = Tensor::zeros({n}, DType::F32);
+  t.valid = Tensor::from_vector(std::vector<int32_t>(n, 1), {n});
+  return t;
+}
+
+TeacherTopK slice_teacher(const TeacherTopK& t, int64_t begin, int64_t end) {
+  TeacherTopK s;
+  s.rows = end - begin;
+  s.k = t.k;
+  s.ids = t.ids.slice_rows(begin, end);
+  s.logprobs = t.logprobs.slice_rows(begin, end);
+  s.actual_logprobs = t.actual_logprobs.slice_rows(begin, end);
+  s.valid = t.valid.slice_rows(begin, end);
+  return s;
+}
+
+// Entropy of the teacher's K atoms + tail (a lower bound of its full entropy), nats per row.
+double teacher_topk_entropy_sum(const TeacherTopK& t) {
+  double total = 0;
+  const float* lp = t.logprobs.data<float>();
+  const int32_t* ids = t.ids.data<int32_t>();
+  for (int64_t r = 0; r < t.rows; ++r) {
+    double mass = 0, h = 0;
+    for (int64_t k = 0; k < t.k; ++k) {
+      if (ids[r * t.k + k] == kEmptySlot) continue;
+      const double a = lp[r * t.k + k];
+      mass += std::exp(a);
+      h -= std::exp(a) * a;
+    }
+    const double tail = 1 - mass;
+    if (tail > 1e-12) h -= tail * std::log(tail);
+    total += h;
+  }
+  return total;
+}
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainOptions& o) : o_(o) {}
+  TrainResult run();
+
+ private:
+  void setup();
+  void load_data();
+  void setup_teacher();
+  void build_optimizer();
+  void resume_if_any();
+  int64_t total_steps() const;
+  std::vector<Sequence> make_sequences(Source source, const std::vector<uint64_t>& picks,
+                                       int64_t step, double* rollout_s);
+  TeacherTopK score(const std::vector<Sequence>& seqs, PayloadStats* stats);
+  ScoreResponse score_with_retry(const ScoreRequest& request);
+  void save(int64_t step, const char* why);
+  void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
+  double evaluate(const char* when, int64_t step);
+
+  TrainOptions o_;
+  LossConfig loss_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;
+  std::unique_ptr<TokenizerTextEncoder> encoder_;
+  std::unique_ptr<TemplateChatRenderer> renderer_;
+  std::unique_ptr<Transformer> student_;
+  ModelWeights grads_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Scorer> scorer_;
+  std::unique_ptr<Transformer> teacher_model_;  // seq_kd generation
+  std::vector<int32_t> student_eos_, teacher_eos_;
+  std::unique_ptr<Dataset> data_, eval_data_;
+  std::unique_ptr<Sampler> sampler_;
+  LrSchedule schedule_;
+  std::string ckpt_root_;
+  std::map<std::string, std::string> export_files_;  // config + tokenizer files
+  std::unique_ptr<MetricsLog> metrics_;
+  int64_t step_ = 0, bad_steps_ = 0, tokens_seen_ = 0;
+  int64_t last_saved_step_ = -1;
+  Clock::time_point last_save_time_ = Clock::now();
+  TrainResult result_;
+};
+
+void Trainer::setup() {
+  std::error_code ec;
+  fs::create_directories(o_.out, ec);
+  OPD_CHECK(!ec, Io, "cannot create output directory ", o_.out, ": ", ec.message());
+  set_log_file(o_.out + "/train.log");
+  ckpt_root_ = o_.out + "/checkpoints";
+
+  loss_.beta = o_.beta;
+  loss_.temperature = o_.kd_temperature;
+  loss_.mode = parse_support_mode(o_.loss_support);
+  loss_.sft_alpha = o_.sft_alpha;
+  loss_.vocab_policy = parse_vocab_policy(o_.vocab_policy);
+  if (o_.sft) {  // forward KL to a one-hot teacher over {target, rest} = cross-entropy
+    loss_.beta = 0;
+    loss_.temperature = 1;
+    loss_.mode = SupportMode::TopKTail;
+    loss_.sft_alpha = 0;
+  }
+  OPD_CHECK(loss_.mode != SupportMode::Full, Unsupported,
+            "--loss-support full is not wired into opd train yet (use topk+tail, the default)");
+  check_loss_config(loss_);
+
+  log_info("loading student ", o_.student);
+  student_ = std::make_unique<Transformer>(Transformer::load(o_.student));
+  const ModelConfig& sc = student_->config();
+  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(o_.student));
+  OPD_CHECK(tokenizer_->vocab_size() <= sc.vocab_size, InvalidData, o_.student,
+            ": the tokenizer has ", tokenizer_->vocab_size(), " ids but the model's vocab_size is ",
+            sc.vocab_size);
+  if (tokenizer_->config().chat_template)
+    chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o_.student));
+  encoder_ = std::make_unique<TokenizerTextEncoder>(*tokenizer_);
+  if (chat_template_) renderer_ = std::make_unique<TemplateChatRenderer>(*chat_template_);
+  student_eos_ = generation_eos_ids(o_.student, sc, tokenizer_.get());
+  OPD_CHECK(!student_eos_.empty(), InvalidData, o_.student,
+            ": no EOS id (config.json, generation_config.json or tokenizer_config.json); "
+            "completions could never end");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                        "special_tokens_map.json"}) {
+    const std::string p = o_.student + "/" + f;
+    if (fs::exists(p)) export_files_[f] = read_text(p);
+  }
+  export_files_["config.json"] = model_config_to_json(sc) + "\n";
+  log_info("student: ", architecture_name(sc.arch), ", ", sc.num_parameters(), " parameters, ",
+           sc.num_hidden_layers, " layers, vocab ", sc.vocab_size);
+}
+
+void Trainer::load_data() {
+  DatasetOptions d;
+  d.max_prompt_length = o_.max_prompt_length;
+  d.truncation = parse_truncation(o_.truncation);
+  // On-policy-only runs may use prompt-only lines; anything with dataset completions needs them.
+  d.require_completion = o_.sft || o_.lmbda < 1 || o_.sft_alpha > 0;
+  if (o_.seq_kd) d.require_completion = o_.sft_alpha > 0;
+  data_ = std::make_unique<Dataset>(Dataset::load(o_.data, *encoder_, renderer_.get(), d));
+  log_info("data: ", data_->report().summary());
+  OPD_CHECK(data_->size() > 0, InvalidData, "no training samples in ", o_.data.front());
+  sampler_ = std::make_unique<Sampler>(data_->size(), o_.seed, SampleOrder::Shuffled,
+                                       data_->fingerprint());
+  if (!o_.eval_data.empty()) {
+    DatasetOptions e = d;
+    e.require_completion = true;
+    eval_data_ = std::make_unique<Dataset>(Dataset::load(o_.eval_data, *encoder_, renderer_.get(), e));
+    log_info("eval data: ", eval_data_->report().summary());
+  }
+}
+
+void Trainer::setup_teacher() {
+  if (o_.sft) return;
+  const ModelConfig& sc = student_->config();
+  const TokenizerFingerprint sfp = tokenizer_fingerprint(o_.student, sc.vocab_size);
+  if (!o_.teacher.empty()) {
+    log_info("loading teacher ", o_.teacher, " (in-process)");
+    scorer_ = std::make_unique<CpuScorer>(o_.teacher);
+    const TeacherInfo& ti = scorer_->info();
+    if (ti.vocab_size != sc.vocab_size || ti.fingerprint != sfp.sha256) {
+      OPD_CHECK(loss_.vocab_policy == VocabPolicy::ClipToStudent, InvalidData,
+                "teacher ", o_.teacher, " (vocab ", ti.vocab_size, ", tokenizer ",
+                ti.fingerprint.substr(0, 12), ") and student ", o_.student, " (vocab ",
+                sc.vocab_size, ", tokenizer ", sfp.sha256.substr(0, 12),
+                ") do not share a vocabulary; run `opd doctor` for details, or pass "
+                "--vocab-policy clip-to-student to drop teacher ids the student lacks");
+      log_warn("teacher and student vocabularies differ; clipping teacher ids to the student's");
+    }
+    if (o_.seq_kd) {
+      teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
+      teacher_eos_ = generation_eos_ids(o_.teacher, teacher_model_->config(), tokenizer_.get());
+    }
+  } else {
+    ClientOptions c;
+    c.url = o_.teacher_url;
+    c.student_vocab = sc.vocab_size;
+    c.student_fingerprint = sfp.sha256;
+    c.loss = loss_;
+    log_info("connecting to teacher ", o_.teacher_url);
+    scorer_ = std::make_unique<TeacherClient>(c);
+  }
+}
+
+void Trainer::build_optimizer() {
+  grads_ = zeros_weights(student_->config(), DType::F32);
+  std::vector<OptimParam> params;
+  std::vector<Tensor> g;
+  grads_.for_each([&](const std::string&, Tensor& t) { g.push_back(t); });
+  size_t i = 0;
+  student_->weights().for_each([&](const std::string&, Tensor& w) {
+    params.push_back(OptimParam{w, g[i++], Tensor()});
+  });
+  AdamWConfig ac;
+  ac.beta1 = o_.adam_beta1;
+  ac.beta2 = o_.adam_beta2;
+  ac.eps = o_.adam_epsilon;
+  ac.weight_decay = o_.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(std::move(params), ac);
+  schedule_.kind = parse_lr_schedule(o_.lr_scheduler_type);
+  schedule_.base_lr = o_.learning_rate;
+  schedule_.total_steps = total_steps();
+  schedule_.warmup_steps =
+      o_.warmup_steps > 0 ? o_.warmup_steps
+                          : static_cast<int64_t>(std::ceil(o_.warmup_ratio * schedule_.total_steps));
+  schedule_.min_lr_ratio = o_.min_lr_ratio;
+}
+
+int64_t Trainer::total_steps() const {
+  if (o_.max_steps > 0) return o_.max_steps;
+  const double steps = std::ceil(o_.num_train_epochs * static_cast<double>(data_->size()) /
+                                 static_cast<double>(o_.batch_size));
+  return std::max<int64_t>(1, static_cast<int64_t>(steps));
+}
+
+void Trainer::resume_if_any() {
+  std::optional<CheckpointData> ck;
+  if (o_.resume == "never") {
+    OPD_CHECK(list_checkpoints(ckpt_root_).empty(), InvalidArgument, "--resume never, but ",
+              ckpt_root_, " already holds checkpoints; use another --out or --resume auto");
+    return;
+  }
+  if (o_.resume == "auto") {
+    ck = load_latest_checkpoint(ckpt_root_);
+    if (!ck) return;
+  } else {
+    ck = load_checkpoint(o_.resume);
+  }
+  const auto& model = ck->tensor_files.at("model");
+  const auto& opt = ck->tensor_files.at("optimizer");
+  size_t i = 0;
+  auto& m = optimizer_->exp_avg();
+  auto& v = optimizer_->exp_avg_sq();
+  student_->weights().for_each([&](const std::string& name, Tensor& w) {
+    auto it = model.find(name);
+    OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
+              name, " (a checkpoint of another model?)");
+    OPD_CHECK(it->second.shape() == w.shape() && it->second.dtype() == DType::F32, InvalidData,
+              "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs ",
+              w.describe());
+    w.copy_from(it->second);
+    m[i].copy_from(opt.at("exp_avg." + name));
+    v[i].copy_from(opt.at("exp_avg_sq." + name));
+    ++i;
+  });
+  const auto& st = ck->state;
+  optimizer_->set_steps(st.at("optimizer_steps").get<int64_t>());
+  sampler_->restore(st.at("sampler"));
+  step_ = ck->step;
+  bad_steps_ = st.value("bad_steps", int64_t{0});
+  tokens_seen_ = st.value("tokens_seen", int64_t{0});
+  last_saved_step_ = step_;
+  const nlohmann::json saved = st.value("options", nlohmann::json::object());
+  for (const char* key : {"batch_size", "micro_batch_size", "lmbda", "beta", "loss_support",
+                          "kd_temperature", "learning_rate", "seed", "num_generations",
+                          "max_completion_length", "teacher_top_k"}) {
+    const nlohmann::json now = o_.to_json().at(key);
+    if (saved.contains(key) && saved[key] != now)
+      log_warn("resume: --", key, " was ", saved[key].dump(), " in the checkpoint, now ",
+               now.dump(), " (the resumed run is not the same run)");
+  }
+  log_info("resumed from checkpoint step ", step_, " (", ckpt_root_, ")");
+}
+
+void Trainer::save(int64_t step, const char* why) {
+  if (step == last_saved_step_) return;
+  CheckpointData ck;
+  ck.step = step;
+  auto& model = ck.tensor_files["model"];
+  auto& opt = ck.tensor_files["optimizer"];
+  size_t i = 0;
+  const auto& m = optimizer_->exp_avg();
+  const auto& v = optimizer_->exp_avg_sq();
+  student_->weights().for_each([&](const std::string& name, Tensor& w) {
+    model[name] = w;
+    opt["exp_avg." + name] = m[i];
+    opt["exp_avg_sq." + name] = v[i];
+    ++i;
+  });
+  ck.state["optimizer_steps"] = optimizer_->steps();
+  ck.state["sampler"] = sampler_->save();
+  ck.state["bad_steps"] = bad_steps_;
+  ck.state["tokens_seen"] = tokens_seen_;
+  ck.state["options"] = o_.to_json();
+  ck.files = export_files_;
+  const auto t0 = Clock::now();
+  const std::string path = save_checkpoint(ckpt_root_, ck, static_cast<int>(o_.save_total_limit));
+  last_saved_step_ = step;
+  last_save_time_ = Clock::now();
+  result_.last_checkpoint = path;
+  log_info("checkpoint ", path, " (", why, ", ", static_cast<int>(seconds_since(t0) * 1000),
+           " ms); a Hugging Face model directory");
+}
+
+void Trainer::save_bad_batch(int64_t step, const std::vector<Sequence>& seqs,
+                             const std::string& why) {
+  nlohmann::json j;
+  j["step"] = step;
+  j["reason"] = why;
+  for (const auto& s : seqs)
+    j["sequences"].push_back({{"ids", s.ids}, {"prompt_len", s.prompt_len}, {"source", s.source}});
+  const std::string dir = o_.out + "/bad_batches";
+  fs::create_directories(dir);
+  const std::string path = dir + "/step-" + std::to_string(step) + ".json";
+  write_file_atomic(path, j.dump());
+  log_warn("step ", step, " skipped: ", why, "; batch saved to ", path);
+}
+
+std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<uint64_t>& picks,
+                                              int64_t step, double* rollout_s) {
+  std::vector<Sequence> seqs;
+  if (source == Source::Dataset) {
+    for (uint64_t p : picks) {
+      const Sample& s = (*data_)[p];
+      Sequence q;
+      q.ids = s.prompt_ids;
+      q.prompt_len = static_cast<int64_t>(s.prompt_ids.size());
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.completion_ids.size()),
+                                          o_.max_completion_length);
+      q.ids.insert(q.ids.end(), s.completion_ids.begin(), s.completion_ids.begin() + n);
+      q.truncated = n < static_cast<int64_t>(s.completion_ids.size());
+      q.from_dataset = true;
+      q.source = s.source;
+      seqs.push_back(std::move(q));
+    }
+    return seqs;
+  }
+  const auto t0 = Clock::now();
+  const Transformer& model = source == Source::OnPolicy ? *student_ : *teacher_model_;
+  const auto& eos = source == Source::OnPolicy ? student_eos_ : teacher_eos_;
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < picks.size(); ++i) {
+    const Sample& s = (*data_)[picks[i]];
+    GenerationRequest r;
+    r.prompt = s.prompt_ids;
+    r.sampling = SamplingParams{o_.temperature, o_.top_p, o_.top_k, o_.min_p,
+                                mix64(o_.seed ^ mix64(kRolloutStream + static_cast<uint64_t>(step)))};
+    r.n = source == Source::OnPolicy ? o_.num_generations : 1;
+    r.max_new_tokens = o_.max_completion_length;
+    // The same prompt drawn twice in one step still gets independent samples.
+    r.stream_key = prompt_stream_key(r.prompt) ^ mix64(i + 1);
+    reqs.push_back(std::move(r));
+  }
+  EngineOptions eo;
+  eo.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+  RolloutEngine engine(model, eo, eos);
+  auto out = engine.generate(reqs);
+  for (size_t i = 0; i < picks.size(); ++i) {
+    const Sample& s = (*data_)[picks[i]];
+    for (const auto& smp : out[i].samples) {
+      Sequence q;
+      q.ids = s.prompt_ids;
+      q.prompt_len = static_cast<int64_t>(s.prompt_ids.size());
+      q.ids.insert(q.ids.end(), smp.ids.begin(), smp.ids.end());
+      q.truncated = smp.finish_reason == FinishReason::Length;
+      if (source == Source::OnPolicy) q.student_logprobs = smp.model_logprobs;
+      q.source = s.source;
+      seqs.push_back(std::move(q));
+    }
+  }
+  *rollout_s += seconds_since(t0);
+  return seqs;
+}
+
+ScoreResponse Trainer::score_with_retry(const ScoreRequest& request) {
+  const auto t0 = Clock::now();
+  double delay = 1;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return scorer_->score(request);
+    } catch (const Error& e) {
+      // Only transport failures are worth waiting for; a bad response or request is not.
+      if (e.kind() != ErrorKind::Io || o_.teacher_url.empty()) throw;
+      const double waited = seconds_since(t0);
+      OPD_CHECK(waited < o_.teacher_timeout_s, Io, "teacher ", o_.teacher_url,
+                " unreachable for ", static_cast<int64_t>(waited), " s (--teacher-timeout ",
+                o_.teacher_timeout_s, " s): ", e.what());
+      log_warn("teacher unreachable (attempt ", attempt, ", waited ",
+               static_cast<int64_t>(waited), " s of ", o_.teacher_timeout_s,
+               "): ", e.what(), "; retrying in ", delay, " s");
+      for (double slept = 0; slept < delay; slept += 0.1) {
+        if (stop_requested() != StopRequest::None) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      delay = std::min(delay * 2, 30.0);
+    }
+  }
+}
+
+TeacherTopK Trainer::score(const std::vector<Sequence>& seqs, PayloadStats* stats) {
+  ScoreRequest req;
+  for (const auto& s : seqs)
+    req.sequences.push_back({s.ids, s.prompt_len, static_cast<int64_t>(s.ids.size())});
+  req.k = std::min<int64_t>(o_.teacher_top_k, scorer_->info().vocab_size);
+  req.temperature = loss_.temperature;
+  req.model_fingerprint = scorer_->info().fingerprint;
+  ScoreResponse resp = score_with_retry(req);
+  check_response_matches(resp, req);
+  return validate_teacher_payload(to_teacher_payload(resp), completion_layout(req),
+                                  student_->config().vocab_size, loss_, DType::F32, stats);
+}
+
+double Trainer::evaluate(const char* when, int64_t step) {
+  if (!eval_data_) return -1;
+  const auto t0 = Clock::now();
+  EvalOptions eo;
+  eo.max_new_tokens = o_.max_completion_length;
+  eo.limit = o_.eval_limit;
+  eo.kv_cache_gb = o_.kv_cache_gb;
+  EvalResult r = evaluate_exact_match(*student_, student_eos_, *eval_data_, eo);
+  log_info("eval (", when, ", step ", step, "): exact match ", r.correct, "/", r.total, " = ",
+           r.accuracy() * 100, "% (", static_cast<int>(seconds_since(t0) * 1000), " ms)");
+  for (const auto& w : r.wrong_examples) log_debug("  wrong: ", w);
+  if (metrics_) metrics_->write(step, {{"eval/exact_match", r.accuracy()}, {"eval/samples", r.total}});
+  return r.accuracy();
+}
+
+TrainResult Trainer::run() {
+  install_training_signal_handlers();
+  setup();
+  load_data();
+  setup_teacher();
+  build_optimizer();
+  resume_if_any();
+  const int64_t total = total_steps();
+  result_.first_step = step_;
+  {
+    nlohmann::json cfg = o_.to_json();
+    cfg["total_steps"] = total;
+    cfg["loss"] = describe(loss_);
+    write_file_atomic(o_.out + "/config.json", cfg.dump(2) + "\n");
+  }
+  metrics_ = std::make_unique<MetricsLog>(o_.out, o_.tensorboard);
+  metrics_->truncate_after(step_);
+  log_info(o_.sft ? "sft" : "distillation", ": ", describe(loss_), ", lmbda ", o_.lmbda,
+           ", steps ", step_, " -> ", total, ", batch ", o_.batch_size, " prompts x ",
+           o_.num_generations, ", output ", o_.out);
+  if (o_.eval_before && step_ == 0) result_.eval_before = evaluate("before training", 0);
+
+  Progress progress(total, step_, Progress::stderr_is_tty());
+  int hangups_seen = hangups_received();
+  const auto run_t0 = Clock::now();
+  while (step_ < total) {
+    if (hangups_received() != hangups_seen) {
+      hangups_seen = hangups_received();
+      log_warn("SIGHUP received (terminal closed?); training continues, log in ", o_.out,
+               "/train.log");
+    }
+    if (stop_requested() != StopRequest::None) {
+      result_.stopped_by_signal = true;
+      break;
+    }
+    const auto step_t0 = Clock::now();
+    const int64_t step = step_;
+    // 1. prompts (on a copy of the sampler: an abandoned step consumes nothing)
+    Sampler sampler = *sampler_;
+    std::vector<uint64_t> picks;
+    for (int64_t i = 0; i < o_.batch_size; ++i) picks.push_back(sampler.next());
+    // 2. completions
+    Source source = Source::Dataset;
+    if (!o_.sft) {
+      const double u = philox_uniform(o_.seed, kLmbdaStream, static_cast<uint64_t>(step));
+      if (u < o_.lmbda) source = Source::OnPolicy;
+      else if (o_.seq_kd) source = Source::Teacher;
+    }
+    double rollout_s = 0, score_s = 0, train_s = 0;
+    std::vector<Sequence> seqs = make_sequences(source, picks, step, &rollout_s);
+    std::erase_if(seqs, [](const Sequence& s) { return s.completion_len() == 0; });
+    int64_t n_total = 0, truncated = 0;
+    for (const auto& s : seqs) {
+      n_total += s.completion_len();
+      truncated += s.truncated;
+    }
+    if (n_total == 0) {
+      log_warn("step ", step, ": no completion tokens (every completion empty); skipped");
+      *sampler_ = sampler;
+      ++step_;
+      continue;
+    }
+    if (stop_requested() != StopRequest::None) {
+      result_.stopped_by_signal = true;
+      break;
+    }
+    // 3. teacher
+    TeacherTopK teacher;
+    PayloadStats pstats;
+    std::vector<int32_t> all_targets;
+    for (const auto& s : seqs)
+      all_targets.insert(all_targets.end(), s.ids.begin() + s.prompt_len, s.ids.end());
+    if (o_.sft) {
+      teacher = one_hot_teacher(all_targets);
+    } else {
+      const auto t0 = Clock::now();
+      try {
+        teacher = score(seqs, &pstats);
+      } catch (const Error&) {
+        if (stop_requested() != StopRequest::None) {
+          result_.stopped_by_signal = true;
+          break;
+        }
+        throw;
+      }
+      score_s = seconds_since(t0);
+    }
+    // 4. micro-batches: forward, fused loss, backward
+    const auto train_t0 = Clock::now();
+    double loss = 0, div_sum = 0, ce_sum = 0;
+    int64_t tail_clamped = 0;
+    const int64_t H = student_->config().hidden_size;
+    int64_t row0 = 0;
+    for (size_t b0 = 0; b0 < seqs.size(); b0 += static_cast<size_t>(o_.micro_batch_size)) {
+      const size_t b1 = std::min(seqs.size(), b0 + static_cast<size_t>(o_.micro_batch_size));
+      std::vector<std::vector<int32_t>> ids;
+      int64_t rows = 0;
+      for (size_t b = b0; b < b1; ++b) {
+        ids.push_back(seqs[b].ids);
+        rows += seqs[b].completion_len();
+      }
+      Batch batch = make_batch(ids, student_->config().vocab_size);
+      ForwardCache cache;
+      Tensor hidden = student_->forward_hidden(batch, &cache);
+      // Row r of the loss predicts completion token p from the hidden state at p - 1.
+      Tensor rows_h = Tensor::empty({rows, H}, DType::F32);
+      std::vector<int32_t> targets, sft_rows;
+      std::vector<int64_t> src_rows;
+      const int32_t* cu = batch.cu_seqlens.data<int32_t>();
+      for (size_t b = b0; b < b1; ++b) {
+        const auto& s = seqs[b];
+        for (int64_t p = s.prompt_len; p < static_cast<int64_t>(s.ids.size()); ++p) {
+          src_rows.push_back(cu[b - b0] + p - 1);
+          targets.push_back(s.ids[p]);
+          sft_rows.push_back(s.from_dataset ? 1 : 0);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(hidden.data<float>() + src_rows[r] * H, H, rows_h.data<float>() + r * H);
+      TeacherTopK t = slice_teacher(teacher, row0, row0 + rows);
+      FusedLossArgs args;
+      args.hidden = rows_h;
+      args.lm_head = student_->weights().lm_head;
+      args.targets = Tensor::from_vector(targets, {rows});
+      args.weights = Tensor::from_vector(std::vector<float>(rows, 1.0f), {rows});
+      args.sft_rows = Tensor::from_vector(sft_rows, {rows});
+      args.teacher = &t;
+      args.n_total = static_cast<double>(n_total);
+      Tensor d_rows = Tensor::empty({rows, H}, DType::F32);
+      LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head);
+      loss += lr.loss;
+      div_sum += lr.divergence_sum;
+      ce_sum += lr.ce_sum;
+      tail_clamped += lr.tail_clamped;
+      Tensor dhidden = Tensor::zeros(hidden.shape(), DType::F32);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = dhidden.data<float>() + src_rows[r] * H;
+        const float* src = d_rows.data<float>() + r * H;
+        for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
+      }
+      student_->backward_hidden(batch, cache, dhidden, grads_);
+      row0 += rows;
+    }
+    // 5. update (or skip a non-finite step)
+    const double lr_now = schedule_.lr_at(step);
+    const double gnorm = optimizer_->grad_norm();
+    bool skipped = false;
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      ++bad_steps_;
+      skipped = true;
+      save_bad_batch(step, seqs, cat("non-finite ", std::isfinite(loss) ? "gradient norm " : "loss ",
+                                     std::isfinite(loss) ? gnorm : loss));
+      OPD_CHECK(bad_steps_ <= o_.max_bad_steps, InvalidData, bad_steps_,
+                " non-finite steps (more than --max-bad-steps ", o_.max_bad_steps,
+                "); the last batch is in ", o_.out, "/bad_batches");
+    } else {
+      optimizer_->step(lr_now, o_.max_grad_norm);
+    }
+    grads_.for_each([](const std::string&, Tensor& g) { g.fill_zero(); });
+    train_s = seconds_since(train_t0);
+    *sampler_ = sampler;
+    ++step_;
+    tokens_seen_ += n_total;
+    // 6. metrics, progress, checkpoint, eval
+    const double step_s = seconds_since(step_t0);
+    nlohmann::json m;
+    m["loss"] = loss;
+    m["divergence"] = div_sum / static_cast<double>(n_total);
+    if (loss_.sft_alpha > 0) m["ce"] = ce_sum / static_cast<double>(n_total);
+    m["lr"] = lr_now;
+    m["grad_norm"] = gnorm;
+    m["source"] = source_name(source);
+    m["on_policy"] = source == Source::OnPolicy ? 1 : 0;
+    m["completion_tokens"] = n_total;
+    m["completion_len_mean"] = static_cast<double>(n_total) / static_cast<double>(seqs.size());
+    m["truncated_share"] = static_cast<double>(truncated) / static_cast<double>(seqs.size());
+    m["skipped"] = skipped ? 1 : 0;
+    if (!o_.sft) {
+      m["teacher_entropy_topk"] = teacher_topk_entropy_sum(teacher) / static_cast<double>(n_total);
+      if (loss_.mode == SupportMode::TopKTail) m["tail_clamped"] = tail_clamped;
+      if (source == Source::OnPolicy) {
+        // Reverse KL estimate on the student's own samples: E_q[log q(y) - log p(y)] (T = 1
+        // student logprobs from the rollout; exact per token only when the distillation T is 1).
+        double rk = 0;
+        int64_t r = 0;
+        const float* ta = teacher.actual_logprobs.data<float>();
+        for (const auto& s : seqs)
+          for (double lq : s.student_logprobs) rk += lq - ta[r++];
+        m["reverse_kl_estimate"] = rk / static_cast<double>(n_total);
+      }
+      m["time/score_s"] = score_s;
+      m["tokens_per_s/score"] = score_s > 0 ? n_total / score_s : 0;
+    }
+    m["time/rollout_s"] = rollout_s;
+    if (rollout_s > 0) m["tokens_per_s/rollout"] = n_total / rollout_s;
+    m["time/train_s"] = train_s;
+    m["tokens_per_s/train"] = train_s > 0 ? n_total / train_s : 0;
+    m["time/step_s"] = step_s;
+    m["memory/peak_rss_bytes"] = peak_rss_bytes();
+    m["bad_steps"] = bad_steps_;
+    if (step_ % o_.logging_steps == 0 || step_ == total) metrics_->write(step_, m);
+    result_.last_loss = loss;
+    progress.update(step_, {{"loss", cat(loss)}, {"src", source_name(source)}},
+                    static_cast<double>(tokens_seen_) / std::max(1e-9, seconds_since(run_t0)));
+    if (o_.save_steps > 0 && step_ % o_.save_steps == 0) save(step_, "every --save-steps");
+    else if (o_.save_minutes > 0 && seconds_since(last_save_time_) >= o_.save_minutes * 60)
+      save(step_, "every --save-minutes");
+    if (o_.eval_steps > 0 && step_ % o_.eval_steps == 0 && step_ < total) evaluate("during", step_);
+  }
+  progress.finish();
+  result_.steps = step_;
+  result_.bad_steps = bad_steps_;
+  if (result_.stopped_by_signal) {
+    log_warn("stop requested (", stop_requested() == StopRequest::Interrupt ? "SIGINT" : "SIGTERM",
+             "): saving step ", step_, " and exiting");
+    save(step_, "stop signal");
+    return result_;
+  }
+  save(step_, "end of training");
+  if (step_ > result_.first_step || o_.eval_before) result_.eval_after = evaluate("after training", step_);
+  log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", checkpoint ",
+           result_.last_checkpoint);
+  return result_;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options) {
+  options.validate();
+  Trainer t(options);
+  return t.run();
+}
+
+}  // namespace opd
