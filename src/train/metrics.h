@@ -5,6 +5,7 @@
 // written in JSON and appear as null (readers treat null as a gap). Every line is written with
 // one write(2) on an O_APPEND descriptor, so a crashed process loses at most the line it was
 // writing; a torn last line is dropped when the log is reopened and skipped by read().
+// One writer per run directory (rank 0 of a distributed run); write() is thread-safe.
 //
 // TensorBoard: events.out.tfevents.<unix time>.<hostname>.<pid> in TFRecord framing
 //   uint64 length | uint32 masked_crc32c(length bytes) | data | uint32 masked_crc32c(data)

@@ -45,7 +45,8 @@ bool Progress::stderr_is_tty() { return ::isatty(STDERR_FILENO) == 1; }
 
 std::string Progress::format_eta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "-:--:--";
-  const int64_t s = std::min<int64_t>(static_cast<int64_t>(std::llround(seconds)), int64_t{359999999});
+  // Clamped before the conversion: llround of a huge double is undefined. 99999:59:59 at most.
+  const int64_t s = std::llround(std::min(seconds, 359999999.0));
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
                 static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
@@ -66,7 +67,11 @@ std::string Progress::render_bar(int64_t step, int64_t total, int width) {
   if (width <= 0 || total <= 0) return "";
   const double frac = std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0);
   const int filled = static_cast<int>(frac * width);
-  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+  std::string bar(static_cast<size_t>(width) + 2, '.');  // built in place: GCC 12 warns
+  bar.front() = '[';                                     // falsely on "lit" + string&&
+  bar.back() = ']';
+  std::fill_n(bar.begin() + 1, filled, '#');
+  return bar;
 }
 
 std::string Progress::render_line(int64_t step, int64_t total, const ProgressFields& fields,
@@ -136,11 +141,12 @@ double Progress::eta_seconds(int64_t step, double now) const {
 void Progress::update(int64_t step, const ProgressFields& fields, double tokens_per_s) {
   const double now = opt_.clock();
   const double eta = eta_seconds(step, now);
-  last_step_ = step;
   if (interactive_) {
     // \r returns to column 0, \x1b[K clears what a longer previous line left.
-    opt_.tty_write("\r" + render_line(step, total_, fields, tokens_per_s, eta, opt_.bar_width, opt_.columns) +
-                   "\x1b[K");
+    std::string line = "\r";
+    line += render_line(step, total_, fields, tokens_per_s, eta, opt_.bar_width, opt_.columns);
+    line += "\x1b[K";
+    opt_.tty_write(line);
     drawn_ = true;
     return;
   }
@@ -153,6 +159,13 @@ void Progress::update(int64_t step, const ProgressFields& fields, double tokens_
     last_state_logged_ = true;
   } else {
     last_state_logged_ = false;
+  }
+}
+
+void Progress::clear() {
+  if (interactive_ && drawn_ && !finished_) {
+    opt_.tty_write("\r\x1b[K");
+    drawn_ = false;
   }
 }
 

@@ -38,6 +38,10 @@ class Progress {
   void update(int64_t step, const ProgressFields& fields, double tokens_per_s);
   // Ends the redrawn line (newline) on a terminal; logs the last state if it was not logged.
   void finish();
+  // On a terminal, erases the drawn line so that a log line written next (a checkpoint saved,
+  // a warning) starts at column 0 instead of after the bar; the next update() redraws it.
+  // Does nothing otherwise.
+  void clear();
 
   // Pure formatting, exposed for tests.
   static std::string format_eta(double seconds);        // h:mm:ss; "-:--:--" when unknown
@@ -57,7 +61,6 @@ class Progress {
   ProgressOptions opt_;
   double start_ = 0, last_log_ = 0;
   bool logged_any_ = false, drawn_ = false, finished_ = false;
-  int64_t last_step_ = -1;
   std::string last_log_line_;  // the newest state as a log line, for finish()
   bool last_state_logged_ = true;
 };
