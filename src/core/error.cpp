@@ -12,6 +12,7 @@ std::string_view error_kind_name(ErrorKind kind) {
     case ErrorKind::OutOfMemory: return "out of memory";
     case ErrorKind::Cuda: return "CUDA error";
     case ErrorKind::Internal: return "internal error";
+    case ErrorKind::Cancelled: return "cancelled";
   }
   return "error";
 }

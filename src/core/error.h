@@ -18,6 +18,7 @@ enum class ErrorKind {
   OutOfMemory,
   Cuda,             // CUDA runtime / cuBLAS / NCCL failure (names the call)
   Internal,         // a broken invariant of opd itself
+  Cancelled,        // long work stopped on request (e.g. a stop signal during a rollout)
 };
 
 std::string_view error_kind_name(ErrorKind kind);

@@ -174,6 +174,8 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   };
 
   while (!waiting.empty() || !running.empty()) {
+    if (options_.should_cancel && options_.should_cancel())
+      OPD_FAIL(Cancelled, "generation cancelled after ", stats_.steps, " steps");
     struct Scheduled {
       Sequence* seq;
       int64_t end;

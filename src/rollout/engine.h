@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,9 @@ struct EngineOptions {
   int64_t block_size = 16;        // tokens per KV block
   int64_t max_step_tokens = 512;  // tokens per forward step (the prefill chunk budget)
   int64_t max_running = 256;      // sequences in the running batch
+  // Polled once per step: returning true stops generate() with a Cancelled error (a training
+  // run's stop signal must not wait for a long rollout to finish).
+  std::function<bool()> should_cancel;
   void validate() const;
 };
 

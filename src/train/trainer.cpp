@@ -527,6 +527,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
   }
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+  eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
   RolloutEngine engine(model, eo, eos);
   auto out = engine.generate(reqs);
   for (size_t i = 0; i < picks.size(); ++i) {
@@ -648,7 +649,14 @@ TrainResult Trainer::run() {
       else if (o_.seq_kd) source = Source::Teacher;
     }
     double rollout_s = 0, score_s = 0, train_s = 0;
-    std::vector<Sequence> seqs = make_sequences(source, picks, step, &rollout_s);
+    std::vector<Sequence> seqs;
+    try {
+      seqs = make_sequences(source, picks, step, &rollout_s);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Cancelled) throw;
+      result_.stopped_by_signal = true;  // the step is abandoned: nothing of it was applied
+      break;
+    }
     std::erase_if(seqs, [](const Sequence& s) { return s.completion_len() == 0; });
     int64_t n_total = 0, truncated = 0;
     for (const auto& s : seqs) {

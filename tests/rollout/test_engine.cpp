@@ -456,3 +456,31 @@ TEST(GenerationEosIds, UnionOfConfigGenerationConfigAndTokenizer) {
 
 }  // namespace
 }  // namespace opd
+
+namespace opd {
+namespace {
+
+TEST(Engine, CancelStopsGenerationWithANamedError) {
+  Transformer model = Transformer::load(test::model_dir("qwen3"));
+  const int64_t V = model.config().vocab_size;
+  GenerationRequest r = sampled(seeded_prompt(60, 5, V), 1, 4);
+  r.max_new_tokens = 30;
+  EngineOptions opt;
+  int polls = 0;
+  opt.should_cancel = [&] { return ++polls > 5; };
+  RolloutEngine engine(model, opt, {});
+  try {
+    engine.generate({r});
+    FAIL() << "generate must stop when should_cancel says so";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Cancelled);
+  }
+  EXPECT_EQ(polls, 6);
+  // Without the request to cancel the same engine runs to the end.
+  opt.should_cancel = [] { return false; };
+  RolloutEngine free_run(model, opt, {});
+  EXPECT_EQ(free_run.generate({r})[0].samples[0].ids.size(), 30u);
+}
+
+}  // namespace
+}  // namespace opd
