@@ -30,6 +30,7 @@ __global__ void check_indices_kernel(const int32_t* values, int64_t n, IndexRule
     switch (rule) {
       case IndexRule::InRange: ok = v >= 0 && v < limit; break;
       case IndexRule::InRangeOrIgnore: ok = v == kIgnore || (v >= 0 && v < limit); break;
+      case IndexRule::InRangeOrNone: ok = v == -1 || (v >= 0 && v < limit); break;
       default: ok = v >= 0; break;
     }
     if (!ok && static_cast<int>(i) < bad) bad = static_cast<int>(i);
