@@ -40,7 +40,7 @@ def build_model(args):
     model = Qwen3ForCausalLM(cfg)
     if args.params == "bf16":
         model = model.to(torch.bfloat16)
-    model = model.cuda()
+    model = model.to(args.device)
     if args.recompute:
         model.gradient_checkpointing_enable()
     model.train()
@@ -84,14 +84,15 @@ def main():
     ap.add_argument("--params", choices=["fp32-autocast", "bf16"], default="fp32-autocast")
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke test of the script")
     args = ap.parse_args()
     if not 0 < args.beta < 1:
         raise SystemExit("this twin implements 0 < beta < 1 (the W1 setting)")
 
-    dev = "cuda"
+    dev = args.device
     model = build_model(args)
     params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=dev == "cuda")
     S, P, C, K, V = args.prompt + args.completion, args.prompt, args.completion, args.k, 151936
     B = args.micro_batch
     n_mb = args.sequences // B
@@ -101,17 +102,17 @@ def main():
     for _ in range(n_mb):
         ids = torch.randint(0, V, (B, S), device=dev, generator=g)
         base = torch.randint(0, V, (B, C, 1), device=dev, generator=g)
-        stride = torch.randint(1, 2372, (B, C, 1), device=dev, generator=g)
+        stride = torch.randint(1, max(2, (V - 1) // K + 1), (B, C, 1), device=dev, generator=g)
         top_ids = (base + stride * torch.arange(K, device=dev)) % V
-        decay = 0.02 + 0.08 * torch.rand((B, C, 1), device=dev, generator=g)
-        top_lp = -2.0 - decay * torch.arange(K, device=dev)
+        decay = 0.06 + 0.1 * torch.rand((B, C, 1), device=dev, generator=g)  # mass 0.34-0.84
+        top_lp = -3.0 - decay * torch.arange(K, device=dev)
         mbs.append((ids, top_ids, top_lp.float()))
     autocast = args.params == "fp32-autocast"
 
     def step():
         total = 0.0
         for ids, top_ids, top_lp in mbs:
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autocast(dev, dtype=torch.bfloat16, enabled=autocast):
                 logits = model(input_ids=ids).logits  # dense [B, S, V], as TRL computes it
             comp = logits[:, P - 1:S - 1]  # rows predicting the completion tokens
             loss = jsd_topk_tail(comp, top_ids, top_lp, args.beta, args.temperature).sum() / n_total
@@ -124,13 +125,16 @@ def main():
         opt.zero_grad(set_to_none=True)
         return float(total), float(gn)
 
+    cuda = dev == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     times = []
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for i in range(args.warmup + args.steps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         loss, gn = step()
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
         if not args.json:
             print(f"  torch step {i}{' (warm-up)' if i < args.warmup else ''}: {dt * 1e3:.1f} ms, "
@@ -142,13 +146,13 @@ def main():
     attn = 3 * 2 * S * S * 128 * 16 * args.layers * args.sequences
     flops = 6 * params * tokens + attn
     out = {
-        "bench": "train_torch", "device": torch.cuda.get_device_name(0),
+        "bench": "train_torch", "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "torch": torch.__version__, "params_mode": args.params, "recompute": args.recompute,
         "params": params, "step_s": s, "step_s_all": times, "tokens_per_s": tokens / s,
         "tflops": flops / s / 1e12, "mfu_measured_peak": flops / s / 776e12,
         "mfu_spec_peak": flops / s / 989e12,
-        "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-        "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "loss": loss,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else 0, "loss": loss,
     }
     if not args.json:
         print(f"torch: {s:.3f} s/step, {tokens / s:.0f} tokens/s, MFU {100 * flops / s / 776e12:.1f}% "

@@ -200,8 +200,8 @@ OpdResult run_opd(const BenchTrainOptions& o, const ModelConfig& c) {
   const Tensor inverse_d = Tensor::from_vector(inverse, {T}).to(Device::CUDA);
 
   // Inputs: random token ids; the teacher's top-K is K distinct ids per row with log-probs
-  // decreasing from -2 (top-K mass ~0.3-0.9, a valid distribution with a tail), checked on
-  // the host like a real payload, then copied.
+  // decreasing from -3 (a valid distribution with a tail), checked on the host like a real
+  // payload, then copied.
   Rng rng(o.seed + 17);
   std::vector<MicroBatch> mbs(static_cast<size_t>(micro_batches));
   for (MicroBatch& mb : mbs) {
@@ -222,14 +222,16 @@ OpdResult run_opd(const BenchTrainOptions& o, const ModelConfig& c) {
       const int32_t target = mb.batch.ids.data<int32_t>()[r + 1];
       targets.data<int32_t>()[i] = target;
       weights.data<float>()[i] = 1.0f;
-      const int64_t stride = 1 + static_cast<int64_t>(rng.next() % 2371);  // distinct ids
+      // Distinct ids: j * stride < V for j < K.
+      const int64_t stride = 1 + static_cast<int64_t>(rng.next() % std::max<int64_t>(1, (V - 1) / K));
       const int64_t base = static_cast<int64_t>(rng.next() % V);
-      const double decay = 0.02 + 0.08 * rng.uniform();
+      // a_j = -3 - decay * j, decay in [0.06, 0.16]: top-K mass 0.34-0.84 (< 1: a tail).
+      const double decay = 0.06 + 0.1 * rng.uniform();
       for (int64_t j = 0; j < K; ++j) {
         t.ids.data<int32_t>()[i * K + j] = static_cast<int32_t>((base + j * stride) % V);
-        t.logprobs.data<float>()[i * K + j] = static_cast<float>(-2.0 - decay * j);
+        t.logprobs.data<float>()[i * K + j] = static_cast<float>(-3.0 - decay * j);
       }
-      t.actual_logprobs.data<float>()[i] = -3.0f;
+      t.actual_logprobs.data<float>()[i] = -4.0f;
       t.valid.data<int32_t>()[i] = 1;
     }
     // The checks the payload validator makes where a real payload enters: ids in range,
