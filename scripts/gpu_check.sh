@@ -28,7 +28,7 @@ run() {  # name, limit_s, command...
 if [[ "$what" == tests || "$what" == all ]]; then
   run cuda 300 $B/test_cuda
   # The whole model on CUDA (f32 and bf16 vs the CPU, recompute bit-identical, batch checks).
-  run cuda_model 120 $B/test_cuda --gtest_filter='CudaModel*:CudaRows*:CudaConvert*'
+  run cuda_model 120 $B/test_cuda --gtest_filter='*CudaModel*:*CudaRows*:CudaConvert*'
   run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='-*PeakScratch*:*DISABLED*:*HugeRequest*'
   # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards

@@ -22,6 +22,10 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "kernels/ops.h"
+#include "loss/fused_loss.h"
+#include "loss/loss_config.h"
+#include "loss/teacher_payload.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
 
@@ -215,6 +219,120 @@ TEST(CudaModelBatch, BadIndicesAreRejectedOncePerForward) {
   ModelWeights bf16_grads = zeros_weights(model.config(), DType::BF16, Device::CUDA);
   error_message([&] { model.backward_hidden(good, cache, h, bf16_grads); },
                 ErrorKind::InvalidArgument);
+}
+
+// One micro-batch of the distillation step as `opd bench train` (and the trainer) composes it:
+// forward_hidden over the packed batch, gather_rows of the completion rows, the fused lm_head
+// + JSD (topk+tail), d_hidden scattered back through the inverse map (prompt rows 0, rounded to
+// bf16), backward_hidden; the tied lm_head/embedding gradient receives both the loss's and the
+// embedding's parts. bf16 CUDA vs the CPU f32 composition with the same bf16-rounded weights.
+TEST(CudaModelStep, DistillMicroBatchMatchesTheCpu) {
+  REQUIRE_GPU();
+  Transformer loaded = Transformer::load(fixture_path("models/qwen3"));
+  const ModelConfig& c = loaded.config();
+  Transformer cpu_model = loaded.to(Device::CPU, DType::BF16).to(Device::CPU, DType::F32);
+  Transformer gpu_model = loaded.to(Device::CUDA, DType::BF16);
+  const int64_t V = c.vocab_size, H = c.hidden_size, K = 5;
+  // Three sequences: (prompt, completion) = (4, 6), (1, 3), (7, 9).
+  const std::vector<std::pair<int, int>> split = {{4, 6}, {1, 3}, {7, 9}};
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<int32_t> rows, inverse;
+  int64_t start = 0;
+  for (size_t s = 0; s < split.size(); ++s) {
+    const int len = split[s].first + split[s].second;
+    std::vector<int32_t> seq;
+    for (int p = 0; p < len; ++p) seq.push_back(static_cast<int32_t>((s * 31 + p * 17 + 5) % V));
+    seqs.push_back(seq);
+    for (int p = 0; p < len; ++p) {
+      // Row p predicts token p + 1: completion tokens [prompt, len) come from rows [prompt-1, len-1).
+      const bool loss_row = p >= split[s].first - 1 && p < len - 1;
+      inverse.push_back(loss_row ? static_cast<int32_t>(rows.size()) : -1);
+      if (loss_row) rows.push_back(static_cast<int32_t>(start + p));
+    }
+    start += len;
+  }
+  Batch batch = make_batch(seqs, V);
+  const int64_t T = batch.num_tokens(), N = static_cast<int64_t>(rows.size());
+  Tensor rows_t = Tensor::from_vector(rows, {N}), inverse_t = Tensor::from_vector(inverse, {T});
+  TeacherTopK teacher;
+  teacher.rows = N;
+  teacher.k = K;
+  teacher.ids = Tensor::empty({N, K}, DType::I32);
+  teacher.logprobs = Tensor::empty({N, K}, DType::F32);
+  teacher.actual_logprobs = Tensor::empty({N}, DType::F32);
+  teacher.valid = Tensor::empty({N}, DType::I32);
+  Tensor targets = Tensor::empty({N}, DType::I32), weights = Tensor::empty({N}, DType::F32);
+  for (int64_t i = 0; i < N; ++i) {
+    targets.data<int32_t>()[i] = batch.ids.data<int32_t>()[rows[i] + 1];
+    weights.data<float>()[i] = 1.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      teacher.ids.data<int32_t>()[i * K + j] = static_cast<int32_t>((i * 7 + j * 13) % V);
+      teacher.logprobs.data<float>()[i * K + j] = static_cast<float>(-1.5 - 0.4 * j - 0.01 * i);
+    }
+    teacher.actual_logprobs.data<float>()[i] = -2.0f;
+    teacher.valid.data<int32_t>()[i] = 1;
+  }
+  LossConfig cfg;  // topk+tail, beta 0.5, T 1
+  cfg.vocab_tile = 32;  // several tiles over the 96-token vocabulary
+
+  // CPU f32 reference.
+  ModelWeights cpu_grads = zeros_weights(c);
+  ForwardCache cpu_cache;
+  Tensor hidden = cpu_model.forward_hidden(batch, &cpu_cache);
+  Tensor hc = Tensor::poisoned({N, H}, DType::F32);
+  ops::gather_rows(hidden, rows_t, hc);
+  FusedLossArgs a;
+  a.hidden = hc;
+  a.lm_head = cpu_model.weights().lm_head;
+  a.targets = targets;
+  a.weights = weights;
+  a.teacher = &teacher;
+  a.n_total = static_cast<double>(N);
+  Tensor d_hc = Tensor::poisoned({N, H}, DType::F32);
+  LossResult cpu_loss = fused_lm_head_loss(cfg, a, &d_hc, &cpu_grads.lm_head);
+  Tensor dh = Tensor::poisoned({T, H}, DType::F32);
+  ops::gather_rows(d_hc, inverse_t, dh);
+  cpu_model.backward_hidden(batch, cpu_cache, dh, cpu_grads);
+
+  // CUDA bf16.
+  ModelWeights gpu_grads = zeros_weights(c, DType::F32, Device::CUDA);
+  ForwardCache gpu_cache;
+  Tensor ghidden = gpu_model.forward_hidden(batch, &gpu_cache);
+  Tensor ghc = dev_poison({N, H}, DType::BF16);
+  ops::gather_rows(ghidden, rows_t.to(Device::CUDA), ghc);
+  TeacherTopK gteacher = teacher;
+  gteacher.ids = teacher.ids.to(Device::CUDA);
+  gteacher.logprobs = teacher.logprobs.to(Device::CUDA);
+  gteacher.actual_logprobs = teacher.actual_logprobs.to(Device::CUDA);
+  gteacher.valid = teacher.valid.to(Device::CUDA);
+  FusedLossArgs ga = a;
+  ga.hidden = ghc;
+  ga.lm_head = gpu_model.weights().lm_head;
+  ga.targets = targets.to(Device::CUDA);
+  ga.weights = weights.to(Device::CUDA);
+  ga.teacher = &gteacher;
+  Tensor gd_hc = dev_poison({N, H}, DType::F32);
+  LossResult gpu_loss = fused_lm_head_loss(cfg, ga, &gd_hc, &gpu_grads.lm_head);
+  Tensor gdh = dev_poison({T, H}, DType::BF16);
+  ops::gather_rows(gd_hc, inverse_t.to(Device::CUDA), gdh);  // f32 -> bf16, prompt rows 0
+  gpu_model.backward_hidden(batch, gpu_cache, gdh, gpu_grads);
+
+  EXPECT_GT(cpu_loss.loss, 0);
+  EXPECT_NEAR(gpu_loss.loss, cpu_loss.loss, 2e-2 * cpu_loss.loss);
+  EXPECT_EQ(gpu_loss.rows_used, cpu_loss.rows_used);
+  const Bounds bd = bounds_for(DType::BF16);
+  auto cpu_by = by_name(cpu_grads);
+  int checked = 0;
+  gpu_grads.for_each([&](const std::string& name, const Tensor& g) {
+    Diff d = compare(host(g), cpu_by.at(name));
+    EXPECT_FALSE(d.has_nan) << name;
+    EXPECT_LE(d.rel_l2, bd.grad_rel_l2) << name;
+    EXPECT_LE(d.max_rel, bd.grad_max_rel) << name;
+    ++checked;
+  });
+  EXPECT_EQ(checked, static_cast<int>(cpu_by.size()));
+  std::printf("micro-batch: loss cpu %.6f gpu %.6f, %d gradients\n", cpu_loss.loss, gpu_loss.loss,
+              checked);
 }
 
 }  // namespace
