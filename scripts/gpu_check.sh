@@ -22,11 +22,13 @@ run() {  # name, limit_s, command...
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
+  local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)|^opd: |^     MFU|^opd vs PyTorch" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
   summary+=("$(printf '%-16s rc=%-3d %7.1fs  %s' "$name" "$rc" "$((ms / 100))e-1" "${tail:0:160}")")
 }
 if [[ "$what" == tests || "$what" == all ]]; then
   run cuda 300 $B/test_cuda
+  # The whole model on CUDA (f32 and bf16 vs the CPU, recompute bit-identical, batch checks).
+  run cuda_model 120 $B/test_cuda --gtest_filter='*CudaModel*:*CudaRows*:CudaConvert*'
   # The generation/scoring kernels' large-shape tests (W1 batch, V = 151936 against the CPU)
   # are left to the plain run; memcheck_gen covers their kernels on the small shapes.
   run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
@@ -54,6 +56,10 @@ if [[ "$what" == bench || "$what" == all ]]; then
   run torch_attn 120 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
   run bench_loss 120 $B/opd bench loss
   run torch_loss 120 python3 tools/bench_loss_torch.py
+  # W1 student training step, opd and the PyTorch twin in one command (ratio printed), then
+  # with per-layer recompute (memory vs time).
+  run bench_train 300 $B/opd bench train --with-torch
+  run bench_train_recompute 150 $B/opd bench train --recompute
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 echo "==== summary"

@@ -750,6 +750,61 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   }
 }
 
+void gather_rows(const Tensor& in, const Tensor& rows, Tensor& out) {
+  OpCheck check("gather_rows",
+                {{"in", &in, Role::In}, {"rows", &rows, Role::Index}, {"out", &out, Role::Out}});
+  check.expect_ndim("in", in, 2);
+  check.expect_ndim("rows", rows, 1);
+  const int64_t n_in = in.dim(0), h = in.dim(1), n_out = rows.dim(0);
+  check.expect_shape("out", out, {n_out, h});
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    check.cuda_float_dtype({}, {"in", "out"});  // index dtype, writability
+    cuda::IndexCheckResult r = cuda::check_indices(rows.data<int32_t>(), n_out,
+                                                   cuda::IndexRule::InRangeOrNone, n_in, stream());
+    if (r.first_bad_row >= 0) {
+      OPD_FAIL(InvalidData, "gather_rows: source row ", r.value, " at row ", r.first_bad_row,
+               " is outside [-1, ", n_in, ")");
+    }
+    cuda::gather_rows(in.raw(), in.dtype(), n_in, rows.data<int32_t>(), n_out, h, out.raw(),
+                      out.dtype(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
+  if (check.cpu_float_dtype() == DType::F32) {
+    cpu::gather_rows(in.data<float>(), n_in, rows.data<int32_t>(), n_out, h, out.data<float>());
+  } else {
+    cpu::gather_rows(in.data<double>(), n_in, rows.data<int32_t>(), n_out, h,
+                     out.data<double>());
+  }
+}
+
+void convert(const Tensor& in, Tensor& out) {
+  OpCheck check("convert", {{"in", &in, Role::In}, {"out", &out, Role::Out}});
+  check.expect_shape("out", out, in.shape());
+  const int64_t n = in.numel();
+  if (check.device() == Device::CUDA) {
+#ifdef OPD_WITH_CUDA
+    check.cuda_float_dtype({}, {"in", "out"});
+    cuda::convert(in.raw(), in.dtype(), n, out.raw(), out.dtype(), stream());
+    return;
+#else
+    no_cuda_backend(check);
+#endif
+  }
+  const DType a = in.dtype(), b = out.dtype();
+  check.expect((a == DType::F32 || a == DType::F64) && (b == DType::F32 || b == DType::F64),
+               "expects f32 or f64 tensors on the CPU");
+  check.expect(out.writable(), "out is read-only");
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = a == DType::F32 ? in.data<float>()[i] : in.data<double>()[i];
+    if (b == DType::F32) out.data<float>()[i] = static_cast<float>(v);
+    else out.data<double>()[i] = v;
+  }
+}
+
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   OpCheck check("add", {{"a", &a, Role::In}, {"b", &b, Role::In}, {"out", &out, Role::Out}});
   check.expect_shape("b", b, a.shape());

@@ -115,6 +115,15 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const Tensor& cu_seqlens_q, const Tensor& seq_lens,
                      const Tensor& block_tables, double scale, Tensor& out);
 
+// Row gather: out[i, :] = rows[i] == -1 ? 0 : in[rows[i], :]. in [N_in, H], out [N_out, H],
+// rows i32 [N_out] with entries in [-1, N_in) (validated: InvalidData naming row, value and
+// limit). The model picks a packed batch's loss rows with it, and scatters their gradient back
+// through the inverse map. On CUDA in and out may differ in dtype (f32 <-> bf16, rounded to
+// nearest even); on the CPU they share one.
+void gather_rows(const Tensor& in, const Tensor& rows, Tensor& out);
+// out = in converted to out's dtype, same shape (CUDA: f32 <-> bf16; CPU: f32 <-> f64).
+void convert(const Tensor& in, Tensor& out);
+
 // Elementwise helpers: out = a + b; acc += x.
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_inplace(Tensor& acc, const Tensor& x);

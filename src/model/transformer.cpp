@@ -38,7 +38,32 @@ Batch make_batch(const std::vector<std::vector<int32_t>>& sequences, int64_t voc
 }
 
 Transformer::Transformer(ModelConfig config, ModelWeights weights)
-    : config_(std::move(config)), weights_(std::move(weights)), inv_freq_(rope_inv_freq(config_)) {}
+    : config_(std::move(config)), weights_(std::move(weights)), inv_freq_(rope_inv_freq(config_)) {
+  check_weights();
+  // The CUDA rope reads f32 frequencies from device memory: uploaded once, here.
+  if (device() == Device::CUDA) inv_freq_ = inv_freq_.to(Device::CUDA);
+}
+
+void Transformer::check_weights() const {
+  OPD_CHECK(weights_.embed_tokens.defined(), InvalidArgument, "transformer: no embed_tokens");
+  const Device dev = device();
+  const DType dt = dtype();
+  weights_.for_each([&](const std::string& name, const Tensor& t) {
+    if (!t.defined()) return;
+    OPD_CHECK(t.device() == dev && t.dtype() == dt, InvalidArgument, "transformer: parameter ",
+              name, " is ", t.describe(), " but embed_tokens is ",
+              weights_.embed_tokens.describe(), " (one device and dtype for all weights)");
+  });
+  OPD_CHECK(weights_.lm_head.defined() && weights_.lm_head.device() == dev &&
+                weights_.lm_head.dtype() == dt,
+            InvalidArgument, "transformer: lm_head must be on the device/dtype of the weights");
+}
+
+Transformer Transformer::to(Device device, DType dtype) const {
+  Transformer t(config_, weights_to(weights_, device, dtype));
+  t.recompute_ = recompute_;
+  return t;
+}
 
 Transformer Transformer::load(const std::string& model_dir) {
   ModelConfig config = load_model_config(model_dir);
@@ -68,16 +93,72 @@ void head_norm(const Tensor& x, const Tensor& w, double eps, int64_t heads, Tens
 
 Tensor Transformer::forward(const Batch& batch, ForwardCache* cache) const {
   Tensor h = forward_hidden(batch, cache);
-  Tensor logits = empty_f({h.dim(0), config_.vocab_size}, h);
+  // CUDA: f32 logits straight from the GEMM's f32 accumulator (bf16 operands).
+  const DType logits_dtype = h.device() == Device::CUDA ? DType::F32 : h.dtype();
+  Tensor logits = Tensor::empty({h.dim(0), config_.vocab_size}, logits_dtype, h.device());
   ops::linear_forward(h, weights_.lm_head, none(), logits);
   return logits;
 }
 
-Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) const {
+Tensor Transformer::layer_forward(size_t li, const Tensor& x, const Batch& batch,
+                                  LayerCache& lc) const {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), H = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const LayerWeights& L = weights_.layers[li];
+  lc.x = x;
+  lc.h1 = empty_like(x);
+  lc.rstd1 = empty_f({T}, x);
+  ops::rmsnorm_forward(x, L.input_norm, eps, lc.h1, lc.rstd1);
+
+  Tensor q = empty_f({T, Hq * D}, x), k = empty_f({T, Hkv * D}, x), v = empty_f({T, Hkv * D}, x);
+  ops::linear_forward(lc.h1, L.q_proj, L.q_bias, q);
+  ops::linear_forward(lc.h1, L.k_proj, L.k_bias, k);
+  ops::linear_forward(lc.h1, L.v_proj, L.v_bias, v);
+  if (c.qk_norm) {
+    lc.q_raw = q;
+    lc.k_raw = k;
+    head_norm(lc.q_raw, L.q_norm, eps, Hq, q, lc.rstd_q);
+    head_norm(lc.k_raw, L.k_norm, eps, Hkv, k, lc.rstd_k);
+  }
+  lc.q = q.reshape({T, Hq, D});
+  lc.k = k.reshape({T, Hkv, D});
+  lc.v = v.reshape({T, Hkv, D});
+  ops::rope_forward(lc.q, batch.positions, inv_freq_);
+  ops::rope_forward(lc.k, batch.positions, inv_freq_);
+
+  lc.attn = empty_f({T, Hq, D}, x);
+  lc.lse = Tensor::empty({T, Hq}, x.dtype(), x.device());
+  ops::attention_forward(lc.q, lc.k, lc.v, batch.cu_seqlens, scale, lc.attn, lc.lse);
+
+  Tensor o = empty_f({T, H}, x);
+  ops::linear_forward(lc.attn.reshape({T, Hq * D}), L.o_proj, L.o_bias, o);
+  lc.x2 = empty_f({T, H}, x);
+  ops::add(x, o, lc.x2);
+
+  lc.h2 = empty_f({T, H}, x);
+  lc.rstd2 = empty_f({T}, x);
+  ops::rmsnorm_forward(lc.x2, L.post_norm, eps, lc.h2, lc.rstd2);
+  const int64_t I = c.intermediate_size;
+  lc.gate = empty_f({T, I}, x);
+  lc.up = empty_f({T, I}, x);
+  ops::linear_forward(lc.h2, L.gate_proj, none(), lc.gate);
+  ops::linear_forward(lc.h2, L.up_proj, none(), lc.up);
+  lc.act = empty_f({T, I}, x);
+  ops::swiglu_forward(lc.gate, lc.up, lc.act);
+  Tensor m = empty_f({T, H}, x);
+  ops::linear_forward(lc.act, L.down_proj, none(), m);
+  Tensor x_next = empty_f({T, H}, x);
+  ops::add(lc.x2, m, x_next);
+  return x_next;
+}
+
+Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) const {
+  if (device() == Device::CUDA) return forward_hidden_cuda(batch, cache);
+  const ModelConfig& c = config_;
+  const int64_t T = batch.num_tokens(), H = c.hidden_size;
+  const double eps = c.rms_norm_eps;
   const Tensor& emb = weights_.embed_tokens;
 
   Tensor x = empty_f({T, H}, emb);
@@ -85,54 +166,13 @@ Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) cons
   if (cache) cache->layers.assign(weights_.layers.size(), LayerCache{});
 
   for (size_t li = 0; li < weights_.layers.size(); ++li) {
-    const LayerWeights& L = weights_.layers[li];
     LayerCache lc;
-    lc.x = x;
-    lc.h1 = empty_like(x);
-    lc.rstd1 = empty_f({T}, x);
-    ops::rmsnorm_forward(x, L.input_norm, eps, lc.h1, lc.rstd1);
-
-    Tensor q = empty_f({T, Hq * D}, x), k = empty_f({T, Hkv * D}, x), v = empty_f({T, Hkv * D}, x);
-    ops::linear_forward(lc.h1, L.q_proj, L.q_bias, q);
-    ops::linear_forward(lc.h1, L.k_proj, L.k_bias, k);
-    ops::linear_forward(lc.h1, L.v_proj, L.v_bias, v);
-    if (c.qk_norm) {
-      lc.q_raw = q;
-      lc.k_raw = k;
-      head_norm(lc.q_raw, L.q_norm, eps, Hq, q, lc.rstd_q);
-      head_norm(lc.k_raw, L.k_norm, eps, Hkv, k, lc.rstd_k);
+    Tensor x_next = layer_forward(li, x, batch, lc);
+    if (cache) {
+      if (recompute_ == Recompute::PerLayer) cache->layers[li].x = x;  // the rest is recomputed
+      else cache->layers[li] = std::move(lc);
     }
-    lc.q = q.reshape({T, Hq, D});
-    lc.k = k.reshape({T, Hkv, D});
-    lc.v = v.reshape({T, Hkv, D});
-    ops::rope_forward(lc.q, batch.positions, inv_freq_);
-    ops::rope_forward(lc.k, batch.positions, inv_freq_);
-
-    lc.attn = empty_f({T, Hq, D}, x);
-    lc.lse = Tensor::empty({T, Hq}, x.dtype(), x.device());
-    ops::attention_forward(lc.q, lc.k, lc.v, batch.cu_seqlens, scale, lc.attn, lc.lse);
-
-    Tensor o = empty_f({T, H}, x);
-    ops::linear_forward(lc.attn.reshape({T, Hq * D}), L.o_proj, L.o_bias, o);
-    lc.x2 = empty_f({T, H}, x);
-    ops::add(x, o, lc.x2);
-
-    lc.h2 = empty_f({T, H}, x);
-    lc.rstd2 = empty_f({T}, x);
-    ops::rmsnorm_forward(lc.x2, L.post_norm, eps, lc.h2, lc.rstd2);
-    const int64_t I = c.intermediate_size;
-    lc.gate = empty_f({T, I}, x);
-    lc.up = empty_f({T, I}, x);
-    ops::linear_forward(lc.h2, L.gate_proj, none(), lc.gate);
-    ops::linear_forward(lc.h2, L.up_proj, none(), lc.up);
-    lc.act = empty_f({T, I}, x);
-    ops::swiglu_forward(lc.gate, lc.up, lc.act);
-    Tensor m = empty_f({T, H}, x);
-    ops::linear_forward(lc.act, L.down_proj, none(), m);
-    Tensor x_next = empty_f({T, H}, x);
-    ops::add(lc.x2, m, x_next);
     x = x_next;
-    if (cache) cache->layers[li] = std::move(lc);
   }
 
   Tensor h = empty_like(x);
@@ -149,9 +189,15 @@ Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) cons
 void Transformer::backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
                            ModelWeights& grads) const {
   Tensor none_t;
+  OPD_CHECK(cache.h_final.defined(), InvalidArgument, "backward needs the cache of a forward");
+  Tensor dl = dlogits;
+  if (device() == Device::CUDA && dl.dtype() != dtype()) {  // GEMM operands share one dtype
+    dl = Tensor::empty(dlogits.shape(), dtype(), Device::CUDA);
+    ops::convert(dlogits, dl);
+  }
   // lm_head. With tied embeddings grads.lm_head is grads.embed_tokens.
   Tensor dh = empty_like(cache.h_final);
-  ops::linear_backward(dlogits, cache.h_final, weights_.lm_head, dh, grads.lm_head, none_t);
+  ops::linear_backward(dl, cache.h_final, weights_.lm_head, dh, grads.lm_head, none_t);
   backward_hidden(batch, cache, dh, grads);
 }
 
@@ -163,6 +209,7 @@ void Transformer::backward_hidden(const Batch& batch, const ForwardCache& cache,
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   OPD_CHECK(cache.layers.size() == weights_.layers.size(), InvalidArgument,
             "backward needs a forward cache with every layer");
+  if (device() == Device::CUDA) return backward_hidden_cuda(cache, dh, grads);
   Tensor none_t;
   Tensor dx = empty_like(cache.x_final);
   ops::rmsnorm_backward(dh, cache.x_final, weights_.final_norm, cache.rstd_final, dx,
@@ -171,7 +218,15 @@ void Transformer::backward_hidden(const Batch& batch, const ForwardCache& cache,
   for (size_t li = weights_.layers.size(); li-- > 0;) {
     const LayerWeights& L = weights_.layers[li];
     LayerWeights& G = grads.layers[li];
-    const LayerCache& lc = cache.layers[li];
+    // Recompute: the layer's forward again from its saved input (same ops, same inputs, so the
+    // same activations bit for bit); the recomputed cache lives for this layer's backward only.
+    LayerCache recomputed;
+    if (!cache.layers[li].h1.defined()) {
+      OPD_CHECK(cache.layers[li].x.defined(), InvalidArgument,
+                "backward: the forward cache has no input for layer ", li);
+      layer_forward(li, cache.layers[li].x, batch, recomputed);
+    }
+    const LayerCache& lc = recomputed.h1.defined() ? recomputed : cache.layers[li];
 
     // MLP: x_next = x2 + down(act); dx is d(x_next).
     Tensor dact = empty_like(lc.act);

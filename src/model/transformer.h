@@ -4,10 +4,21 @@
 // Per layer (pre-norm):  h = RMSNorm(x); q,k,v = h Wq (+bq), h Wk (+bk), h Wv (+bv);
 // Qwen3: q,k = RMSNorm_head(q), RMSNorm_head(k); RoPE(q, k); o = causal GQA attention;
 // x += o Wo; x += down(silu(gate(RMSNorm(x))) * up(RMSNorm(x))).  Then logits = RMSNorm(x) W_lm.
-// The backward keeps every activation of the forward (ForwardCache); activation recompute
-// comes with the CUDA training step.
+// The backward uses the activations of the forward (ForwardCache): all of them, or with
+// Recompute::PerLayer only each layer's input x, the layer's forward being recomputed from it
+// during the backward (activation checkpointing per layer: memory T x H per layer instead of
+// ~21 T x H, for one extra forward of the layers).
+//
+// Devices: a model whose weights are host tensors (f32/f64) runs the CPU reference ops; a model
+// whose weights are CUDA tensors (Transformer::to(Device::CUDA, DType::BF16), or f32) runs
+// transformer_cuda.cpp: activations in the weights' dtype, f32 accumulation in every op, f32
+// rstd/lse, f32 parameter gradients (the optimizer's f32 master weights are separate:
+// train/optimizer.h), each residual add fused with the RMSNorm that follows it, and token ids,
+// positions and cu_seqlens checked once per batch when the forward starts (no host round trip
+// inside the forward or the backward).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +42,13 @@ struct Batch {
 // value and limit), empty sequences are allowed.
 Batch make_batch(const std::vector<std::vector<int32_t>>& sequences, int64_t vocab_size);
 
+// Activation recompute (see the top of this file). Off keeps every activation.
+enum class Recompute { Off, PerLayer };
+
+// The device-side form of a Batch for the CUDA path (transformer_cuda.cpp): validated ids and
+// positions on the device and the attention work plan of cu_seqlens, built once per forward.
+struct CudaBatchPlan;
+
 struct LayerCache {
   Tensor x, h1, rstd1;                 // layer input, its norm, 1/rms
   Tensor q_raw, k_raw, rstd_q, rstd_k; // Qwen3: q/k before the per-head norm
@@ -39,9 +57,13 @@ struct LayerCache {
   Tensor gate, up, act;                // MLP pre-activations and silu(gate)*up
 };
 
+// With Recompute::PerLayer only LayerCache::x is kept (the rest is undefined until the backward
+// recomputes it). On CUDA, layer i's x is the residual stream x_i = x_{i-1}2 + mlp_{i-1} as the
+// fused residual RMSNorm stored it.
 struct ForwardCache {
   std::vector<LayerCache> layers;
   Tensor x_final, h_final, rstd_final;
+  std::shared_ptr<const CudaBatchPlan> device_batch;  // CUDA models: reused by the backward
 };
 
 class Transformer {
@@ -54,23 +76,45 @@ class Transformer {
   ModelWeights& weights() { return weights_; }
   const ModelWeights& weights() const { return weights_; }
 
-  // Logits f32 [T, V]. With a cache, keeps what backward() needs.
+  // A copy of this model with every parameter converted to `dtype` on `device` (e.g. the bf16
+  // CUDA model of a loaded f32 model; the trainer, rollout and scorer run on it). Tied
+  // embeddings stay one tensor; the recompute setting is kept.
+  Transformer to(Device device, DType dtype) const;
+  Device device() const { return weights_.embed_tokens.device(); }
+  DType dtype() const { return weights_.embed_tokens.dtype(); }
+
+  void set_recompute(Recompute mode) { recompute_ = mode; }
+  Recompute recompute() const { return recompute_; }
+
+  // Logits f32 [T, V] (CPU: the weights' dtype). With a cache, keeps what backward() needs.
+  // The batch may be on the host or (CUDA models) on the device.
   Tensor forward(const Batch& batch, ForwardCache* cache = nullptr) const;
-  // Accumulates d(loss)/d(parameter) into grads given d(loss)/d(logits).
+  // Accumulates d(loss)/d(parameter) into grads given d(loss)/d(logits). CUDA models: grads are
+  // f32 CUDA tensors (zeros_weights(config, F32, Device::CUDA)); dlogits f32 or the model dtype.
   void backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
                 ModelWeights& grads) const;
 
   // The same without the lm_head: final hidden states RMSNorm(x) [T, H] (what the fused
   // lm_head + loss consumes, so no [T, V] logits exist), and the backward from d(hidden).
-  // The lm_head gradient is the caller's (the fused loss accumulates it).
+  // The lm_head gradient is the caller's (the fused loss accumulates it). CUDA: hidden is in the
+  // model dtype; dhidden may be f32 (the fused loss's d_hidden) or the model dtype.
   Tensor forward_hidden(const Batch& batch, ForwardCache* cache = nullptr) const;
   void backward_hidden(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden,
                        ModelWeights& grads) const;
 
  private:
+  // CPU: one layer's forward from its input x; fills every field of lc and returns x_next.
+  Tensor layer_forward(size_t li, const Tensor& x, const Batch& batch, LayerCache& lc) const;
+  // CUDA (transformer_cuda.cpp).
+  Tensor forward_hidden_cuda(const Batch& batch, ForwardCache* cache) const;
+  void backward_hidden_cuda(const ForwardCache& cache, const Tensor& dhidden,
+                            ModelWeights& grads) const;
+  void check_weights() const;
+
   ModelConfig config_;
   ModelWeights weights_;
-  Tensor inv_freq_;
+  Tensor inv_freq_;  // f32 on the weights' device
+  Recompute recompute_ = Recompute::Off;
 };
 
 // Next-token cross-entropy over a packed batch: row t predicts ids[t+1] within its sequence

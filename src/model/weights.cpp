@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "kernels/ops.h"  // ops::convert: device-side dtype conversion
 #include "model/safetensors.h"
 
 namespace opd {
@@ -125,8 +126,30 @@ ModelWeights build(const ModelConfig& c, Make&& make) {
 
 }  // namespace
 
-ModelWeights zeros_weights(const ModelConfig& config, DType dtype) {
-  return build(config, [&](const std::string&, const Shape& s) { return Tensor::zeros(s, dtype); });
+ModelWeights zeros_weights(const ModelConfig& config, DType dtype, Device device) {
+  return build(config,
+               [&](const std::string&, const Shape& s) { return Tensor::zeros(s, dtype, device); });
+}
+
+Tensor tensor_to(const Tensor& t, Device device, DType dtype) {
+  if (t.device() == Device::CUDA && device == Device::CUDA) {
+    Tensor out = Tensor::empty(t.shape(), dtype, device);
+    ops::convert(t, out);  // same dtype included: a device copy without a host round trip
+    return out;
+  }
+  Tensor host = t.to(Device::CPU);
+  if (host.dtype() != dtype) host = host.to_dtype(dtype);
+  else if (device == Device::CPU && t.device() == Device::CPU) host = host.clone();
+  return host.to(device);
+}
+
+ModelWeights weights_to(const ModelWeights& w, Device device, DType dtype) {
+  ModelWeights out = w;
+  out.for_each([&](const std::string&, Tensor& t) {
+    if (t.defined()) t = tensor_to(t, device, dtype);
+  });
+  if (out.tied) out.lm_head = out.embed_tokens;  // one tensor, as in the source
+  return out;
 }
 
 ModelWeights load_weights(const ModelConfig& config, const WeightStore& store) {

@@ -43,7 +43,14 @@ struct ModelWeights {
 std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config);
 
 // Zero-initialized weights (or gradients) of the config's shapes.
-ModelWeights zeros_weights(const ModelConfig& config, DType dtype = DType::F32);
+ModelWeights zeros_weights(const ModelConfig& config, DType dtype = DType::F32,
+                           Device device = Device::CPU);
+// A copy of `t` in `dtype` on `device` (always a new tensor). Device to device converts on the
+// GPU (f32 <-> bf16); otherwise the conversion happens on the host (f32, f64, bf16).
+Tensor tensor_to(const Tensor& t, Device device, DType dtype);
+// Copies of every parameter (tied embeddings stay one tensor): the bf16 CUDA model of an f32
+// host model, the f32 device master weights of the optimizer, host copies for checkpoints.
+ModelWeights weights_to(const ModelWeights& w, Device device, DType dtype);
 // Load f32 copies from a model directory's safetensors; every tensor's presence, shape and
 // dtype is checked (errors name the tensor and the directory). A tied model may still store
 // lm_head.weight (it is ignored when equal in shape).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "common/test_util.h"
@@ -121,6 +122,81 @@ TEST_P(Parity, WholeModelFiniteDifferencesInDouble) {
     }
   });
   EXPECT_GT(probes, 20);
+}
+
+}  // namespace
+}  // namespace opd
+
+namespace opd {
+namespace {
+
+bool identical(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Recompute::PerLayer keeps only each layer's input and recomputes the layer in the backward:
+// the same ops on the same inputs, so every gradient is bit-identical to the full cache's, and
+// the cache holds one [T, H] tensor per layer. Both settings of the flag run here.
+TEST_P(Parity, RecomputeGivesBitIdenticalGradients) {
+  const std::string dir = test::fixture_path(std::string("models/") + GetParam());
+  Transformer model = Transformer::load(dir);
+  EXPECT_EQ(model.recompute(), Recompute::Off);
+  Batch batch = make_batch({{5, 17, 3, 90, 41, 7}, {8}, {60, 2, 33, 1}}, model.config().vocab_size);
+  std::map<std::string, Tensor> grads_by_mode[2];
+  Tensor logits_by_mode[2];
+  for (int r = 0; r < 2; ++r) {
+    model.set_recompute(r ? Recompute::PerLayer : Recompute::Off);
+    ForwardCache cache;
+    Tensor logits = model.forward(batch, &cache);
+    for (const LayerCache& lc : cache.layers) {
+      EXPECT_TRUE(lc.x.defined());
+      EXPECT_EQ(lc.h1.defined(), r == 0);  // PerLayer: only x is kept
+      EXPECT_EQ(lc.act.defined(), r == 0);
+    }
+    Tensor dlogits;
+    causal_lm_loss(batch, logits, &dlogits);
+    ModelWeights grads = zeros_weights(model.config());
+    model.backward(batch, cache, dlogits, grads);
+    logits_by_mode[r] = logits;
+    grads.for_each([&](const std::string& n, const Tensor& t) { grads_by_mode[r][n] = t; });
+  }
+  EXPECT_TRUE(identical(logits_by_mode[0], logits_by_mode[1]));
+  ASSERT_EQ(grads_by_mode[0].size(), grads_by_mode[1].size());
+  for (const auto& [name, g] : grads_by_mode[0]) {
+    EXPECT_TRUE(identical(g, grads_by_mode[1].at(name))) << name;
+    EXPECT_GT(test::compare(g, Tensor::zeros(g.shape(), g.dtype())).max_abs, 0) << name;
+  }
+  // The flag survives Transformer::to (the copy used on another device).
+  EXPECT_EQ(model.to(Device::CPU, DType::F32).recompute(), Recompute::PerLayer);
+}
+
+TEST(Transformer, ToConvertsEveryWeightAndKeepsTiedEmbeddingsOneTensor) {
+  Transformer model = Transformer::load(test::fixture_path("models/qwen3"));
+  ASSERT_TRUE(model.weights().tied);
+  Transformer f64 = model.to(Device::CPU, DType::F64);
+  EXPECT_EQ(f64.dtype(), DType::F64);
+  EXPECT_EQ(f64.weights().lm_head.raw(), f64.weights().embed_tokens.raw());
+  EXPECT_NE(f64.weights().embed_tokens.raw(), model.weights().embed_tokens.raw());
+  std::map<std::string, Tensor> src;
+  model.weights().for_each([&](const std::string& n, const Tensor& t) { src[n] = t; });
+  int n = 0;
+  f64.weights().for_each([&](const std::string& name, const Tensor& t) {
+    EXPECT_EQ(t.dtype(), DType::F64) << name;
+    EXPECT_TRUE(identical(t.to_dtype(DType::F32), src.at(name))) << name;
+    ++n;
+  });
+  EXPECT_EQ(n, static_cast<int>(src.size()));
+  // Mixed dtypes are refused with the parameter's name.
+  ModelWeights mixed = model.weights();
+  mixed.final_norm = mixed.final_norm.to_dtype(DType::F64);
+  try {
+    Transformer bad(model.config(), mixed);
+    ADD_FAILURE() << "mixed dtypes accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("model.norm.weight"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

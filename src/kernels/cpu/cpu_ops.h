@@ -19,6 +19,13 @@ template <typename T>
 void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t vocab,
                         int64_t hidden, T* dtable);
 
+// ---- rows.cpp ----  in [n_in, h], out [n_out, h]; rows [n_out] in [-1, n_in) (-1: zero row).
+// Throws InvalidData "<op>: source row <r> at row <i> is outside [-1, n_in)".
+void check_rows(const char* op, const int32_t* rows, int64_t n_out, int64_t n_in);
+template <typename T>
+void gather_rows(const T* in, int64_t n_in, const int32_t* rows, int64_t n_out, int64_t h,
+                 T* out);
+
 // ---- rmsnorm.cpp ----  x, y [n, h]; w, dw [h]; rstd [n].
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, double eps, int64_t n, int64_t h, T* y, T* rstd);

@@ -1,5 +1,5 @@
-// Device helpers for benchmarks and tests: fill a buffer with Philox uniforms in its storage
-// dtype (no host round trip for GB-sized inputs), and a spin kernel that holds a stream for a
+// Device helpers for benchmarks and tests: fill a buffer with Philox uniforms (or normals) in its
+// storage dtype (no host round trip for GB-sized inputs), and a spin kernel that holds a stream for a
 // while so the host can queue a timed loop ahead of the GPU (launch gaps stay out of timings).
 #include <cuda_bf16.h>
 
@@ -18,6 +18,18 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float lo, 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
     out[i] = dev::from_f32<T>(lo + (hi - lo) * philox_uniform(seed, 5, static_cast<uint64_t>(i)));
+}
+
+// Box-Muller on two Philox uniforms per element (u1 in (0, 1] so the log is finite).
+template <typename T>
+__global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed, float mean, float std) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float u1 = 1.0f - philox_uniform(seed, 7, 2 * static_cast<uint64_t>(i));
+    const float u2 = philox_uniform(seed, 7, 2 * static_cast<uint64_t>(i) + 1);
+    const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    out[i] = dev::from_f32<T>(mean + std * z);
+  }
 }
 
 __global__ void fill_ints_kernel(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi) {
@@ -52,6 +64,21 @@ void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, fl
     OPD_FAIL(Unsupported, "fill_uniform for dtype ", dtype_name(dtype));
   }
   check_launch("fill_uniform_kernel");
+}
+
+void fill_normal(void* out, int64_t n, DType dtype, uint64_t seed, float mean, float std,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  if (dtype == DType::F32) {
+    fill_normal_kernel<float><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<float*>(out), n, seed, mean, std);
+  } else if (dtype == DType::BF16) {
+    fill_normal_kernel<__nv_bfloat16><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(out), n, seed, mean, std);
+  } else {
+    OPD_FAIL(Unsupported, "fill_normal for dtype ", dtype_name(dtype));
+  }
+  check_launch("fill_normal_kernel");
 }
 
 void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,

@@ -22,7 +22,7 @@ enum class IndexRule {
   InRange,          // 0 <= v < limit (token ids)
   InRangeOrIgnore,  // v == -100 or 0 <= v < limit (cross-entropy targets)
   NonNegative,      // v >= 0 (positions)
-  InRangeOrNone,    // v == -1 or 0 <= v < limit (a scored row's actual token, -1 = none)
+  InRangeOrNone,    // v == -1 or 0 <= v < limit (a scored row's actual token / a gather_rows map; -1 = none)
 };
 struct IndexCheckResult {
   int64_t first_bad_row = -1;  // -1: all valid
@@ -72,6 +72,14 @@ void swiglu_backward(const void* dout, const void* gate, const void* up, int64_t
 
 // ---- elementwise.cu ---- all [n] in dtype; out may alias a or b.
 void add(const void* a, const void* b, int64_t n, DType dtype, void* out, cudaStream_t stream);
+
+// ---- rows.cu ---- in [n_in, h] -> out [n_out, h], each in f32 or bf16 (may differ):
+// out[i, :] = rows[i] == -1 ? 0 : in[rows[i], :] (rows validated; others read as -1).
+void gather_rows(const void* in, DType in_dtype, int64_t n_in, const int32_t* rows, int64_t n_out,
+                 int64_t h, void* out, DType out_dtype, cudaStream_t stream);
+// out[i] = in[i] converted (f32 <-> bf16, round to nearest even), n elements.
+void convert(const void* in, DType in_dtype, int64_t n, void* out, DType out_dtype,
+             cudaStream_t stream);
 
 // ---- cross_entropy.cu ---- logits/dlogits [n, vocab] in dtype; targets validated;
 // losses, lse f32 [n]. One block per row, online log-sum-exp (one read of the logits).
@@ -231,6 +239,9 @@ void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, fl
                   cudaStream_t stream);
 void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,
                cudaStream_t stream);
+// Normal(mean, std) by Box-Muller (random initialization of benchmark models on the device).
+void fill_normal(void* out, int64_t n, DType dtype, uint64_t seed, float mean, float std,
+                 cudaStream_t stream);
 void spin(double microseconds, cudaStream_t stream);
 
 // Multiprocessor count of the current device (cached per device).
