@@ -4,7 +4,10 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|all]   (default all)
+# Usage: scripts/gpu_check.sh [tests|bench|all|quick-tests|quick-bench]   (default all)
+# quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
+# generation/scoring kernels under memcheck/racecheck; the W1 training bench and the
+# generation/scoring kernel benches with their PyTorch twins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -60,6 +63,19 @@ if [[ "$what" == bench || "$what" == all ]]; then
   # with per-layer recompute (memory vs time).
   run bench_train 300 $B/opd bench train --with-torch
   run bench_train_recompute 150 $B/opd bench train --recompute
+fi
+if [[ "$what" == quick-tests ]]; then
+  run cuda 300 $B/test_cuda
+  run memcheck_model 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*CudaModel*:*CudaRows*:CudaConvert*'
+  run memcheck_gen 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
+fi
+if [[ "$what" == quick-bench ]]; then
+  run bench_train 300 $B/opd bench train --with-torch
+  run bench_train_recompute 100 $B/opd bench train --recompute
+  run bench_kernels 120 $B/opd bench kernels
+  run torch_kernels 120 python3 tools/bench_kernels_torch.py --opd "$OUT/bench_kernels.log"
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 echo "==== summary"
