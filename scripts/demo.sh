@@ -5,27 +5,27 @@
 # it with scripts/make_demo_teacher.sh) into a 7x smaller, randomly initialized student with
 # `opd train`, and prints held-out exact-match accuracy of the teacher, the student before and
 # the student after. Everything goes to runs/demo/ (train.log, metrics.jsonl, tensorboard/,
-# checkpoints/step-*/ which are Hugging Face model directories). ~3-5 minutes on 2 cores.
+# checkpoints/step-*/ which are Hugging Face model directories). ~2-3 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh --target opd
 opd=build/opd
 out=runs/demo
-steps="${OPD_DEMO_STEPS:-1500}"
+steps="${OPD_DEMO_STEPS:-3000}"
 rm -rf "$out"
 mkdir -p "$out"
 start=$(date +%s)
 echo
 echo "== the student: a random init of demo/student.config.json"
-$opd init --config demo/student.config.json --tokenizer demo/tokenizer --seed 0 --out "$out/student-init"
+$opd init --config demo/student.config.json --tokenizer demo/tokenizer --seed "${OPD_DEMO_SEED:-0}" --out "$out/student-init"
 echo
 echo "== on-policy distillation: $steps steps of 64 prompts (opd train --help explains every flag)"
 $opd train --student "$out/student-init" --teacher demo/teacher \
   --data demo/data/train.jsonl --eval-data demo/data/eval.jsonl --out "$out" \
   --max-steps "$steps" --batch-size 64 --micro-batch-size 64 --learning-rate 2e-3 \
   --warmup-steps 30 --lmbda 0.5 --beta 0.5 --teacher-top-k 16 --max-completion-length 5 \
-  --save-steps 250 --eval-steps 250
+  --save-steps 500 --eval-steps 500
 echo
 echo "== held-out exact match (demo/data/eval.jsonl: 500 additions never seen in training)"
 acc() { $opd eval --model "$1" --data demo/data/eval.jsonl --max-new-tokens 5 --json |
