@@ -28,6 +28,8 @@ void register_commands(CLI::App& app) {
   register_bench_kernels(app);
   register_serve(app);
   register_score(app);
+  register_convert(app);
+  register_shrink(app);
 }
 
 }  // namespace opd::cli

@@ -23,5 +23,7 @@ void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the be
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
+void register_convert(CLI::App& app);
+void register_shrink(CLI::App& app);
 
 }  // namespace opd::cli
