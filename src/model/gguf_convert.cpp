@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -46,12 +45,17 @@ std::string hf_name(const std::string& name, Architecture arch, int64_t n_layers
   if (name == "token_embd.weight") return "model.embed_tokens.weight";
   if (name == "output_norm.weight") return "model.norm.weight";
   if (name == "output.weight") return "lm_head.weight";
-  static const std::regex blk(R"(blk\.(\d{1,6})\.([a-z_]+)\.(weight|bias))");
-  std::smatch m;
-  if (!std::regex_match(name, m, blk)) return "";
-  const int64_t layer = std::stoll(m[1].str());
+  // "blk.<layer>.<part>.<weight|bias>", parsed by hand (layer: 1-6 decimal digits).
+  if (name.rfind("blk.", 0) != 0) return "";
+  const size_t dot1 = name.find('.', 4);
+  const size_t dot2 = dot1 == std::string::npos ? dot1 : name.find('.', dot1 + 1);
+  if (dot2 == std::string::npos || dot1 == 4 || dot1 - 4 > 6) return "";
+  const std::string digits = name.substr(4, dot1 - 4);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return "";
+  const int64_t layer = std::stoll(digits);
+  const std::string part = name.substr(dot1 + 1, dot2 - dot1 - 1), kind = name.substr(dot2 + 1);
+  if (kind != "weight" && kind != "bias") return "";
   if (layer >= n_layers) return "";
-  const std::string part = m[2].str(), kind = m[3].str();
   static const std::map<std::string, std::string> table = {
       {"attn_norm", "input_layernorm"},      {"ffn_norm", "post_attention_layernorm"},
       {"attn_q", "self_attn.q_proj"},        {"attn_k", "self_attn.k_proj"},
@@ -193,6 +197,32 @@ std::map<std::string, Tensor> gguf_model_tensors(const GgufFile& g, const ModelC
   return out;
 }
 
+HfTokenizerFiles gguf_tokenizer_files(const GgufFile& g, const ModelConfig& config) {
+  GgufVocab v;
+  v.source = g.path();
+  v.model = g.get_string("tokenizer.ggml.model");
+  v.pre = g.find_string("tokenizer.ggml.pre").value_or("default");
+  v.tokens = g.get_string_array("tokenizer.ggml.tokens");
+  if (g.find("tokenizer.ggml.token_type")) v.token_types = g.get_int_array("tokenizer.ggml.token_type");
+  if (g.find("tokenizer.ggml.merges")) v.merges = g.get_string_array("tokenizer.ggml.merges");
+  auto opt_id = [&](const char* key) -> std::optional<int64_t> {
+    if (!g.find(key)) return std::nullopt;
+    return static_cast<int64_t>(g.get_uint(key));
+  };
+  v.bos_id = opt_id("tokenizer.ggml.bos_token_id");
+  v.eos_id = opt_id("tokenizer.ggml.eos_token_id");
+  v.unk_id = opt_id("tokenizer.ggml.unknown_token_id");
+  v.pad_id = opt_id("tokenizer.ggml.padding_token_id");
+  if (g.find("tokenizer.ggml.add_bos_token")) v.add_bos = g.get_bool("tokenizer.ggml.add_bos_token", false);
+  if (g.find("tokenizer.ggml.add_eos_token")) v.add_eos = g.get_bool("tokenizer.ggml.add_eos_token", false);
+  v.chat_template = g.find_string("tokenizer.chat_template");
+  v.model_max_length = config.max_position_embeddings;
+  if (static_cast<int64_t>(v.tokens.size()) != config.vocab_size)
+    OPD_FAIL(InvalidData, g.path(), ": tokenizer.ggml.tokens has ", v.tokens.size(),
+             " entries but token_embd.weight has ", config.vocab_size, " rows");
+  return build_hf_tokenizer(v);
+}
+
 GgufConvertSummary convert_gguf_to_hf(const std::string& gguf_path, const std::string& out_dir,
                                       DType dtype) {
   OPD_CHECK(dtype == DType::F32 || dtype == DType::BF16, InvalidArgument,
@@ -210,30 +240,8 @@ GgufConvertSummary convert_gguf_to_hf(const std::string& gguf_path, const std::s
     ++summary.tensor_types[ggml_type_info(static_cast<uint32_t>(t.type))->name];
   summary.num_tensors = static_cast<int64_t>(g.tensors().size());
 
-  // Tokenizer first: it is cheap and its errors should come before minutes of dequantization.
-  GgufVocab v;
-  v.source = gguf_path;
-  v.model = g.get_string("tokenizer.ggml.model");
-  v.pre = g.find_string("tokenizer.ggml.pre").value_or("default");
-  v.tokens = g.get_string_array("tokenizer.ggml.tokens");
-  if (g.find("tokenizer.ggml.token_type")) v.token_types = g.get_int_array("tokenizer.ggml.token_type");
-  if (g.find("tokenizer.ggml.merges")) v.merges = g.get_string_array("tokenizer.ggml.merges");
-  auto opt_id = [&](const char* key) -> std::optional<int64_t> {
-    if (!g.find(key)) return std::nullopt;
-    return static_cast<int64_t>(g.get_uint(key));
-  };
-  v.bos_id = opt_id("tokenizer.ggml.bos_token_id");
-  v.eos_id = opt_id("tokenizer.ggml.eos_token_id");
-  v.unk_id = opt_id("tokenizer.ggml.unknown_token_id");
-  v.pad_id = opt_id("tokenizer.ggml.padding_token_id");
-  if (g.find("tokenizer.ggml.add_bos_token")) v.add_bos = g.get_bool("tokenizer.ggml.add_bos_token", false);
-  if (g.find("tokenizer.ggml.add_eos_token")) v.add_eos = g.get_bool("tokenizer.ggml.add_eos_token", false);
-  v.chat_template = g.find_string("tokenizer.chat_template");
-  v.model_max_length = summary.config.max_position_embeddings;
-  if (static_cast<int64_t>(v.tokens.size()) != summary.config.vocab_size)
-    OPD_FAIL(InvalidData, gguf_path, ": tokenizer.ggml.tokens has ", v.tokens.size(),
-             " entries but token_embd.weight has ", summary.config.vocab_size, " rows");
-  const HfTokenizerFiles tok = build_hf_tokenizer(v);
+  // Tokenizer first: it is cheap and its errors should come before the dequantization.
+  const HfTokenizerFiles tok = gguf_tokenizer_files(g, summary.config);
 
   std::map<std::string, Tensor> tensors = gguf_model_tensors(g, summary.config, dtype);
 
@@ -246,9 +254,10 @@ GgufConvertSummary convert_gguf_to_hf(const std::string& gguf_path, const std::s
                      {{"format", "pt"}, {"source", "opd convert --from-gguf"}});
     write_text(tmp / "config.json", model_config_to_json(summary.config));
     nlohmann::ordered_json gen = nlohmann::ordered_json::object();
-    if (v.bos_id) gen["bos_token_id"] = *v.bos_id;
-    if (v.eos_id) gen["eos_token_id"] = *v.eos_id;
-    if (v.pad_id) gen["pad_token_id"] = *v.pad_id;
+    for (const char* key : {"bos", "eos", "padding"})
+      if (g.find(cat("tokenizer.ggml.", key, "_token_id")))
+        gen[cat(key == std::string("padding") ? "pad" : key, "_token_id")] =
+            g.get_uint(cat("tokenizer.ggml.", key, "_token_id"));
     write_text(tmp / "generation_config.json", gen.dump(2) + "\n");
     write_text(tmp / "tokenizer.json", tok.tokenizer_json);
     write_text(tmp / "tokenizer_config.json", tok.tokenizer_config_json);

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "tokenizer/gguf_vocab.h"
 
 namespace opd {
 
@@ -26,6 +27,10 @@ Tensor unpermute_qk_rows(const Tensor& w, int64_t n_head);
 // All model tensors, by Hugging Face name, dequantized to `dtype` (F32 or BF16).
 std::map<std::string, Tensor> gguf_model_tensors(const GgufFile& file, const ModelConfig& config,
                                                  DType dtype);
+
+// tokenizer.json and tokenizer_config.json from the file's tokenizer.ggml.* metadata
+// (tokenizer/gguf_vocab.h), checked against the config's vocabulary size.
+HfTokenizerFiles gguf_tokenizer_files(const GgufFile& file, const ModelConfig& config);
 
 struct GgufConvertSummary {
   ModelConfig config;

@@ -145,8 +145,19 @@ std::string build_tiny(Tiny& tiny, const TinyOptions& o = {}) {
   for (int64_t l = 0; l < kLayers; ++l) {
     const std::string g = cat("blk.", l, "."), h = cat("model.layers.", l, ".");
     add(g + "attn_norm.weight", h + "input_layernorm.weight", {kH}, 0);
-    add(g + "attn_q.weight", h + "self_attn.q_proj.weight", {kHeads * kD, kH}, kHeads);
-    add(g + "attn_k.weight", h + "self_attn.k_proj.weight", {kKv * kD, kH}, kKv);
+    // Only llama.cpp's Llama converter permutes q/k; Qwen files store them as HF does.
+    const bool llama = o.arch == "llama";
+    add(g + "attn_q.weight", h + "self_attn.q_proj.weight", {kHeads * kD, kH}, llama ? kHeads : 0);
+    add(g + "attn_k.weight", h + "self_attn.k_proj.weight", {kKv * kD, kH}, llama ? kKv : 0);
+    if (o.arch == "qwen2") {
+      add(g + "attn_q.bias", h + "self_attn.q_proj.bias", {kHeads * kD}, 0);
+      add(g + "attn_k.bias", h + "self_attn.k_proj.bias", {kKv * kD}, 0);
+      add(g + "attn_v.bias", h + "self_attn.v_proj.bias", {kKv * kD}, 0);
+    }
+    if (o.arch == "qwen3") {
+      add(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight", {kD}, 0);
+      add(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight", {kD}, 0);
+    }
     add(g + "attn_v.weight", h + "self_attn.v_proj.weight", {kKv * kD, kH}, 0);
     add(g + "attn_output.weight", h + "self_attn.o_proj.weight", {kH, kHeads * kD}, 0);
     add(g + "ffn_norm.weight", h + "post_attention_layernorm.weight", {kH}, 0);
@@ -246,6 +257,30 @@ TEST(GgufConvert, TinyLlamaRoundTripsToHfWeights) {
   std::filesystem::remove(gguf);
 }
 
+TEST(GgufConvert, QwenFamiliesKeepTheirLayoutAndExtraTensors) {
+  for (const char* arch : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    Tiny tiny;
+    TinyOptions o;
+    o.arch = arch;
+    o.pre = "qwen2";
+    const std::string gguf = write_tiny(cat(arch, ".gguf"), tiny, o);
+    TempDirPath out(cat(arch, "_out"));
+    convert_gguf_to_hf(gguf, out.path(), DType::F32);
+    const ModelConfig c = load_model_config(out.path());
+    EXPECT_EQ(c.arch, std::string(arch) == "qwen2" ? Architecture::Qwen2 : Architecture::Qwen3);
+    EXPECT_EQ(c.attention_bias, std::string(arch) == "qwen2");
+    EXPECT_EQ(c.qk_norm, std::string(arch) == "qwen3");
+    const WeightStore store = WeightStore::open_dir(out.path());
+    EXPECT_EQ(store.names().size(), tiny.hf.size());
+    for (const auto& [name, want] : tiny.hf) EXPECT_TRUE(test::close(store.get(name), want, 0, 0)) << name;
+    const Transformer m = Transformer::load(out.path());
+    const Tensor logits = m.forward(make_batch({{1, 2, 3}}, c.vocab_size));
+    EXPECT_FALSE(test::compare(logits, logits).has_nan);
+    std::filesystem::remove(gguf);
+  }
+}
+
 TEST(GgufConvert, Bf16OutputIsTheRoundedF32) {
   Tiny tiny;
   const std::string gguf = write_tiny("tiny16.gguf", tiny);
@@ -327,6 +362,34 @@ TEST(GgufVocab, InconsistentMetadataIsRejected) {
   w = v;
   w.tokens[5] = std::string("\xff\xfe", 2);  // not UTF-8
   EXPECT_THROW(build_hf_tokenizer(w), Error);
+}
+
+TEST(GgufVocab, AddBosBecomesATemplateAndTypesBecomeAddedTokens) {
+  GgufVocab v;
+  v.source = "v.gguf";
+  v.model = "gpt2";
+  v.pre = "llama-bpe";
+  v.tokens = byte_tokens();
+  v.tokens.push_back("12");
+  v.tokens.push_back("123");
+  v.tokens.push_back("<|begin|>");
+  v.merges = {"1 2", "12 3"};
+  v.token_types.assign(v.tokens.size(), 1);
+  v.token_types.back() = 3;
+  v.bos_id = 258;
+  v.add_bos = true;
+  const HfTokenizerFiles files = build_hf_tokenizer(v);
+  TempDirPath dir("vocab_bos");
+  std::filesystem::create_directories(dir.path());
+  test::write_bytes(dir.path() + "/tokenizer.json", files.tokenizer_json);
+  test::write_bytes(dir.path() + "/tokenizer_config.json", files.tokenizer_config_json);
+  const Tokenizer tok = Tokenizer::load(dir.path());
+  EXPECT_EQ(tok.encode("a", /*add_special_tokens=*/true), (std::vector<int32_t>{258, 'a'}));
+  EXPECT_EQ(tok.encode("a"), (std::vector<int32_t>{'a'}));
+  EXPECT_TRUE(tok.is_special(258));
+  EXPECT_EQ(tok.bos_id(), std::optional<int32_t>(258));
+  // llama-bpe groups up to three digits: "123" + "4" (per-digit splitting would give 4 ids).
+  EXPECT_EQ(tok.encode("1234"), (std::vector<int32_t>{257, '4'}));
 }
 
 TEST(Shrink, LayerSelection) {

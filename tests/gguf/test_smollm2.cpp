@@ -24,27 +24,53 @@
 namespace opd {
 namespace {
 
+// Each CTest process runs one test, so the expensive f32 conversion (538 MB) is made lazily by
+// the tests that need weights; tokenizer tests write only the two tokenizer files.
 class SmolLM2 : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     gguf_ = new std::string(test::smollm2_gguf(&why_));
-    if (gguf_->empty()) return;
-    dir_ = new test::TempDirPath("smollm2_f32");
-    summary_ = new GgufConvertSummary(convert_gguf_to_hf(*gguf_, dir_->path(), DType::F32));
-    model_ = new Transformer(Transformer::load(dir_->path()));
   }
   static void TearDownTestSuite() {
     delete model_;
-    delete summary_;
-    delete dir_;
+    delete model_dir_;
+    delete tok_dir_;
     delete gguf_;
     model_ = nullptr;
-    summary_ = nullptr;
-    dir_ = nullptr;
+    model_dir_ = tok_dir_ = nullptr;
     gguf_ = nullptr;
   }
   void SetUp() override {
     if (gguf_->empty()) GTEST_SKIP() << "\n*** SmolLM2 GGUF UNAVAILABLE: " << why_;
+  }
+
+  // The f32 model directory and the loaded model (converted on first use).
+  static const Transformer& model() {
+    if (!model_) {
+      model_dir_ = new test::TempDirPath("smollm2_f32");
+      const GgufConvertSummary s = convert_gguf_to_hf(*gguf_, model_dir_->path(), DType::F32);
+      EXPECT_EQ(s.tensor_types.at("Q4_1"), 210);
+      EXPECT_EQ(s.tensor_types.at("Q8_0"), 1);
+      EXPECT_EQ(s.tensor_types.at("F32"), 61);
+      model_ = new Transformer(Transformer::load(model_dir_->path()));
+    }
+    return *model_;
+  }
+  static const std::string& model_dir() {
+    model();
+    return model_dir_->path();
+  }
+  // A directory holding only tokenizer.json and tokenizer_config.json.
+  static const std::string& tokenizer_dir() {
+    if (!tok_dir_) {
+      tok_dir_ = new test::TempDirPath("smollm2_tok");
+      const GgufFile f = GgufFile::open(*gguf_);
+      const HfTokenizerFiles files = gguf_tokenizer_files(f, gguf_model_config(f));
+      std::filesystem::create_directories(tok_dir_->path());
+      test::write_bytes(tok_dir_->path() + "/tokenizer.json", files.tokenizer_json);
+      test::write_bytes(tok_dir_->path() + "/tokenizer_config.json", files.tokenizer_config_json);
+    }
+    return tok_dir_->path();
   }
 
   static std::vector<int32_t> ids_of(const Tensor& t) {
@@ -60,14 +86,14 @@ class SmolLM2 : public ::testing::Test {
 
   static std::string* gguf_;
   static std::string why_;
-  static test::TempDirPath* dir_;
-  static GgufConvertSummary* summary_;
+  static test::TempDirPath* model_dir_;
+  static test::TempDirPath* tok_dir_;
   static Transformer* model_;
 };
 std::string* SmolLM2::gguf_ = nullptr;
 std::string SmolLM2::why_;
-test::TempDirPath* SmolLM2::dir_ = nullptr;
-GgufConvertSummary* SmolLM2::summary_ = nullptr;
+test::TempDirPath* SmolLM2::model_dir_ = nullptr;
+test::TempDirPath* SmolLM2::tok_dir_ = nullptr;
 Transformer* SmolLM2::model_ = nullptr;
 
 TEST_F(SmolLM2, HeaderAndConfig) {
@@ -80,9 +106,7 @@ TEST_F(SmolLM2, HeaderAndConfig) {
   EXPECT_EQ(f.get_string_array("tokenizer.ggml.tokens").size(), 49152u);
   EXPECT_EQ(f.tensor("token_embd.weight").type, GgmlType::Q8_0);
   EXPECT_EQ(f.tensor("blk.0.attn_q.weight").type, GgmlType::Q4_1);
-  EXPECT_EQ(summary_->tensor_types.at("Q4_1"), 210);
-  EXPECT_EQ(summary_->tensor_types.at("F32"), 61);
-  const ModelConfig& c = model_->config();
+  const ModelConfig c = gguf_model_config(f);
   EXPECT_EQ(c.arch, Architecture::Llama);
   EXPECT_EQ(c.vocab_size, 49152);
   EXPECT_EQ(c.hidden_size, 576);
@@ -101,8 +125,8 @@ TEST_F(SmolLM2, LogitsMatchTransformers) {
   for (const char* which : {"chat", "text"}) {
     SCOPED_TRACE(which);
     const std::vector<int32_t> ids = ids_of(ref.get(cat("ids_", which)));
-    const Tensor logits = model_->forward(make_batch({ids}, model_->config().vocab_size));
-    const int64_t T = static_cast<int64_t>(ids.size()), V = model_->config().vocab_size;
+    const Tensor logits = model().forward(make_batch({ids}, model().config().vocab_size));
+    const int64_t T = static_cast<int64_t>(ids.size()), V = model().config().vocab_size;
     ASSERT_EQ(logits.shape(), (Shape{T, V}));
     // Every position, at the sampled vocabulary ids.
     Tensor got = Tensor::poisoned({T, sample.numel()}, DType::F32);
@@ -127,8 +151,8 @@ TEST_F(SmolLM2, LogitsMatchTransformers) {
 }
 
 TEST_F(SmolLM2, ChatTemplateAndTokenizerGiveTheReferenceIds) {
-  const Tokenizer tok = Tokenizer::load(dir_->path());
-  const ChatTemplate tmpl = ChatTemplate::from_model_dir(dir_->path());
+  const Tokenizer tok = Tokenizer::load(tokenizer_dir());
+  const ChatTemplate tmpl = ChatTemplate::from_model_dir(tokenizer_dir());
   ChatTemplateOptions opt;
   opt.add_generation_prompt = true;
   const std::string text = tmpl.render(
@@ -140,7 +164,7 @@ TEST_F(SmolLM2, ChatTemplateAndTokenizerGiveTheReferenceIds) {
 }
 
 TEST_F(SmolLM2, TokenizerMatchesHfOnTheCorpus) {
-  const std::string tokenizer_json = dir_->path() + "/tokenizer.json";
+  const std::string tokenizer_json = tokenizer_dir() + "/tokenizer.json";
   const std::string out = test::gguf_temp_path("smollm2_corpus.jsonl");
   test::OracleRun run = test::run_oracle("corpus --tokenizer " + test::shell_quote(tokenizer_json) +
                                          " --corpus " + test::shell_quote(test::corpus_path()) +
@@ -168,8 +192,8 @@ TEST_F(SmolLM2, TokenizerMatchesHfOnTheCorpus) {
 }
 
 TEST_F(SmolLM2, GreedyAnswerThroughTheChatTemplateSaysParis) {
-  const Tokenizer tok = Tokenizer::load(dir_->path());
-  const ChatTemplate tmpl = ChatTemplate::from_model_dir(dir_->path());
+  const Tokenizer tok = Tokenizer::load(model_dir());
+  const ChatTemplate tmpl = ChatTemplate::from_model_dir(model_dir());
   ChatTemplateOptions opt;
   opt.add_generation_prompt = true;
   GenerationRequest req;
@@ -179,7 +203,7 @@ TEST_F(SmolLM2, GreedyAnswerThroughTheChatTemplateSaysParis) {
   req.max_new_tokens = 24;
   EngineOptions eo;
   eo.kv_cache_bytes = int64_t{64} << 20;
-  RolloutEngine engine(*model_, eo, generation_eos_ids(dir_->path(), model_->config(), &tok), &tok);
+  RolloutEngine engine(model(), eo, generation_eos_ids(model_dir(), model().config(), &tok), &tok);
   const std::vector<RequestOutput> out = engine.generate({req});
   ASSERT_EQ(out.size(), 1u);
   const SampleOutput& s = out[0].samples.at(0);
