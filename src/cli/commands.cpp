@@ -34,6 +34,8 @@ void register_commands(CLI::App& app) {
   register_init(app);
   register_doctor(app);
   register_report(app);
+  register_convert(app);
+  register_shrink(app);
 }
 
 }  // namespace opd::cli

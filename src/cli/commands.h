@@ -29,5 +29,7 @@ void register_eval(CLI::App& app);
 void register_init(CLI::App& app);
 void register_doctor(CLI::App& app);
 void register_report(CLI::App& app);  // `opd report RUN_DIR`
+void register_convert(CLI::App& app);
+void register_shrink(CLI::App& app);
 
 }  // namespace opd::cli

@@ -379,9 +379,17 @@ void Tokenizer::Impl::parse_model(const json& model) {
     std::string ch;
     utf8::append(ch, bytes_char()[b]);
     auto it = vocab.find(ch);
-    if (it == vocab.end())
-      OPD_FAIL(InvalidData, where, ": byte 0x", std::hex, b, std::dec, " (token '", ch,
-               "') is missing from the vocab; byte-level BPE needs all 256");
+    if (it == vocab.end()) {
+      // Some real vocabularies lack a few bytes (SmolLM2: six control characters, 0xf1, 0xf2
+      // and the bytes UTF-8 never uses). HF's BPE then drops such a byte when there is no
+      // unk_token (models/bpe/model.rs merge_word), and so does merge_word below; with an
+      // unk_token HF would emit it, which opd does not implement.
+      if (model.contains("unk_token") && !model["unk_token"].is_null())
+        OPD_FAIL(Unsupported, where, ": byte 0x", std::hex, b, std::dec, " (token '", ch,
+                 "') is missing from the vocab and unk_token is set; opd does not emit unk");
+      byte_id[b] = -1;
+      continue;
+    }
     byte_id[b] = it->second;
   }
 }
@@ -649,10 +657,17 @@ struct MergeCandidate {
 void Tokenizer::Impl::merge_word(std::string_view word, std::vector<int32_t>& out) const {
   thread_local std::vector<Symbol> sym;
   thread_local std::vector<MergeCandidate> heap_storage;
-  const int32_t n = static_cast<int32_t>(word.size());
-  sym.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i)
-    sym[i] = {byte_id[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1, 1};
+  // Bytes without a vocab entry (byte_id -1) are dropped before merging, as HF does, so their
+  // neighbours become adjacent and may merge.
+  int32_t n = 0;
+  sym.resize(word.size());
+  for (unsigned char c : word)
+    if (byte_id[c] >= 0) sym[n++] = {byte_id[c], 0, 0, 1};
+  for (int32_t i = 0; i < n; ++i) {
+    sym[i].prev = i - 1;
+    sym[i].next = i + 1 < n ? i + 1 : -1;
+  }
+  if (n == 0) return;
   heap_storage.clear();
   std::priority_queue<MergeCandidate, std::vector<MergeCandidate>, std::greater<>> heap(
       std::greater<>(), std::move(heap_storage));
@@ -690,7 +705,7 @@ void Tokenizer::Impl::merge_word(std::string_view word, std::vector<int32_t>& ou
 void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& ids) const {
   if (word.empty()) return;
   if (word.size() == 1) {
-    ids.push_back(byte_id[static_cast<unsigned char>(word[0])]);
+    if (const int32_t id = byte_id[static_cast<unsigned char>(word[0])]; id >= 0) ids.push_back(id);
     return;
   }
   WordCache& cache = word_cache(instance);

@@ -4,7 +4,8 @@
 // (PCRE2, the file's own pattern) and ByteLevel pre-tokenizers, BPE merges by rank (the same
 // lowest-rank-then-leftmost order as HF's merge_all), ByteLevel decoder and TemplateProcessing.
 // Anything else in a tokenizer.json is an Unsupported error naming the component, never a
-// silent approximation.
+// silent approximation. A byte without a vocab entry (SmolLM2 lacks 21) is dropped before
+// merging, exactly as HF's BPE does when the model has no unk_token.
 //
 // Text rule: encode() takes bytes; invalid UTF-8 is replaced by U+FFFD per maximal ill-formed
 // subsequence (utf8.h), i.e. exactly what Python's bytes.decode("utf-8", errors="replace")

@@ -305,10 +305,13 @@ TEST(TokenizerLoad, IdsAndMergesAreValidated) {
   j = minimal_tokenizer();
   j["model"]["merges"].push_back("a b c");
   expect_load_error(j.dump(), ErrorKind::InvalidData, {"merge 1"}, "merge_three");
+  // A byte missing from the vocab is dropped as HF drops it (MissingByteIsDroppedAsHfDoes),
+  // unless an unk_token asks for HF's unk path, which opd does not implement.
   j = minimal_tokenizer();
   j["model"]["vocab"].erase("a");
   j["model"]["merges"] = json::array();
-  expect_load_error(j.dump(), ErrorKind::InvalidData, {"byte 0x61"}, "missing_byte");
+  j["model"]["unk_token"] = "<|end|>";
+  expect_load_error(j.dump(), ErrorKind::Unsupported, {"byte 0x61", "unk_token"}, "missing_byte_unk");
   j = minimal_tokenizer();
   j["added_tokens"][0]["id"] = 97;  // the id of "a"
   expect_load_error(j.dump(), ErrorKind::InvalidData, {"id 97", "<|end|>"}, "added_collision");
@@ -321,6 +324,18 @@ TEST(TokenizerLoad, IdsAndMergesAreValidated) {
                          {"single", {{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
                          {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {999}}}}}}};
   expect_load_error(j.dump(), ErrorKind::InvalidData, {"999"}, "template_unknown_id");
+}
+
+// SmolLM2's vocabulary lacks 21 byte tokens; HF's BPE (models/bpe/model.rs merge_word) skips a
+// character that has no vocab entry when there is no unk_token, and its neighbours then merge.
+TEST(TokenizerLoad, MissingByteIsDroppedAsHfDoes) {
+  json j = minimal_tokenizer();
+  j["model"]["vocab"].erase("c");
+  const Tokenizer tok = Tokenizer::load(write_temp(j.dump(), "missing_byte.json"));
+  const int32_t a = *tok.token_to_id("a"), b = *tok.token_to_id("b"), ab = *tok.token_to_id("ab");
+  EXPECT_EQ(tok.encode("acb"), (std::vector<int32_t>{ab}));  // "c" dropped, then "a b" merges
+  EXPECT_EQ(tok.encode("c"), (std::vector<int32_t>{}));
+  EXPECT_EQ(tok.encode("bca"), (std::vector<int32_t>{b, a}));
 }
 
 // Untrusted files: random type changes anywhere in a valid file either load or raise
