@@ -32,6 +32,7 @@ void register_commands(CLI::App& app) {
   register_eval(app);
   register_init(app);
   register_doctor(app);
+  register_launch(app);
 }
 
 }  // namespace opd::cli

@@ -27,5 +27,6 @@ void register_train(CLI::App& app);  // `opd train` and `opd sft`
 void register_eval(CLI::App& app);
 void register_init(CLI::App& app);
 void register_doctor(CLI::App& app);
+void register_launch(CLI::App& app);  // `opd launch` (multi-process jobs, dist/launcher.h)
 
 }  // namespace opd::cli
