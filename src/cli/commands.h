@@ -21,6 +21,7 @@ void register_chat_template(CLI::App& app);
 void register_bench_attention(CLI::App& app);  // `opd bench attention`
 void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the bench parent)
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
+void register_bench_dist(CLI::App& bench);     // `opd bench dist` (takes the bench parent)
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
 void register_train(CLI::App& app);  // `opd train` and `opd sft`
