@@ -122,6 +122,7 @@ TEST(TcpStore, AbortReachesEveryRank) {
   const int port = pick_free_port();
   auto out = run_ranks(3, [&](int rank) -> std::string {
     auto store = Store::connect(local_env(rank, 3, port), 60);
+    store->barrier("everyone joined");  // else rank 0 could finish before rank 2 connects
     if (rank == 1) {
       store->abort("loss is NaN on rank 1");
       return std::string();
