@@ -4,10 +4,11 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|all|quick-tests|quick-bench]   (default all)
+# Usage: scripts/gpu_check.sh [tests|bench|dist|all|quick-tests|quick-bench]   (default all)
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
-# generation/scoring kernels under memcheck/racecheck; the W1 training bench and the
-# generation/scoring kernel benches with their PyTorch twins.
+# generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
+# their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a
+# machine with 2+ GPUs (e.g. nvidia-h200-x2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -48,7 +49,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
       --gtest_filter='*Rmsnorm*:CudaAttention.DeterministicBitIdentical:CudaAttention.ForwardThenBackwardEndToEnd:CudaEmbedding*:CudaCrossEntropy*:CudaAdamW*:*Rope*:CudaElementwise*'
   run repro_unchecked 60 compute-sanitizer --tool memcheck $B/test_cuda --gtest_also_run_disabled_tests \
       --gtest_filter='CudaLossRepro.DISABLED_UncheckedGatherOutOfBounds'
-  for t in core kernels model loss train cli; do
+  for t in core kernels model loss train cli dist; do
     [[ -x $B/test_$t ]] && run "$t" 90 $B/test_$t
   done
 fi
@@ -76,6 +77,16 @@ if [[ "$what" == quick-bench ]]; then
   run bench_train_recompute 100 $B/opd bench train --recompute
   run bench_kernels 120 $B/opd bench kernels
   run torch_kernels 120 python3 tools/bench_kernels_torch.py --opd "$OUT/bench_kernels.log"
+fi
+if [[ "$what" == dist || "$what" == all ]]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if (( gpus >= 2 )); then
+    # One process per GPU; --master-port 0 picks a free port for the TCP store.
+    run dist_gpu 300 $B/opd launch --nproc-per-node 2 --master-port 0 -- $B/test_dist_gpu
+    run bench_dist 300 $B/opd launch --nproc-per-node 2 --master-port 0 -- $B/opd bench dist
+  else
+    summary+=("dist: skipped ($gpus GPU)")
+  fi
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 echo "==== summary"

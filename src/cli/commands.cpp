@@ -27,6 +27,7 @@ void register_commands(CLI::App& app) {
   register_bench_loss(bench_command(app));
   register_bench_kernels(app);
   register_bench_train(bench_command(app));
+  register_bench_dist(bench_command(app));
   register_serve(app);
   register_score(app);
   register_train(app);
@@ -36,6 +37,7 @@ void register_commands(CLI::App& app) {
   register_report(app);
   register_convert(app);
   register_shrink(app);
+  register_launch(app);
 }
 
 }  // namespace opd::cli

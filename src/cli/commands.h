@@ -22,6 +22,7 @@ void register_bench_attention(CLI::App& app);  // `opd bench attention`
 void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the bench parent)
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
 void register_bench_train(CLI::App& bench);  // `opd bench train` (takes the bench parent)
+void register_bench_dist(CLI::App& bench);     // `opd bench dist` (takes the bench parent)
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
 void register_train(CLI::App& app);  // `opd train` and `opd sft`
@@ -31,5 +32,6 @@ void register_doctor(CLI::App& app);
 void register_report(CLI::App& app);  // `opd report RUN_DIR`
 void register_convert(CLI::App& app);
 void register_shrink(CLI::App& app);
+void register_launch(CLI::App& app);  // `opd launch` (multi-process jobs, dist/launcher.h)
 
 }  // namespace opd::cli

@@ -1,0 +1,195 @@
+// The launcher (dist/launcher.h), in process with /bin/sh ranks, and once through `opd launch`:
+// torchrun variables per rank, prefixed output, a crashing rank taking the job down (well
+// inside 60 s) with a result naming it, SIGKILL for a rank that ignores SIGTERM, SIGTERM
+// forwarded, SIGHUP ignored, an unrunnable command, option errors.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/test_util.h"
+#include "core/error.h"
+#include "dist/launcher.h"
+
+namespace opd::dist {
+namespace {
+
+std::vector<std::string> sh(const std::string& script) { return {"/bin/sh", "-c", script}; }
+
+LaunchOptions options(int n) {
+  LaunchOptions o;
+  o.nproc_per_node = n;
+  o.master_port = 0;
+  o.kill_after_s = 5;
+  return o;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(Launcher, SetsTheTorchrunEnvironmentAndPrefixesOutput) {
+  ::testing::internal::CaptureStdout();
+  LaunchOptions o = options(3);
+  o.master_port = 29999;
+  LaunchResult r = launch(o, sh("echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE "
+                                "$GROUP_RANK $MASTER_ADDR $MASTER_PORT\"; printf 'no newline'"));
+  std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.failed_rank, -1);
+  EXPECT_EQ(r.exits.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_NE(out.find(cat("[rank ", k, "] env ", k, " 3 ", k, " 3 0 127.0.0.1 29999\n")),
+              std::string::npos) << out;
+    EXPECT_NE(out.find(cat("[rank ", k, "] no newline\n")), std::string::npos) << out;
+  }
+}
+
+TEST(Launcher, MultiNodeRanksAndNoPrefix) {
+  ::testing::internal::CaptureStdout();
+  LaunchOptions o = options(2);
+  o.nnodes = 3;
+  o.node_rank = 2;
+  o.master_port = 29998;
+  o.master_addr = "head-node";
+  o.prefix_output = false;
+  LaunchResult r = launch(o, sh("echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK at $MASTER_ADDR\""));
+  std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_NE(out.find("4/6 local 0 at head-node\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("5/6 local 1 at head-node\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[rank"), std::string::npos) << out;
+}
+
+TEST(Launcher, CrashingRankTakesTheJobDown) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string err_file = cat(::testing::TempDir(), "/opd_launch_err_", ::getpid(), ".json");
+  LaunchOptions o = options(4);
+  o.error_file = err_file;
+  // Rank 2 segfaults after a moment; the others would run for five minutes.
+  LaunchResult r = launch(o, sh("if [ \"$RANK\" = 2 ]; then sleep 0.3; kill -SEGV $$; fi; sleep 300"));
+  const double s = seconds_since(t0);
+  EXPECT_LT(s, 60.0);  // the issue's bound, not a speed measurement
+  EXPECT_EQ(r.failed_rank, 2);
+  EXPECT_EQ(r.exit_code, 128 + SIGSEGV);
+  EXPECT_NE(r.message.find("rank 2 failed first"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("killed by signal 11 (SIGSEGV)"), std::string::npos) << r.message;
+  ASSERT_EQ(r.exits.size(), 4u);
+  EXPECT_EQ(r.exits[0].rank, 2);
+  for (size_t k = 1; k < 4; ++k) {
+    EXPECT_TRUE(r.exits[k].signaled) << r.exits[k].describe();
+    EXPECT_EQ(r.exits[k].signal, SIGTERM) << r.exits[k].describe();
+  }
+  std::ifstream f(err_file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("\"rank\": 2"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("\"signal\": 11"), std::string::npos) << ss.str();
+  std::remove(err_file.c_str());
+}
+
+TEST(Launcher, RankIgnoringSigtermIsKilled) {
+  LaunchOptions o = options(2);
+  o.kill_after_s = 1;
+  LaunchResult r = launch(o, sh("if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; "
+                                "trap '' TERM; while :; do sleep 0.05; done"));
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.message.find("rank 1 failed first: rank 1 (local 1, pid"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("exited with status 3"), std::string::npos) << r.message;
+  ASSERT_EQ(r.exits.size(), 2u);
+  EXPECT_TRUE(r.exits[1].signaled);
+  EXPECT_EQ(r.exits[1].signal, SIGKILL);
+}
+
+TEST(Launcher, ForwardsSigtermAndIgnoresSighup) {
+  ::testing::internal::CaptureStdout();
+  const pid_t self = ::getpid();
+  std::thread sender([self] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    ::kill(self, SIGHUP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(self, SIGTERM);
+  });
+  LaunchOptions o = options(2);
+  o.kill_after_s = 20;
+  // A rank that checkpoints on SIGTERM and exits 0; it would say so if a SIGHUP reached it.
+  LaunchResult r = launch(o, sh("trap 'echo got HUP' HUP; trap 'echo saved; exit 0' TERM; "
+                                "echo up; while :; do sleep 0.05; done"));
+  sender.join();
+  std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.failed_rank, -1);
+  EXPECT_NE(out.find("[rank 0] saved"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1] saved"), std::string::npos) << out;
+  EXPECT_EQ(out.find("got HUP"), std::string::npos) << out;
+  for (const RankExit& e : r.exits) EXPECT_FALSE(e.signaled) << e.describe();
+}
+
+TEST(Launcher, UnrunnableCommand) {
+  ::testing::internal::CaptureStderr();
+  LaunchResult r = launch(options(2), {"/nonexistent/opd-no-such-binary"});
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_GE(r.failed_rank, 0);
+  EXPECT_NE(err.find("cannot execute the command"), std::string::npos) << err;
+}
+
+TEST(Launcher, OptionErrors) {
+  auto msg = [](LaunchOptions o, std::vector<std::string> cmd) -> std::string {
+    try {
+      launch(o, cmd);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto cmd = sh("true");
+  LaunchOptions o = options(1);
+  o.nproc_per_node = 0;
+  EXPECT_NE(msg(o, cmd).find("--nproc-per-node 0"), std::string::npos);
+  o = options(1);
+  o.node_rank = 1;
+  EXPECT_NE(msg(o, cmd).find("--node-rank 1 is outside [0, --nnodes=1)"), std::string::npos);
+  o = options(1);
+  o.nnodes = 2;
+  o.node_rank = 0;
+  EXPECT_NE(msg(o, cmd).find("--master-port 0"), std::string::npos);
+  o = options(1);
+  o.master_port = 70000;
+  EXPECT_NE(msg(o, cmd).find("--master-port 70000"), std::string::npos);
+  o = options(1);
+  o.kill_after_s = 0;
+  EXPECT_NE(msg(o, cmd).find("--kill-after"), std::string::npos);
+  EXPECT_NE(msg(options(1), {}).find("no command"), std::string::npos);
+}
+
+// The CLI end to end: exit status and the stderr line that names the rank.
+TEST(Launcher, OpdLaunchCommandLine) {
+  const std::string out = cat(::testing::TempDir(), "/opd_launch_cli_", ::getpid(), ".txt");
+  const std::string cmd =
+      cat(test::opd_binary(), " launch --nproc-per-node 3 --master-port 0 --kill-after 5 -- "
+          "/bin/sh -c 'echo hi; if [ $RANK = 1 ]; then exit 9; fi; sleep 300' > ", out, " 2>&1");
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = std::system(cmd.c_str());
+  EXPECT_LT(seconds_since(t0), 60.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 9);
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("[rank 1] hi"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("rank 1 failed first: rank 1 (local 1, pid"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("exited with status 9"), std::string::npos) << ss.str();
+  std::remove(out.c_str());
+}
+
+}  // namespace
+}  // namespace opd::dist
