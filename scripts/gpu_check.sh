@@ -40,9 +40,11 @@ if [[ "$what" == tests || "$what" == all ]]; then
   run memcheck_gen 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
   # --kernel-name: only opd's kernels (the top-K tests also run cuBLAS GEMMs, see above).
-  run racecheck_gen 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name 'regex:paged_attention|kv_cache_store|sample_kernel|topk_' $B/test_cuda \
-      --gtest_filter='CudaPagedAttention.RawApiForcedSplitsAndBatches:CudaTopKLmHead.DeterministicBitIdentical:CudaSampler.ChiSquare*'
+  for k in paged_attention topk_ sample_kernel; do  # kns = kernel-name substring
+    run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        --kernel-name "kns=$k" $B/test_cuda \
+        --gtest_filter='CudaPagedAttention.RawApiForcedSplitsAndBatches:CudaTopKLmHead.DeterministicBitIdentical:CudaSampler.ChiSquare*'
+  done
   # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards
   # inside cuBLAS's split-K kernels (nvjet_*_splitK), which are not ours.
   run racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_cuda \
@@ -64,6 +66,13 @@ if [[ "$what" == bench || "$what" == all ]]; then
   # with per-layer recompute (memory vs time).
   run bench_train 300 $B/opd bench train --with-torch
   run bench_train_recompute 150 $B/opd bench train --recompute
+fi
+if [[ "$what" == racecheck-gen ]]; then
+  for k in paged_attention topk_ sample_kernel; do
+    run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        --kernel-name "kns=$k" $B/test_cuda \
+        --gtest_filter='CudaPagedAttention.RawApiForcedSplitsAndBatches:CudaTopKLmHead.DeterministicBitIdentical:CudaSampler.ChiSquare*'
+  done
 fi
 if [[ "$what" == quick-tests ]]; then
   run cuda 300 $B/test_cuda

@@ -194,9 +194,11 @@ TEST(NcclWatchdog, MissingPeerBecomesAnError) {
     auto comm = make_nccl_communicator(j.store, j.env.local_rank, 5.0);
     Tensor t = Tensor::zeros({1 << 20}, DType::F32, Device::CUDA);
     if (j.env.rank == 0) {
-      // Rank 0 enters an all-reduce that no other rank joins.
-      comm->all_reduce(t, ReduceOp::Sum);
+      // Rank 0 enters an all-reduce that no other rank joins. The error may surface in the call
+      // itself (NCCL can block while enqueuing the first collective of a communicator: seen on
+      // the H200 pair, 2026-11-30) or at the synchronize; either way within the timeout.
       try {
+        comm->all_reduce(t, ReduceOp::Sum);
         comm->synchronize();
         ADD_FAILURE() << "no error from a collective nobody else joined";
       } catch (const Error& e) {
