@@ -128,6 +128,9 @@ TEST(TcpStore, AbortReachesEveryRank) {
       return std::string();
     }
     std::string msg = error_text([&] { store->barrier(); });
+    // Rank 0 hosts the store: stay up until the others have read their replies (under ASan
+    // rank 2 was still reading barrier #0's reply when rank 0 exited: CI run 2026-11-30).
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
     return expect(msg.find("rank 1 failed: loss is NaN on rank 1") != std::string::npos, msg);
   });
   EXPECT_TRUE(test::all_ok(out));
