@@ -24,7 +24,8 @@ echo "== on-policy distillation: $steps steps of 64 prompts (opd train --help ex
 $opd train --student "$out/student-init" --teacher demo/teacher \
   --data demo/data/train.jsonl --eval-data demo/data/eval.jsonl --out "$out" \
   --max-steps "$steps" --batch-size 64 --micro-batch-size 64 --learning-rate 2e-3 \
-  --warmup-steps 30 --lmbda 0.5 --beta 0.5 --teacher-top-k 16 --max-completion-length 5 \
+  --warmup-steps 30 --weight-decay 0.1 --lmbda 0.5 --beta 0 --teacher-top-k 16 \
+  --max-completion-length 5 \
   --save-steps 500 --eval-steps 500
 echo
 echo "== held-out exact match (demo/data/eval.jsonl: 500 additions never seen in training)"

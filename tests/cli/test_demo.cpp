@@ -47,7 +47,7 @@ TEST(Demo, ShortDistillationRunLowersTheLoss) {
   auto [c2, o2] = run("train --student " + dir + "/student --teacher demo/teacher --data demo/data/train.jsonl "
                       "--eval-data demo/data/eval.jsonl --eval-limit 100 --out " + dir + "/run "
                       "--max-steps 60 --batch-size 64 --micro-batch-size 64 --learning-rate 2e-3 "
-                      "--warmup-steps 30 --lmbda 0.5 --beta 0.5 --teacher-top-k 16 --max-completion-length 5");
+                      "--warmup-steps 30 --weight-decay 0.1 --lmbda 0.5 --beta 0 --teacher-top-k 16 --max-completion-length 5");
   ASSERT_EQ(c2, 0) << o2;
   EXPECT_NE(o2.find("exact match: before 0.0%"), std::string::npos) << o2;
   std::vector<double> loss;
@@ -59,8 +59,8 @@ TEST(Demo, ShortDistillationRunLowersTheLoss) {
     first += loss[i];
     last += loss[50 + i];
   }
-  // Measured: 0.68 -> 0.41 per token (-39%) over these 60 steps; a run that does not learn stays
-  // near ln 2 = 0.69, the JSD of unrelated distributions.
+  // Measured (forward KL, beta 0): mean of the first 10 steps 5.39, of the last 10 1.89 (-65%);
+  // a student that does not learn stays near its initial ~5.5 nats (uniform over 272 ids).
   EXPECT_LT(last, 0.75 * first) << "the distillation loss must fall over 60 steps";
   auto [c3, o3] = run("eval --model " + dir + "/run/checkpoints/step-00000060 --data demo/data/eval.jsonl --limit 20");
   EXPECT_EQ(c3, 0) << o3;
