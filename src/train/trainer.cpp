@@ -20,6 +20,7 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "kernels/ops.h"
 #include "loss/fused_loss.h"
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
@@ -717,7 +718,7 @@ TrainResult Trainer::run() {
       // Row r of the loss predicts completion token p from the hidden state at p - 1.
       Tensor rows_h = Tensor::empty({rows, H}, DType::F32);
       std::vector<int32_t> targets, sft_rows;
-      std::vector<int64_t> src_rows;
+      std::vector<int32_t> src_rows;
       const int32_t* cu = batch.cu_seqlens.data<int32_t>();
       for (size_t b = b0; b < b1; ++b) {
         const auto& s = seqs[b];
@@ -727,8 +728,12 @@ TrainResult Trainer::run() {
           sft_rows.push_back(s.from_dataset ? 1 : 0);
         }
       }
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(hidden.data<float>() + src_rows[r] * H, H, rows_h.data<float>() + r * H);
+      // The loss rows and their inverse (-1 = not a loss row), for gather and scatter back.
+      std::vector<int32_t> inverse(static_cast<size_t>(hidden.dim(0)), -1);
+      for (int64_t r = 0; r < rows; ++r) inverse[src_rows[r]] = static_cast<int32_t>(r);
+      const Tensor row_map = Tensor::from_vector(src_rows, {rows});
+      const Tensor inverse_map = Tensor::from_vector(inverse, {hidden.dim(0)});
+      ops::gather_rows(hidden, row_map, rows_h);
       TeacherTopK t = full ? TeacherTopK{} : slice_teacher(teacher, row0, row0 + rows);
       FusedLossArgs args;
       if (full) {
@@ -736,8 +741,7 @@ TrainResult Trainer::run() {
         Tensor th = teacher_model_->forward_hidden(batch);
         const int64_t Ht = teacher_model_->config().hidden_size;
         Tensor rows_t = Tensor::empty({rows, Ht}, DType::F32);
-        for (int64_t r = 0; r < rows; ++r)
-          std::copy_n(th.data<float>() + src_rows[r] * Ht, Ht, rows_t.data<float>() + r * Ht);
+        ops::gather_rows(th, row_map, rows_t);
         args.teacher_hidden = rows_t;
         args.teacher_lm_head = teacher_model_->weights().lm_head;
         score_s += seconds_since(t0);
@@ -755,12 +759,8 @@ TrainResult Trainer::run() {
       div_sum += lr.divergence_sum;
       ce_sum += lr.ce_sum;
       tail_clamped += lr.tail_clamped;
-      Tensor dhidden = Tensor::zeros(hidden.shape(), DType::F32);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = dhidden.data<float>() + src_rows[r] * H;
-        const float* src = d_rows.data<float>() + r * H;
-        for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
-      }
+      Tensor dhidden = Tensor::empty(hidden.shape(), DType::F32);
+      ops::gather_rows(d_rows, inverse_map, dhidden);  // zero rows outside the loss
       student_->backward_hidden(batch, cache, dhidden, grads_);
       row0 += rows;
     }
