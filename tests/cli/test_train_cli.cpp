@@ -26,24 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-ModelConfig tiny(int64_t hidden, int64_t layers) {
-  ModelConfig c;
-  c.arch = Architecture::Qwen3;
-  c.model_type = "qwen3";
-  c.vocab_size = 272;
-  c.hidden_size = hidden;
-  c.intermediate_size = 2 * hidden;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 16;
-  c.qk_norm = true;
-  c.tie_word_embeddings = true;
-  c.max_position_embeddings = 64;
-  c.eos_token_ids = {256};
-  return c;
-}
-
 // A child process running opd with stdout+stderr to a file.
 struct Child {
   pid_t pid = -1;
@@ -103,8 +85,8 @@ class TrainCli : public ::testing::Test {
     fs::remove_all(root_);
     fs::create_directories(root_);
     const std::string tok = test::source_dir() + "/demo/tokenizer";
-    save_model_dir(path("student"), tiny(32, 1), init_weights(tiny(32, 1), 1), tok);
-    save_model_dir(path("teacher"), tiny(48, 2), init_weights(tiny(48, 2), 2, 0.1), tok);
+    save_model_dir(path("student"), test::tiny_demo_config(32, 1), init_weights(test::tiny_demo_config(32, 1), 1), tok);
+    save_model_dir(path("teacher"), test::tiny_demo_config(48, 2), init_weights(test::tiny_demo_config(48, 2), 2, 0.1), tok);
     std::ofstream data(path("train.jsonl"));
     for (int i = 0; i < 64; ++i) {
       const int a = (i * 37) % 100, b = (i * 53 + 11) % 100;

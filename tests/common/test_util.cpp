@@ -93,4 +93,23 @@ Diff compare(const Tensor& a, const Tensor& b) {
   return ::testing::AssertionSuccess();
 }
 
+ModelConfig tiny_demo_config(int64_t hidden, int64_t layers) {
+  ModelConfig c;
+  c.arch = Architecture::Qwen3;
+  c.model_type = "qwen3";
+  c.vocab_size = 272;
+  c.hidden_size = hidden;
+  c.intermediate_size = 2 * hidden;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 16;
+  c.qk_norm = true;
+  c.tie_word_embeddings = true;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 10000;
+  c.eos_token_ids = {256};
+  return c;
+}
+
 }  // namespace opd::test

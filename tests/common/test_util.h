@@ -9,12 +9,17 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "model/config.h"
 
 namespace opd::test {
 
 std::string source_dir();                   // repository root ($OPD_SOURCE_DIR overrides)
 std::string opd_binary();                   // the built opd ($OPD_BINARY overrides)
 std::string fixture_path(const std::string& rel);  // tests/fixtures/<rel>
+
+// A tiny Qwen3 config over the demo tokenizer's vocabulary (272 ids, EOS 256): 2 query / 1 kv
+// heads of 16, intermediate 2 x hidden, tied embeddings. The training tests build models from it.
+ModelConfig tiny_demo_config(int64_t hidden, int64_t layers);
 
 // Uniform in [lo, hi) from Philox(seed); f32 or f64 tensors on the CPU.
 Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo = -1, double hi = 1);

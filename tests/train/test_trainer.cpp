@@ -30,25 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig tiny_config(int64_t hidden, int64_t layers) {
-  ModelConfig c;
-  c.arch = Architecture::Qwen3;
-  c.model_type = "qwen3";
-  c.vocab_size = 272;
-  c.hidden_size = hidden;
-  c.intermediate_size = 2 * hidden;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 16;
-  c.qk_norm = true;
-  c.tie_word_embeddings = true;
-  c.max_position_embeddings = 64;
-  c.rope_theta = 10000;
-  c.eos_token_ids = {256};
-  return c;
-}
-
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -57,8 +38,8 @@ class TrainerTest : public ::testing::Test {
     fs::remove_all(root_);
     fs::create_directories(root_);
     const std::string tok = test::source_dir() + "/demo/tokenizer";
-    save_model_dir(path("student"), tiny_config(32, 1), init_weights(tiny_config(32, 1), 1), tok);
-    save_model_dir(path("teacher"), tiny_config(48, 2), init_weights(tiny_config(48, 2), 2, 0.1), tok);
+    save_model_dir(path("student"), test::tiny_demo_config(32, 1), init_weights(test::tiny_demo_config(32, 1), 1), tok);
+    save_model_dir(path("teacher"), test::tiny_demo_config(48, 2), init_weights(test::tiny_demo_config(48, 2), 2, 0.1), tok);
     std::ofstream data(path("train.jsonl"));
     for (int i = 0; i < 24; ++i) {
       const int a = (i * 37) % 100, b = (i * 53 + 11) % 100;
@@ -292,7 +273,7 @@ TEST_F(TrainerTest, CorruptCheckpointIsRefusedAndThePreviousOneResumes) {
 
 TEST_F(TrainerTest, NonFiniteStepsAreSkippedSavedAndBounded) {
   // A student whose final norm holds a NaN: every loss is NaN.
-  ModelConfig c = tiny_config(32, 1);
+  ModelConfig c = test::tiny_demo_config(32, 1);
   ModelWeights w = init_weights(c, 1);
   w.final_norm.data<float>()[3] = std::nanf("");
   save_model_dir(path("nan_student"), c, w, test::source_dir() + "/demo/tokenizer");
@@ -336,7 +317,7 @@ TEST_F(TrainerTest, BadOptionsAreNamed) {
   o.data = {path("missing.jsonl")};
   expect_msg(o, "missing.jsonl");
   // A teacher with another vocabulary is refused unless a policy says what to do.
-  ModelConfig c = tiny_config(48, 1);
+  ModelConfig c = test::tiny_demo_config(48, 1);
   c.vocab_size = 288;
   save_model_dir(path("other_teacher"), c, init_weights(c, 3), test::source_dir() + "/demo/tokenizer");
   o = base("bad");
