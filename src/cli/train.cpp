@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "data/dataset.h"
 #include "model/config.h"
+#include "model/presets.h"
 #include "model/init.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
@@ -66,7 +67,15 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
                   "on-policy steps")->capture_default_str();
     c->add_option("--kv-cache-gb", o.kv_cache_gb, "KV cache budget of the rollout")
         ->capture_default_str();
+    c->add_flag("--ignore-eos", o.ignore_eos, "rollouts continue past EOS to "
+                "--max-completion-length (benchmarks)");
   }
+  c->add_option("--device", o.device, "cpu (f32 reference backend) | cuda (GPU: the student in "
+                "--dtype with f32 master weights; teacher, rollout, loss and AdamW on the GPU)")
+      ->capture_default_str();
+  c->add_option("--dtype", o.dtype, "compute dtype on cuda: bf16 | f32")->capture_default_str();
+  c->add_flag("--recompute", o.recompute, "recompute each layer's activations in the backward "
+              "(less memory for one extra forward)");
   c->add_option("--max-completion-length", o.max_completion_length, "tokens per completion "
                 "(rollouts stop there; dataset completions are cut)")->capture_default_str();
   c->add_option("--max-prompt-length", o.max_prompt_length, "prompt tokens (0 = no limit)")
@@ -199,25 +208,38 @@ void register_eval(CLI::App& app) {
 
 void register_init(CLI::App& app) {
   struct Opts {
-    std::string config, out, tokenizer;
+    std::string config, preset, out, tokenizer;
     uint64_t seed = 0;
     double std = 0;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(
       "init", "Write a randomly initialized model directory (N(0, initializer_range) weights, "
-              "unit norms) from a config.json");
-  c->add_option("--config", o->config, "config.json (llama / qwen2 / qwen3)")->required();
+              "unit norms) from a config.json or a named shape");
+  auto* cfg_opt = c->add_option("--config", o->config, "config.json (llama / qwen2 / qwen3)");
+  std::string presets;
+  for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : " | ") + n;
+  auto* preset_opt = c->add_option("--preset", o->preset, "a named shape instead of --config: " + presets);
+  cfg_opt->excludes(preset_opt);
+  preset_opt->excludes(cfg_opt);
   c->add_option("--out", o->out, "output model directory")->required();
   c->add_option("--tokenizer", o->tokenizer, "directory whose tokenizer files are copied in");
   c->add_option("--seed", o->seed, "initialization seed")->capture_default_str();
   c->add_option("--std", o->std, "weight std (0 = config's initializer_range, else 0.02)")
       ->capture_default_str();
   c->callback([o] {
-    std::ifstream f(o->config, std::ios::binary);
-    OPD_CHECK(f.good(), Io, "cannot read ", o->config);
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    ModelConfig cfg = parse_model_config(text, o->config);
+    OPD_CHECK(!o->config.empty() || !o->preset.empty(), InvalidArgument,
+              "opd init needs --config FILE or --preset NAME");
+    std::string text = "{}";
+    ModelConfig cfg;
+    if (!o->preset.empty()) {
+      cfg = model_preset(o->preset);
+    } else {
+      std::ifstream f(o->config, std::ios::binary);
+      OPD_CHECK(f.good(), Io, "cannot read ", o->config);
+      text.assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      cfg = parse_model_config(text, o->config);
+    }
     double std = o->std;
     if (std <= 0) {
       const auto j = nlohmann::json::parse(text, nullptr, false);

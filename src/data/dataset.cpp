@@ -37,6 +37,7 @@ std::string keys_of(const ojson& obj) {
 }
 
 DatasetFormat detect(const ojson& obj, bool require_completion) {
+  if (obj.contains("prompt_ids")) return DatasetFormat::TokenIds;
   if (obj.contains("messages")) return DatasetFormat::Messages;
   if (obj.contains("prompt") && obj.contains("completion")) return DatasetFormat::PromptCompletion;
   if (obj.contains("prompt") && obj.contains("response")) return DatasetFormat::PromptResponse;
@@ -44,7 +45,7 @@ DatasetFormat detect(const ojson& obj, bool require_completion) {
   if (!require_completion && obj.contains("prompt")) return DatasetFormat::PromptCompletion;
   if (!require_completion && obj.contains("query")) return DatasetFormat::QueryResponse;
   bad("no recognized fields: expected \"messages\", \"prompt\"/\"completion\", \"prompt\"/\"response\" or "
-      "\"query\"/\"response\"" + std::string(require_completion ? "" : " (or a prompt alone)") + "; the line has keys " + keys_of(obj));
+      "\"query\"/\"response\" or \"prompt_ids\"" + std::string(require_completion ? "" : " (or a prompt alone)") + "; the line has keys " + keys_of(obj));
 }
 
 // One message of a chat: {"role": str, "content": str | list | null (only with tool_calls)}.
@@ -206,6 +207,25 @@ Parsed parse_query_response(const ojson& obj, bool chat_strings, bool require_co
   return p;
 }
 
+// "prompt_ids" / "completion_ids": a non-empty list of integers in [0, 2^31) (checked against the
+// vocabulary later, with the other formats' ids).
+std::vector<int32_t> parse_id_list(const ojson& obj, const char* key) {
+  const ojson& a = field(obj, key);
+  if (!a.is_array()) bad(cat("field \"", key, "\" must be a list of token ids, got ", json_type(a)));
+  if (a.empty()) bad(cat("field \"", key, "\" is an empty list"));
+  std::vector<int32_t> ids;
+  ids.reserve(a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    const ojson& v = a[k];
+    if (!v.is_number_integer()) bad(cat("field \"", key, "\" entry ", k, " must be an integer token id, got ", v.dump()));
+    const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                           ? int64_t{-1} : v.get<int64_t>();
+    if (id < 0 || id > INT32_MAX) bad(cat("field \"", key, "\" entry ", k, " = ", v.dump(), " is not a token id (>= 0)"));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
 void check_ids(const std::vector<int32_t>& ids, int32_t vocab, const std::string& source, const char* part) {
   for (size_t k = 0; k < ids.size(); ++k) {
     OPD_CHECK(ids[k] >= 0 && ids[k] < vocab, InvalidData, source, ": ", part, " token ", k, " has id ", ids[k],
@@ -222,16 +242,18 @@ const char* dataset_format_name(DatasetFormat f) {
     case DatasetFormat::PromptCompletion: return "prompt-completion";
     case DatasetFormat::PromptResponse: return "prompt-response";
     case DatasetFormat::QueryResponse: return "query-response";
+    case DatasetFormat::TokenIds: return "token-ids";
   }
   return "?";
 }
 
 DatasetFormat parse_dataset_format(const std::string& s) {
   for (DatasetFormat f : {DatasetFormat::Auto, DatasetFormat::Messages, DatasetFormat::PromptCompletion,
-                          DatasetFormat::PromptResponse, DatasetFormat::QueryResponse}) {
+                          DatasetFormat::PromptResponse, DatasetFormat::QueryResponse,
+                          DatasetFormat::TokenIds}) {
     if (s == dataset_format_name(f)) return f;
   }
-  OPD_FAIL(InvalidArgument, "unknown dataset format '", s, "' (auto|messages|prompt-completion|prompt-response|query-response)");
+  OPD_FAIL(InvalidArgument, "unknown dataset format '", s, "' (auto|messages|prompt-completion|prompt-response|query-response|token-ids)");
 }
 
 const char* truncation_name(Truncation t) {
@@ -277,7 +299,9 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
   OPD_CHECK(o.max_prompt_length >= 0, InvalidArgument, "max_prompt_length must be >= 0, got ", o.max_prompt_length);
   Dataset ds;
   LoadReport& rep = ds.report_;
-  const int32_t vocab = encoder.vocab_size();
+  OPD_CHECK(o.id_limit >= 0 && o.id_limit <= INT32_MAX, InvalidArgument, "dataset id_limit ",
+            o.id_limit, " is out of range");
+  const int32_t vocab = o.id_limit > 0 ? static_cast<int32_t>(o.id_limit) : encoder.vocab_size();
   for (const std::string& path : paths) {
     std::ifstream in(path, std::ios::binary);
     OPD_CHECK(in.good(), Io, "cannot open dataset ", path, ": ", std::strerror(errno));
@@ -303,14 +327,20 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
           return o.prompt_style == PromptStyle::Chat || (o.prompt_style == PromptStyle::Auto && ms_swift);
         };
         Parsed p;
+        if (fmt == DatasetFormat::TokenIds) {
+          s.prompt_ids = parse_id_list(obj, "prompt_ids");
+          const bool has_c = obj.contains("completion_ids") && !obj["completion_ids"].is_null();
+          if (has_c || o.require_completion) s.completion_ids = parse_id_list(obj, "completion_ids");
+        }
         switch (fmt) {
+          case DatasetFormat::TokenIds: break;
           case DatasetFormat::Messages: p = parse_messages(obj, o.require_completion); break;
           case DatasetFormat::PromptCompletion: p = parse_prompt_pair(obj, "completion", chat_strings(false), o.require_completion); break;
           case DatasetFormat::PromptResponse: p = parse_prompt_pair(obj, "response", chat_strings(true), o.require_completion); break;
           case DatasetFormat::QueryResponse: p = parse_query_response(obj, chat_strings(true), o.require_completion); break;
           case DatasetFormat::Auto: OPD_FAIL(Internal, "format not resolved");
         }
-        if (p.chat) {
+        if (fmt != DatasetFormat::TokenIds && p.chat) {
           if (!chat) bad("this line needs a chat template, and none was given (the model directory has none; pass --chat-template FILE)");
           ojson prompt_msgs = ojson::array();
           for (size_t k = 0; k < p.prompt_turns; ++k) prompt_msgs.push_back(p.messages[k]);
@@ -333,9 +363,9 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
             if (p.completion_text.empty()) bad("empty completion: the chat template rendered nothing for the assistant turn");
           }
         }
-        s.prompt_ids = encoder.encode(p.prompt_text);
+        if (fmt != DatasetFormat::TokenIds) s.prompt_ids = encoder.encode(p.prompt_text);
         if (s.prompt_ids.empty()) bad("empty prompt: it encodes to 0 tokens");
-        if (p.has_completion) {
+        if (fmt != DatasetFormat::TokenIds && p.has_completion) {
           s.completion_ids = encoder.encode(p.completion_text);
           if (!p.chat && o.append_eos) {
             auto eos = encoder.eos_id();

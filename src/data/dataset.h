@@ -5,6 +5,8 @@
 //   prompt / completion      TRL: strings (raw text by default) or message lists (conversational).
 //   prompt / response        ms-swift: chat-templated by default.
 //   query / response         ms-swift: optional "system" and "history" [[query, response], ...].
+//   prompt_ids / completion_ids  pre-tokenized: lists of token ids used as they are (no template,
+//                            no EOS appended); checked against the id limit below.
 // Each line is validated; a malformed line is an InvalidData error naming file:line and the
 // problem, or, with skip_bad_lines, counted and listed in the LoadReport. Prompts longer than
 // max_prompt_length follow the Truncation policy. Nothing is dropped without being counted.
@@ -25,6 +27,7 @@ enum class DatasetFormat {
   PromptCompletion,
   PromptResponse,
   QueryResponse,
+  TokenIds,          // "prompt_ids" (+ "completion_ids")
 };
 
 // What happens to a prompt longer than max_prompt_length tokens.
@@ -54,6 +57,9 @@ struct DatasetOptions {
   // token already and are never changed.
   bool append_eos = true;
   bool skip_bad_lines = false;
+  // Ids (from text or pre-tokenized) must be < this; 0 = the tokenizer's vocabulary. The trainer
+  // sets the model's vocab_size (which may exceed the tokenizer's, e.g. padded embeddings).
+  int64_t id_limit = 0;
   size_t max_listed_bad_lines = 10;  // how many bad lines the report lists (all are counted)
 };
 

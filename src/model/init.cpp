@@ -2,6 +2,7 @@
 // writing a Hugging Face model directory.
 #include "model/init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "core/thread_pool.h"
 #include "model/safetensors.h"
 
 namespace opd {
@@ -35,14 +37,21 @@ ModelWeights init_weights(const ModelConfig& config, uint64_t seed, double std) 
       return;
     }
     if (is_bias(name)) return;  // zeros
-    for (int64_t i = 0; i < n; i += 2) {
-      // Box-Muller on two uniforms in (0, 1]: u1 = 1 - U keeps log() finite.
-      const double u1 = 1.0 - philox_uniform(seed, stream, static_cast<uint64_t>(i));
-      const double u2 = philox_uniform(seed, stream, static_cast<uint64_t>(i + 1));
-      const double r = std::sqrt(-2.0 * std::log(u1));
-      p[i] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
-      if (i + 1 < n) p[i + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
-    }
+    // Element pairs (2j, 2j+1) are independent draws keyed by their index: split across threads
+    // (a 1.7e9-parameter teacher takes seconds instead of a minute), same values at any count.
+    parallel_for(
+        (n + 1) / 2,
+        [&](int64_t j0, int64_t j1) {
+          for (int64_t i = 2 * j0; i < std::min(n, 2 * j1); i += 2) {
+            // Box-Muller on two uniforms in (0, 1]: u1 = 1 - U keeps log() finite.
+            const double u1 = 1.0 - philox_uniform(seed, stream, static_cast<uint64_t>(i));
+            const double u2 = philox_uniform(seed, stream, static_cast<uint64_t>(i + 1));
+            const double r = std::sqrt(-2.0 * std::log(u1));
+            p[i] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
+            if (i + 1 < n) p[i + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
+          }
+        },
+        1 << 15);
   });
   return w;
 }

@@ -330,4 +330,10 @@ std::vector<NextToken> CpuScorer::next_tokens(const NextTokenRequest& req) {
   return out;
 }
 
+std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device) {
+  OPD_CHECK(device == Device::CPU, Unsupported, "an in-process teacher on CUDA",
+            " is not available yet (", model_dir, "); use the CPU or --teacher-url");
+  return std::make_unique<CpuScorer>(model_dir);
+}
+
 }  // namespace opd

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"  // Device
 #include "loss/teacher_payload.h"
 
 namespace opd {
@@ -151,5 +152,9 @@ class CpuScorer : public Scorer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The in-process scorer of a model directory on `device`: CpuScorer on the CPU; on CUDA the CUDA
+// scorer (until it exists: Unsupported, naming the device).
+std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device);
 
 }  // namespace opd

@@ -22,6 +22,7 @@
 #include "data/sampler.h"
 #include "kernels/ops.h"
 #include "loss/fused_loss.h"
+#include "loss/fused_loss_cuda.h"  // teacher_to_device
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
 #include "model/init.h"
@@ -56,7 +57,8 @@ nlohmann::json TrainOptions::to_json() const {
       {"top_k", top_k}, {"min_p", min_p}, {"num_generations", num_generations},
       {"max_completion_length", max_completion_length},
       {"max_prompt_length", max_prompt_length}, {"truncation", truncation},
-      {"kv_cache_gb", kv_cache_gb}, {"batch_size", batch_size},
+      {"kv_cache_gb", kv_cache_gb}, {"ignore_eos", ignore_eos}, {"device", device},
+      {"dtype", dtype}, {"recompute", recompute}, {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size}, {"learning_rate", learning_rate},
       {"lr_scheduler_type", lr_scheduler_type}, {"warmup_steps", warmup_steps},
       {"warmup_ratio", warmup_ratio}, {"min_lr_ratio", min_lr_ratio},
@@ -117,6 +119,10 @@ void TrainOptions::validate() const {
             " must be > 0");
   OPD_CHECK(std::isfinite(teacher_timeout_s) && teacher_timeout_s >= 0, InvalidArgument,
             "--teacher-timeout ", teacher_timeout_s, " must be >= 0");
+  OPD_CHECK(device == "cpu" || device == "cuda", InvalidArgument, "--device ", device,
+            " must be cpu or cuda");
+  OPD_CHECK(dtype == "bf16" || dtype == "f32", InvalidArgument, "--dtype ", dtype,
+            " must be bf16 or f32");
   parse_support_mode(loss_support);
   parse_vocab_policy(vocab_policy);
   parse_lr_schedule(lr_scheduler_type);
@@ -242,7 +248,14 @@ class Trainer {
   std::unique_ptr<ChatTemplate> chat_template_;
   std::unique_ptr<TokenizerTextEncoder> encoder_;
   std::unique_ptr<TemplateChatRenderer> renderer_;
+  // student_ holds the f32 master weights the optimizer updates (host tensors on the CPU, device
+  // tensors on CUDA); compute_ is the bf16 CUDA copy the forward, backward and rollout run on
+  // (null when they run on the master weights themselves: CPU, or CUDA in f32).
   std::unique_ptr<Transformer> student_;
+  std::unique_ptr<Transformer> compute_;
+  Transformer& model() { return compute_ ? *compute_ : *student_; }
+  Device device_ = Device::CPU;
+  DType compute_dtype_ = DType::F32;
   ModelWeights grads_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Scorer> scorer_;
@@ -283,7 +296,16 @@ void Trainer::setup() {
   check_loss_config(loss_);
 
   log_info("loading student ", o_.student);
+  device_ = o_.device == "cuda" ? Device::CUDA : Device::CPU;
+  compute_dtype_ = device_ == Device::CUDA && o_.dtype == "bf16" ? DType::BF16 : DType::F32;
   student_ = std::make_unique<Transformer>(Transformer::load(o_.student));
+  if (device_ == Device::CUDA) {
+    Transformer host = std::move(*student_);
+    student_ = std::make_unique<Transformer>(host.to(Device::CUDA, DType::F32));
+    if (compute_dtype_ != DType::F32)
+      compute_ = std::make_unique<Transformer>(host.to(Device::CUDA, compute_dtype_));
+  }
+  model().set_recompute(o_.recompute ? Recompute::PerLayer : Recompute::Off);
   const ModelConfig& sc = student_->config();
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(o_.student));
   OPD_CHECK(tokenizer_->vocab_size() <= sc.vocab_size, InvalidData, o_.student,
@@ -311,6 +333,7 @@ void Trainer::load_data() {
   DatasetOptions d;
   d.max_prompt_length = o_.max_prompt_length;
   d.truncation = parse_truncation(o_.truncation);
+  d.id_limit = student_->config().vocab_size;
   // On-policy-only runs may use prompt-only lines; anything with dataset completions needs them.
   d.require_completion = o_.sft || o_.lmbda < 1 || o_.sft_alpha > 0;
   if (o_.seq_kd) d.require_completion = o_.sft_alpha > 0;
@@ -333,10 +356,12 @@ void Trainer::setup_teacher() {
   const TokenizerFingerprint sfp = tokenizer_fingerprint(o_.student, sc.vocab_size);
   if (!o_.teacher.empty()) {
     log_info("loading teacher ", o_.teacher, " (in-process)");
-    scorer_ = std::make_unique<CpuScorer>(o_.teacher);
+    scorer_ = make_local_scorer(o_.teacher, device_);
     run_doctor_checks(describe_model_dir(o_.teacher));
     if (o_.seq_kd || loss_.mode == SupportMode::Full) {
       teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
+      if (device_ == Device::CUDA)
+        teacher_model_ = std::make_unique<Transformer>(teacher_model_->to(device_, compute_dtype_));
       teacher_eos_ = generation_eos_ids(o_.teacher, teacher_model_->config(), tokenizer_.get());
     }
   } else {
@@ -368,13 +393,15 @@ void Trainer::run_doctor_checks(const ModelSide& teacher) {
 }
 
 void Trainer::build_optimizer() {
-  grads_ = zeros_weights(student_->config(), DType::F32);
+  grads_ = zeros_weights(student_->config(), DType::F32, device_);
   std::vector<OptimParam> params;
-  std::vector<Tensor> g;
+  std::vector<Tensor> g, c;
   grads_.for_each([&](const std::string&, Tensor& t) { g.push_back(t); });
+  if (compute_) compute_->weights().for_each([&](const std::string&, Tensor& t) { c.push_back(t); });
   size_t i = 0;
   student_->weights().for_each([&](const std::string&, Tensor& w) {
-    params.push_back(OptimParam{w, g[i++], Tensor()});
+    params.push_back(OptimParam{w, g[i], compute_ ? c[i] : Tensor()});
+    ++i;
   });
   AdamWConfig ac;
   ac.beta1 = o_.adam_beta1;
@@ -428,6 +455,12 @@ void Trainer::resume_if_any() {
     v[i].copy_from(opt.at("exp_avg_sq." + name));
     ++i;
   });
+  if (compute_) {  // the compute copy follows the restored master weights
+    std::vector<Tensor> masters;
+    student_->weights().for_each([&](const std::string&, Tensor& w) { masters.push_back(w); });
+    size_t j = 0;
+    compute_->weights().for_each([&](const std::string&, Tensor& w) { ops::convert(masters[j++], w); });
+  }
   const auto& st = ck->state;
   optimizer_->set_steps(st.at("optimizer_steps").get<int64_t>());
   sampler_->restore(st.at("sampler"));
@@ -457,9 +490,10 @@ void Trainer::save(int64_t step, const char* why) {
   const auto& m = optimizer_->exp_avg();
   const auto& v = optimizer_->exp_avg_sq();
   student_->weights().for_each([&](const std::string& name, Tensor& w) {
-    model[name] = w;
-    opt["exp_avg." + name] = m[i];
-    opt["exp_avg_sq." + name] = v[i];
+    // Host copies (no-ops on the CPU backend): the checkpoint writer reads host memory.
+    model[name] = w.to(Device::CPU);
+    opt["exp_avg." + name] = m[i].to(Device::CPU);
+    opt["exp_avg_sq." + name] = v[i].to(Device::CPU);
     ++i;
   });
   ck.state["optimizer_steps"] = optimizer_->steps();
@@ -511,7 +545,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
     return seqs;
   }
   const auto t0 = Clock::now();
-  const Transformer& model = source == Source::OnPolicy ? *student_ : *teacher_model_;
+  const Transformer& gen_model = source == Source::OnPolicy ? model() : *teacher_model_;
   const auto& eos = source == Source::OnPolicy ? student_eos_ : teacher_eos_;
   std::vector<GenerationRequest> reqs;
   for (size_t i = 0; i < picks.size(); ++i) {
@@ -522,6 +556,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
                                 mix64(o_.seed ^ mix64(kRolloutStream + static_cast<uint64_t>(step)))};
     r.n = source == Source::OnPolicy ? o_.num_generations : 1;
     r.max_new_tokens = o_.max_completion_length;
+    r.ignore_eos = o_.ignore_eos;
     // The same prompt drawn twice in one step still gets independent samples.
     r.stream_key = prompt_stream_key(r.prompt) ^ mix64(i + 1);
     reqs.push_back(std::move(r));
@@ -529,7 +564,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
   eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
-  RolloutEngine engine(model, eo, eos);
+  RolloutEngine engine(gen_model, eo, eos);
   auto out = engine.generate(reqs);
   for (size_t i = 0; i < picks.size(); ++i) {
     const Sample& s = (*data_)[picks[i]];
@@ -593,7 +628,7 @@ double Trainer::evaluate(const char* when, int64_t step) {
   eo.max_new_tokens = o_.max_completion_length;
   eo.limit = o_.eval_limit;
   eo.kv_cache_gb = o_.kv_cache_gb;
-  EvalResult r = evaluate_exact_match(*student_, student_eos_, *eval_data_, eo);
+  EvalResult r = evaluate_exact_match(model(), student_eos_, *eval_data_, eo);
   log_info("eval (", when, ", step ", step, "): exact match ", r.correct, "/", r.total, " = ",
            r.accuracy() * 100, "% (", static_cast<int>(seconds_since(t0) * 1000), " ms)");
   for (const auto& w : r.wrong_examples) log_debug("  wrong: ", w);
@@ -714,9 +749,9 @@ TrainResult Trainer::run() {
       }
       Batch batch = make_batch(ids, student_->config().vocab_size);
       ForwardCache cache;
-      Tensor hidden = student_->forward_hidden(batch, &cache);
+      Tensor hidden = model().forward_hidden(batch, &cache);
       // Row r of the loss predicts completion token p from the hidden state at p - 1.
-      Tensor rows_h = Tensor::empty({rows, H}, DType::F32);
+      Tensor rows_h = Tensor::empty({rows, H}, hidden.dtype(), device_);
       std::vector<int32_t> targets, sft_rows;
       std::vector<int32_t> src_rows;
       const int32_t* cu = batch.cu_seqlens.data<int32_t>();
@@ -731,37 +766,38 @@ TrainResult Trainer::run() {
       // The loss rows and their inverse (-1 = not a loss row), for gather and scatter back.
       std::vector<int32_t> inverse(static_cast<size_t>(hidden.dim(0)), -1);
       for (int64_t r = 0; r < rows; ++r) inverse[src_rows[r]] = static_cast<int32_t>(r);
-      const Tensor row_map = Tensor::from_vector(src_rows, {rows});
-      const Tensor inverse_map = Tensor::from_vector(inverse, {hidden.dim(0)});
+      const Tensor row_map = Tensor::from_vector(src_rows, {rows}).to(device_);
+      const Tensor inverse_map = Tensor::from_vector(inverse, {hidden.dim(0)}).to(device_);
       ops::gather_rows(hidden, row_map, rows_h);
       TeacherTopK t = full ? TeacherTopK{} : slice_teacher(teacher, row0, row0 + rows);
+      if (!full && device_ != Device::CPU) t = cuda::teacher_to_device(t, device_);
       FusedLossArgs args;
       if (full) {
         const auto t0 = Clock::now();
         Tensor th = teacher_model_->forward_hidden(batch);
         const int64_t Ht = teacher_model_->config().hidden_size;
-        Tensor rows_t = Tensor::empty({rows, Ht}, DType::F32);
+        Tensor rows_t = Tensor::empty({rows, Ht}, th.dtype(), device_);
         ops::gather_rows(th, row_map, rows_t);
         args.teacher_hidden = rows_t;
         args.teacher_lm_head = teacher_model_->weights().lm_head;
         score_s += seconds_since(t0);
       }
       args.hidden = rows_h;
-      args.lm_head = student_->weights().lm_head;
-      args.targets = Tensor::from_vector(targets, {rows});
-      args.weights = Tensor::from_vector(std::vector<float>(rows, 1.0f), {rows});
-      args.sft_rows = Tensor::from_vector(sft_rows, {rows});
+      args.lm_head = model().weights().lm_head;
+      args.targets = Tensor::from_vector(targets, {rows}).to(device_);
+      args.weights = Tensor::from_vector(std::vector<float>(rows, 1.0f), {rows}).to(device_);
+      args.sft_rows = Tensor::from_vector(sft_rows, {rows}).to(device_);
       args.teacher = full ? nullptr : &t;
       args.n_total = static_cast<double>(n_total);
-      Tensor d_rows = Tensor::empty({rows, H}, DType::F32);
+      Tensor d_rows = Tensor::empty({rows, H}, DType::F32, device_);
       LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head);
       loss += lr.loss;
       div_sum += lr.divergence_sum;
       ce_sum += lr.ce_sum;
       tail_clamped += lr.tail_clamped;
-      Tensor dhidden = Tensor::empty(hidden.shape(), DType::F32);
+      Tensor dhidden = Tensor::empty(hidden.shape(), DType::F32, device_);
       ops::gather_rows(d_rows, inverse_map, dhidden);  // zero rows outside the loss
-      student_->backward_hidden(batch, cache, dhidden, grads_);
+      model().backward_hidden(batch, cache, dhidden, grads_);
       row0 += rows;
     }
     // 5. update (or skip a non-finite step)
@@ -822,6 +858,7 @@ TrainResult Trainer::run() {
     m["tokens_per_s/train"] = train_s > 0 ? n_total / train_s : 0;
     m["time/step_s"] = step_s;
     m["memory/peak_rss_bytes"] = peak_rss_bytes();
+    if (device_ == Device::CUDA) m["memory/peak_device_bytes"] = memory_stats(Device::CUDA).peak;
     m["bad_steps"] = bad_steps_;
     if (step_ % o_.logging_steps == 0 || step_ == total) metrics_->write(step_, m);
     result_.last_loss = loss;
@@ -841,7 +878,7 @@ TrainResult Trainer::run() {
     save(step_, "stop signal");
     return result_;
   }
-  save(step_, "end of training");
+  if (o_.save_at_end) save(step_, "end of training");
   if (step_ > result_.first_step || o_.eval_before) result_.eval_after = evaluate("after training", step_);
   log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", checkpoint ",
            result_.last_checkpoint);

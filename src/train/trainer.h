@@ -63,6 +63,14 @@ struct TrainOptions {
   int64_t max_prompt_length = 0;      // 0 = no limit
   std::string truncation = "left";    // long prompts: left | error | skip
   double kv_cache_gb = 1.0;
+  bool ignore_eos = false;            // rollouts run to max_completion_length (benchmarks)
+
+  // Device. cpu: f32 everywhere (the reference backend). cuda: the student computes in `dtype`
+  // (bf16 or f32) on the GPU with f32 master weights, f32 gradients and AdamW on the GPU; the
+  // in-process teacher, the rollout and the loss run there too.
+  std::string device = "cpu";         // cpu | cuda
+  std::string dtype = "bf16";         // cuda compute dtype: bf16 | f32
+  bool recompute = false;             // per-layer activation recompute (less memory, +1 forward)
 
   // Optimization.
   int64_t batch_size = 8;             // prompts per optimizer step
@@ -90,6 +98,7 @@ struct TrainOptions {
   int64_t logging_steps = 1;
   bool tensorboard = true;
   bool eval_before = true;            // evaluate the initial weights (needs eval_data)
+  bool save_at_end = true;            // final checkpoint (benchmarks turn it off; not a flag)
 
   nlohmann::json to_json() const;
   void validate() const;              // InvalidArgument naming the flag, value and range

@@ -338,6 +338,38 @@ TEST_F(DatasetTest, IdsOutsideTheVocabularyAreRejected) {
   }
 }
 
+TEST_F(DatasetTest, PreTokenizedIdsAreUsedAsTheyAreAndChecked) {
+  // Used verbatim: no template, no EOS appended; ids up to id_limit (a padded model vocabulary).
+  DatasetOptions o;
+  o.id_limit = 1000;
+  Dataset d = load(R"({"prompt_ids": [5, 700, 9], "completion_ids": [999, 1]})" "\n"
+                   R"({"prompt_ids": [3]})" "\n", [&] { auto p = o; p.require_completion = false; return p; }());
+  ASSERT_EQ(d.size(), 2);
+  EXPECT_EQ(d[0].prompt_ids, (std::vector<int32_t>{5, 700, 9}));
+  EXPECT_EQ(d[0].completion_ids, (std::vector<int32_t>{999, 1}));
+  EXPECT_EQ(d[0].completion_mask, (std::vector<uint8_t>{0, 0, 0, 1, 1}));
+  EXPECT_TRUE(d[1].completion_ids.empty());
+  // Without id_limit the tokenizer's vocabulary (301) is the limit.
+  EXPECT_NE(error(R"({"prompt_ids": [300, 301], "completion_ids": [1]})").find(
+                "d.jsonl:1: prompt token 1 has id 301, outside the vocabulary [0, 301)"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": [1], "completion_ids": [1000]})", o).find(
+                "completion token 0 has id 1000, outside the vocabulary [0, 1000)"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": [1, -2], "completion_ids": [1]})").find(
+                "field \"prompt_ids\" entry 1 = -2 is not a token id"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": [1, 1.5], "completion_ids": [1]})").find(
+                "entry 1 must be an integer token id"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": [1, 4294967297], "completion_ids": [1]})").find(
+                "is not a token id"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": [], "completion_ids": [1]})").find(
+                "field \"prompt_ids\" is an empty list"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": "1 2", "completion_ids": [1]})").find(
+                "must be a list of token ids, got string"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt_ids": [1]})").find("missing field \"completion_ids\""),
+            std::string::npos);
+}
+
 TEST_F(DatasetTest, ChatLineWithoutTemplateIsABadLine) {
   const std::string path = write("c.jsonl", R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]})" "\n");
   try {

@@ -1,0 +1,253 @@
+// `opd bench w1`: the whole W1 optimizer step of BENCHMARKS.md, measured through the real
+// trainer (train/trainer.h), not a re-implementation of it:
+//   student Qwen3-0.6B shape, teacher Qwen3-1.7B shape (model/presets.h), random init (seeded,
+//   normal std 0.02, written as model directories with the demo tokenizer), bf16 on one GPU;
+//   64 prompts of 256 random token ids (a pre-tokenized JSONL, data/dataset.h `prompt_ids`);
+//   lmbda 1: 512 completion tokens per prompt sampled from the student at T 1 (EOS ignored);
+//   teacher top-K 64 on every completion position (in-process CUDA scorer); JSD beta 0.5, T 1,
+//   topk+tail; micro-batches of 8; one AdamW step (lr 1e-5) per 64 sequences.
+// The first `--warmup` steps are not counted; the per-phase times of the following `--steps`
+// steps (the trainer's own metrics.jsonl: rollout, teacher scoring, student train, whole step)
+// are reported as medians, with tokens/s, the training phase's MFU (6 N tokens + attention,
+// against the measured 776 TFLOP/s bf16 GEMM rate) and the peak device memory of the run.
+// The HF transformers anchor (tools/bench_w1_torch.py: TRL GKDTrainer's way) runs afterwards in
+// the same command with --with-torch.
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/philox.h"
+#include "model/init.h"
+#include "model/presets.h"
+#include "train/trainer.h"
+
+namespace opd::cli {
+namespace {
+
+struct BenchW1Options {
+  std::string student = "qwen3-0.6b", teacher = "qwen3-1.7b";
+  int64_t layers = 0, teacher_layers = 0;  // 0 = the preset's
+  int64_t prompts = 64, prompt_len = 256, completion_len = 512, k = 64, micro_batch = 8;
+  int warmup = 1, steps = 2;
+  double kv_cache_gb = 8;
+  bool recompute = false;
+  std::string tokenizer = "demo/tokenizer";
+  std::string work_dir;
+  bool keep = false, json = false, with_torch = false;
+  std::string python = "python3", torch_script = "tools/bench_w1_torch.py";
+  uint64_t seed = 1234;
+};
+
+constexpr double kMeasuredPeak = 776e12;  // bf16 GEMM 8192^3 on the lent H200 (BENCHMARKS.md)
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Writes a random model directory unless one with the same config is already there (a re-run
+// with --work-dir reuses it).
+void make_model(const std::string& dir, const ModelConfig& c, uint64_t seed,
+                const std::string& tokenizer) {
+  namespace fs = std::filesystem;
+  if (fs::exists(dir + "/model.safetensors") && fs::exists(dir + "/config.json")) {
+    std::ifstream f(dir + "/config.json");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (text == model_config_to_json(c) + "\n") return;
+  }
+  log_info("bench w1: writing a random ", c.num_parameters(), "-parameter model to ", dir);
+  save_model_dir(dir, c, init_weights(c, seed, 0.02), tokenizer);
+}
+
+void run_bench_w1(const BenchW1Options& o) {
+  namespace fs = std::filesystem;
+  OPD_CHECK(o.steps >= 1 && o.warmup >= 0, InvalidArgument, "--steps >= 1 and --warmup >= 0");
+  OPD_CHECK(fs::exists(o.tokenizer + "/tokenizer.json"), InvalidArgument, "--tokenizer ",
+            o.tokenizer, " has no tokenizer.json (run from the repository root, or pass the "
+            "demo tokenizer's directory)");
+  const std::string work =
+      o.work_dir.empty() ? cat(fs::temp_directory_path().string(), "/opd_bench_w1_", ::getpid())
+                         : o.work_dir;
+  fs::create_directories(work);
+  ModelConfig sc = model_preset(o.student), tc = model_preset(o.teacher);
+  if (o.layers > 0) sc.num_hidden_layers = o.layers;
+  if (o.teacher_layers > 0) tc.num_hidden_layers = o.teacher_layers;
+  OPD_CHECK(sc.vocab_size == tc.vocab_size, InvalidArgument, "student and teacher presets have "
+            "different vocabularies");
+  make_model(work + "/student", sc, o.seed, o.tokenizer);
+  make_model(work + "/teacher", tc, o.seed + 1, o.tokenizer);
+  {  // prompts: random ids over the whole vocabulary, seeded
+    std::ofstream f(work + "/prompts.jsonl", std::ios::binary | std::ios::trunc);
+    for (int64_t p = 0; p < o.prompts; ++p) {
+      nlohmann::json ids = nlohmann::json::array();
+      for (int64_t i = 0; i < o.prompt_len; ++i)
+        ids.push_back(static_cast<int64_t>(
+            philox_uniform(o.seed, 0x77310000ull + static_cast<uint64_t>(p), static_cast<uint64_t>(i)) *
+            static_cast<double>(sc.vocab_size)) % sc.vocab_size);
+      f << nlohmann::json{{"prompt_ids", ids}}.dump() << "\n";
+    }
+    OPD_CHECK(f.good(), Io, "cannot write ", work, "/prompts.jsonl");
+  }
+  const std::string run = work + "/run";
+  fs::remove_all(run);
+
+  TrainOptions t;
+  t.student = work + "/student";
+  t.teacher = work + "/teacher";
+  t.data = {work + "/prompts.jsonl"};
+  t.out = run;
+  t.device = "cuda";
+  t.dtype = "bf16";
+  t.recompute = o.recompute;
+  t.lmbda = 1;
+  t.beta = 0.5;
+  t.loss_support = "topk+tail";
+  t.kd_temperature = 1;
+  t.teacher_top_k = o.k;
+  t.temperature = 1;
+  t.max_completion_length = o.completion_len;
+  t.ignore_eos = true;
+  t.kv_cache_gb = o.kv_cache_gb;
+  t.batch_size = o.prompts;
+  t.micro_batch_size = o.micro_batch;
+  t.learning_rate = 1e-5;
+  t.lr_scheduler_type = "constant";
+  t.max_steps = o.warmup + o.steps;
+  t.seed = o.seed;
+  t.save_minutes = 0;
+  t.save_at_end = false;
+  t.resume = "never";
+  t.tensorboard = false;
+  t.eval_before = false;
+  TrainResult r = train(t);
+  OPD_CHECK(r.steps == t.max_steps, Internal, "bench w1: the run stopped at step ", r.steps);
+
+  // The trainer's metrics of the measured steps.
+  std::vector<double> rollout, score, trainp, step, tokens;
+  int64_t peak = 0;
+  std::ifstream mf(run + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(mf, line)) {
+    const auto m = nlohmann::json::parse(line);
+    if (!m.contains("time/step_s")) continue;
+    peak = std::max<int64_t>(peak, m.value("memory/peak_device_bytes", int64_t{0}));
+    if (m.value("step", int64_t{0}) <= o.warmup) continue;
+    rollout.push_back(m.value("time/rollout_s", 0.0));
+    score.push_back(m.value("time/score_s", 0.0));
+    trainp.push_back(m.value("time/train_s", 0.0));
+    step.push_back(m.value("time/step_s", 0.0));
+    tokens.push_back(m.value("completion_tokens", 0.0));
+  }
+  OPD_CHECK(!step.empty(), Internal, "bench w1: no measured step in ", run, "/metrics.jsonl");
+  const double n = median(tokens), rs = median(rollout), ss = median(score), ts = median(trainp),
+               st = median(step);
+  const double seq_len = static_cast<double>(o.prompt_len + o.completion_len);
+  const double flops =
+      6.0 * static_cast<double>(sc.num_parameters()) * static_cast<double>(o.prompts) * seq_len +
+      3.0 * 2.0 * seq_len * seq_len * static_cast<double>(sc.head_dim * sc.num_attention_heads) *
+          static_cast<double>(sc.num_hidden_layers * o.prompts);
+  const double mfu = flops / ts / kMeasuredPeak;
+  const double peak_gib = static_cast<double>(peak) / (1024.0 * 1024 * 1024);
+  nlohmann::json j = {{"bench", "w1"},
+                      {"student", o.student},
+                      {"teacher", o.teacher},
+                      {"prompts", o.prompts},
+                      {"prompt_len", o.prompt_len},
+                      {"completion_len", o.completion_len},
+                      {"k", o.k},
+                      {"recompute", o.recompute},
+                      {"measured_steps", step.size()},
+                      {"completion_tokens", n},
+                      {"rollout_s", rs},
+                      {"rollout_tok_s", rs > 0 ? n / rs : 0},
+                      {"score_s", ss},
+                      {"score_tok_s", ss > 0 ? n / ss : 0},
+                      {"train_s", ts},
+                      {"train_tok_s", ts > 0 ? static_cast<double>(o.prompts) * seq_len / ts : 0},
+                      {"train_mfu", mfu},
+                      {"step_s", st},
+                      {"peak_device_gib", peak_gib}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("W1 step through opd train (%s student, %s teacher, %lld x (%lld + %lld) tokens, "
+                "K %lld, micro-batch %lld%s), median of %zu steps after %d warm-up:\n",
+                o.student.c_str(), o.teacher.c_str(), static_cast<long long>(o.prompts),
+                static_cast<long long>(o.prompt_len), static_cast<long long>(o.completion_len),
+                static_cast<long long>(o.k), static_cast<long long>(o.micro_batch),
+                o.recompute ? ", recompute" : "", step.size(), o.warmup);
+    std::printf("  rollout          %8.3f s  %10.0f tok/s   (goal >= 40,000 tok/s)\n", rs, n / rs);
+    std::printf("  teacher scoring  %8.3f s  %10.0f tok/s   (goal >= 200,000 tok/s)\n", ss, n / ss);
+    std::printf("  student train    %8.3f s  MFU %5.1f%% of 776 TFLOP/s (goal >= 45%%)\n", ts,
+                100 * mfu);
+    std::printf("  whole step       %8.3f s   (goal <= 1.6 s; anchor 50.6 s)\n", st);
+    std::printf("  peak device mem  %8.2f GiB (goal <= 16 GiB)\n", peak_gib);
+  }
+  if (!o.keep && o.work_dir.empty()) fs::remove_all(work);
+  if (o.with_torch) {
+    std::fflush(stdout);
+    const std::string cmd = cat(o.python, " ", o.torch_script, " --prompts ", o.prompts,
+                                " --prompt-len ", o.prompt_len, " --completion-len ",
+                                o.completion_len, " --k ", o.k, " --micro-batch ", o.micro_batch,
+                                " --opd-step-s ", st);
+    std::printf("running the HF transformers anchor: %s\n", cmd.c_str());
+    std::fflush(stdout);
+    const int rc = std::system(cmd.c_str());
+    OPD_CHECK(rc == 0, Internal, "the PyTorch anchor failed (exit status ", rc, "): ", cmd);
+  }
+}
+
+}  // namespace
+
+void register_bench_w1(CLI::App& bench) {
+  auto o = std::make_shared<BenchW1Options>();
+  CLI::App* c = bench.add_subcommand(
+      "w1", "W1: one whole on-policy distillation step (rollout, teacher top-K, fused JSD train, "
+            "AdamW) on one GPU through opd train, per-phase times and peak memory");
+  c->add_option("--student", o->student, "student shape (model preset)")->capture_default_str();
+  c->add_option("--teacher", o->teacher, "teacher shape (model preset)")->capture_default_str();
+  c->add_option("--layers", o->layers, "student layers (0 = the preset's)")->capture_default_str();
+  c->add_option("--teacher-layers", o->teacher_layers, "teacher layers (0 = the preset's)")
+      ->capture_default_str();
+  c->add_option("--prompts", o->prompts, "prompts per step")->capture_default_str();
+  c->add_option("--prompt-len", o->prompt_len, "prompt tokens")->capture_default_str();
+  c->add_option("--completion-len", o->completion_len, "completion tokens (EOS ignored)")
+      ->capture_default_str();
+  c->add_option("--k", o->k, "teacher top-K")->capture_default_str();
+  c->add_option("--micro-batch", o->micro_batch, "sequences per forward/backward")
+      ->capture_default_str();
+  c->add_option("--warmup", o->warmup, "steps not measured")->capture_default_str();
+  c->add_option("--steps", o->steps, "measured steps (median reported)")->capture_default_str();
+  c->add_option("--kv-cache-gb", o->kv_cache_gb, "rollout KV cache budget")->capture_default_str();
+  c->add_flag("--recompute", o->recompute, "per-layer activation recompute in the student");
+  c->add_option("--tokenizer", o->tokenizer, "tokenizer files for the random models")
+      ->capture_default_str();
+  c->add_option("--work-dir", o->work_dir, "where the random models, prompts and the run go "
+                "(default: a temporary directory, removed afterwards; a given one is kept and its "
+                "models reused)");
+  c->add_flag("--keep", o->keep, "keep the temporary directory");
+  c->add_option("--seed", o->seed, "seed of weights and prompts")->capture_default_str();
+  c->add_flag("--json", o->json, "print one JSON object");
+  c->add_flag("--with-torch", o->with_torch, "then run the HF transformers anchor "
+              "(--torch-script) in the same command");
+  c->add_option("--python", o->python, "python for the anchor")->capture_default_str();
+  c->add_option("--torch-script", o->torch_script, "the anchor script")->capture_default_str();
+  c->callback([o] { run_bench_w1(*o); });
+}
+
+}  // namespace opd::cli

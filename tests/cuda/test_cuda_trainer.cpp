@@ -1,0 +1,178 @@
+// The training loop on the GPU (`opd train --device cuda`) against the CPU reference backend, on
+// tiny random models with the demo tokenizer: the same steps give the same losses (f32 on CUDA:
+// to rounding; bf16: to bf16 tolerance), every completion source runs on the GPU (rollout,
+// in-process CUDA teacher, seq-kd), checkpoints hold the f32 master weights and load on the host,
+// and a stopped + resumed GPU run ends bit-identical to an uninterrupted one.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "cuda/cuda_test_util.h"
+#include "model/init.h"
+#include "model/safetensors.h"
+#include "model/transformer.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "train/signals.h"
+#include "train/trainer.h"
+
+namespace opd {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The tiny demo config with head_dim 64 (the CUDA attention kernels' tile sizes).
+ModelConfig gpu_tiny(int64_t hidden, int64_t layers) {
+  ModelConfig c = test::tiny_demo_config(hidden, layers);
+  c.head_dim = 64;
+  return c;
+}
+
+class CudaTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("opd_cuda_trainer_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    const std::string tok = test::source_dir() + "/demo/tokenizer";
+    save_model_dir(path("student"), gpu_tiny(64, 2), init_weights(gpu_tiny(64, 2), 1), tok);
+    save_model_dir(path("teacher"), gpu_tiny(96, 2), init_weights(gpu_tiny(96, 2), 2, 0.1), tok);
+    std::ofstream data(path("train.jsonl"));
+    for (int i = 0; i < 24; ++i) {
+      const int a = (i * 37) % 100, b = (i * 53 + 11) % 100;
+      data << "{\"prompt\": \"" << a << "+" << b << "=\", \"completion\": \"" << a + b << "\"}\n";
+    }
+    clear_stop_request();
+  }
+  void TearDown() override {
+    clear_stop_request();
+    fs::remove_all(root_);
+  }
+  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
+
+  TrainOptions base(const std::string& out, const std::string& device,
+                    const std::string& dtype = "f32") const {
+    TrainOptions o;
+    o.student = path("student");
+    o.teacher = path("teacher");
+    o.data = {path("train.jsonl")};
+    o.out = path(out);
+    o.batch_size = 4;
+    o.micro_batch_size = 3;  // uneven micro-batches
+    o.max_steps = 3;
+    o.learning_rate = 1e-3;
+    o.max_completion_length = 5;
+    o.teacher_top_k = 8;
+    o.save_minutes = 0;
+    o.tensorboard = false;
+    o.lmbda = 0;
+    o.device = device;
+    o.dtype = dtype;
+    return o;
+  }
+  std::vector<double> losses(const std::string& out) const {
+    std::vector<double> v;
+    for (const auto& l : MetricsLog::read(path(out) + "/metrics.jsonl"))
+      if (l.contains("loss")) v.push_back(l.at("loss").get<double>());
+    return v;
+  }
+  fs::path root_;
+};
+
+std::map<std::string, Tensor> checkpoint_weights(const std::string& dir) {
+  SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
+  std::map<std::string, Tensor> m;
+  for (const auto& n : f.names()) m[n] = f.get(n).clone();
+  return m;
+}
+
+TEST_F(CudaTrainerTest, SameStepsAsTheCpuInF32AndBf16) {
+  REQUIRE_GPU();
+  // Dataset completions (lmbda 0): the sequences do not depend on the backend.
+  TrainResult cpu = train(base("cpu", "cpu"));
+  TrainResult f32 = train(base("f32", "cuda", "f32"));
+  TrainResult bf16 = train(base("bf16", "cuda", "bf16"));
+  const auto lc = losses("cpu"), lf = losses("f32"), lb = losses("bf16");
+  ASSERT_EQ(lc.size(), 3u);
+  ASSERT_EQ(lf.size(), 3u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (size_t i = 0; i < lc.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(lc[i]) && lc[i] > 0);
+    EXPECT_NEAR(lf[i], lc[i], 1e-4 * lc[i]) << "step " << i + 1 << " f32 CUDA vs CPU";
+    EXPECT_NEAR(lb[i], lc[i], 3e-2 * lc[i]) << "step " << i + 1 << " bf16 CUDA vs CPU";
+  }
+  // The checkpoints hold f32 master weights; the f32 GPU run's are the CPU's to rounding.
+  const auto wc = checkpoint_weights(cpu.last_checkpoint), wf = checkpoint_weights(f32.last_checkpoint),
+             wb = checkpoint_weights(bf16.last_checkpoint);
+  ASSERT_EQ(wc.size(), wf.size());
+  for (const auto& [name, t] : wc) {
+    ASSERT_EQ(wf.at(name).dtype(), DType::F32) << name;
+    ASSERT_EQ(wb.at(name).dtype(), DType::F32) << name;
+    const test::Diff d = test::compare(wf.at(name), t);
+    EXPECT_FALSE(d.has_nan) << name;
+    // Adam's update is ~lr * sign(g): an element whose gradient is within rounding of 0 may move
+    // differently, so the bound is looser than the losses'.
+    EXPECT_LT(d.rel_l2, 2e-3) << name << " f32 CUDA vs CPU after 3 steps";
+  }
+  Transformer back = Transformer::load(bf16.last_checkpoint);
+  EXPECT_EQ(back.config().hidden_size, 64);
+}
+
+TEST_F(CudaTrainerTest, EverySourceOfCompletionsRunsOnTheGpu) {
+  REQUIRE_GPU();
+  struct Case { double lmbda; bool seq_kd; const char* want; };
+  for (Case c : {Case{1.0, false, "on-policy"}, Case{0.0, true, "teacher"}}) {
+    TrainOptions o = base(std::string("src_") + c.want, "cuda", "bf16");
+    o.lmbda = c.lmbda;
+    o.seq_kd = c.seq_kd;
+    o.num_generations = 2;
+    TrainResult r = train(o);
+    EXPECT_EQ(r.steps, 3);
+    int64_t steps = 0;
+    for (const auto& l : MetricsLog::read(o.out + "/metrics.jsonl")) {
+      if (!l.contains("loss")) continue;
+      ++steps;
+      EXPECT_EQ(l.at("source"), c.want);
+      EXPECT_TRUE(std::isfinite(l.at("loss").get<double>()));
+      EXPECT_GT(l.at("loss").get<double>(), 0);
+      EXPECT_GT(l.at("memory/peak_device_bytes").get<int64_t>(), 0);
+    }
+    EXPECT_EQ(steps, 3);
+  }
+}
+
+TEST_F(CudaTrainerTest, ResumeOnTheGpuIsBitwiseExact) {
+  REQUIRE_GPU();
+  // 4 steps at once, or 2 steps and then a resumed run to 4 (constant LR: the schedule does not
+  // depend on max_steps), both on-policy on the GPU.
+  auto opts = [&](const std::string& out, int64_t steps) {
+    TrainOptions o = base(out, "cuda", "bf16");
+    o.lmbda = 1;
+    o.lr_scheduler_type = "constant";
+    o.max_steps = steps;
+    return o;
+  };
+  TrainResult whole = train(opts("whole", 4));
+  train(opts("parts", 2));
+  TrainResult resumed = train(opts("parts", 4));
+  EXPECT_EQ(resumed.first_step, 2);
+  EXPECT_EQ(resumed.steps, 4);
+  const auto a = checkpoint_weights(whole.last_checkpoint), b = checkpoint_weights(resumed.last_checkpoint);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+    EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " differs after resume";
+  }
+}
+
+}  // namespace
+}  // namespace opd
