@@ -4,11 +4,13 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|dist|all|quick-tests|quick-bench]   (default all)
+# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|all|quick-tests|quick-bench|racecheck-gen]
+# (default all)
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
 # generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
 # their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a
-# machine with 2+ GPUs (e.g. nvidia-h200-x2).
+# machine with 2+ GPUs (e.g. nvidia-h200-x2). w1: the GPU trainer tests and `opd bench w1`
+# with its HF transformers anchor.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -26,7 +28,7 @@ run() {  # name, limit_s, command...
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)|^opd: |^     MFU|^opd vs PyTorch" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
+  local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)|^opd: |^     MFU|^opd vs PyTorch|whole step|^HF anchor" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
   summary+=("$(printf '%-16s rc=%-3d %7.1fs  %s' "$name" "$rc" "$((ms / 100))e-1" "${tail:0:160}")")
 }
 if [[ "$what" == tests || "$what" == all ]]; then
@@ -86,6 +88,12 @@ if [[ "$what" == quick-bench ]]; then
   run bench_train_recompute 100 $B/opd bench train --recompute
   run bench_kernels 120 $B/opd bench kernels
   run torch_kernels 120 python3 tools/bench_kernels_torch.py --opd "$OUT/bench_kernels.log"
+fi
+if [[ "$what" == w1 || "$what" == all ]]; then
+  # The GPU training loop against the CPU backend, then the whole W1 step through `opd train`
+  # (random Qwen3-0.6B student / 1.7B teacher written to $OUT-local disk) and the HF anchor.
+  run cuda_trainer 200 $B/test_cuda --gtest_filter='CudaTrainer*'
+  run bench_w1 400 $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
 fi
 if [[ "$what" == dist || "$what" == all ]]; then
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
