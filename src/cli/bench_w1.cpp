@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/philox.h"
+#include "core/tensor.h"  // device_hooks::cuda_device_count
 #include "model/init.h"
 #include "model/presets.h"
 #include "train/trainer.h"
@@ -77,6 +78,8 @@ void make_model(const std::string& dir, const ModelConfig& c, uint64_t seed,
 void run_bench_w1(const BenchW1Options& o) {
   namespace fs = std::filesystem;
   OPD_CHECK(o.steps >= 1 && o.warmup >= 0, InvalidArgument, "--steps >= 1 and --warmup >= 0");
+  OPD_CHECK(device_hooks::cuda_device_count() > 0, Unsupported,
+            "opd bench w1 needs a CUDA device (none is usable here)");
   OPD_CHECK(fs::exists(o.tokenizer + "/tokenizer.json"), InvalidArgument, "--tokenizer ",
             o.tokenizer, " has no tokenizer.json (run from the repository root, or pass the "
             "demo tokenizer's directory)");
@@ -84,6 +87,14 @@ void run_bench_w1(const BenchW1Options& o) {
       o.work_dir.empty() ? cat(fs::temp_directory_path().string(), "/opd_bench_w1_", ::getpid())
                          : o.work_dir;
   fs::create_directories(work);
+  // A temporary work directory (~10 GB of random weights) goes away even when the run fails.
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!dir.empty()) fs::remove_all(dir, ec);
+    }
+  } cleanup{o.work_dir.empty() && !o.keep ? work : ""};
   ModelConfig sc = model_preset(o.student), tc = model_preset(o.teacher);
   if (o.layers > 0) sc.num_hidden_layers = o.layers;
   if (o.teacher_layers > 0) tc.num_hidden_layers = o.teacher_layers;
@@ -198,7 +209,6 @@ void run_bench_w1(const BenchW1Options& o) {
     std::printf("  whole step       %8.3f s   (goal <= 1.6 s; anchor 50.6 s)\n", st);
     std::printf("  peak device mem  %8.2f GiB (goal <= 16 GiB)\n", peak_gib);
   }
-  if (!o.keep && o.work_dir.empty()) fs::remove_all(work);
   if (o.with_torch) {
     std::fflush(stdout);
     const std::string cmd = cat(o.python, " ", o.torch_script, " --prompts ", o.prompts,

@@ -105,6 +105,7 @@ class Tensor {
 // Device-side hooks implemented by core/cuda (or stubs in CPU-only builds).
 namespace device_hooks {
 bool cuda_compiled();
+int cuda_device_count();  // usable CUDA devices (0 without a driver, a GPU or a CUDA build)
 void* cuda_malloc(size_t bytes);
 void cuda_free(void* ptr);
 void cuda_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);

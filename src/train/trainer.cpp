@@ -297,6 +297,10 @@ void Trainer::setup() {
 
   log_info("loading student ", o_.student);
   device_ = o_.device == "cuda" ? Device::CUDA : Device::CPU;
+  OPD_CHECK(device_ != Device::CUDA || device_hooks::cuda_device_count() > 0, Unsupported,
+            "--device cuda: no usable CUDA device here (",
+            device_hooks::cuda_compiled() ? "no GPU or driver" : "a build without CUDA",
+            "); use --device cpu");
   compute_dtype_ = device_ == Device::CUDA && o_.dtype == "bf16" ? DType::BF16 : DType::F32;
   student_ = std::make_unique<Transformer>(Transformer::load(o_.student));
   if (device_ == Device::CUDA) {

@@ -4,12 +4,14 @@
 // the allocator's stats add what is reserved and cached.
 #include "core/cuda/allocator.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/stream.h"  // device_count
 #include "core/log.h"
 #include "core/tensor.h"
 
 namespace opd::device_hooks {
 
 bool cuda_compiled() { return true; }
+int cuda_device_count() { return cuda::device_count(); }
 
 void* cuda_malloc(size_t bytes) { return cuda::device_allocator().allocate(bytes, cuda::current_stream()); }
 
