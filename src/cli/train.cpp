@@ -74,6 +74,8 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
                 "--dtype with f32 master weights; teacher, rollout, loss and AdamW on the GPU)")
       ->capture_default_str();
   c->add_option("--dtype", o.dtype, "compute dtype on cuda: bf16 | f32")->capture_default_str();
+  c->add_option("--zero-stage", o.zero_stage, "data parallel (under opd launch / torchrun / "
+                "srun): 1 shards optimizer state, 2 also gradients")->capture_default_str();
   c->add_flag("--recompute", o.recompute, "recompute each layer's activations in the backward "
               "(less memory for one extra forward)");
   c->add_option("--max-completion-length", o.max_completion_length, "tokens per completion "

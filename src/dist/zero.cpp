@@ -200,6 +200,29 @@ StepReport ZeroOptimizer::step(double lr, double max_norm) {
   if (max_norm > 0 && std::isfinite(max_norm)) {
     report.grad_norm = grad_norm();
     report.norm_computed = true;
+  }
+  apply(lr, max_norm, report);
+  return report;
+}
+
+bool ZeroOptimizer::step_if_finite(double lr, double max_norm, StepReport* report) {
+  OPD_CHECK(!std::isnan(max_norm), InvalidArgument, "ZeRO: max_norm is NaN");
+  if (config_.stage == ZeroStage::One) reduce_all();
+  StepReport r;
+  r.grad_norm = grad_norm();  // all-reduced: every rank takes the same branch
+  r.norm_computed = true;
+  if (report) *report = r;
+  if (!std::isfinite(r.grad_norm)) {
+    zero_grad();
+    return false;
+  }
+  apply(lr, max_norm, r);
+  if (report) *report = r;
+  return true;
+}
+
+void ZeroOptimizer::apply(double lr, double max_norm, StepReport& report) {
+  if (max_norm > 0 && std::isfinite(max_norm)) {
     report.clip_coef = clip_coefficient(report.grad_norm, max_norm);
     const float coef = static_cast<float>(report.clip_coef);
     if (coef != 1.0f) {
@@ -217,7 +240,6 @@ StepReport ZeroOptimizer::step(double lr, double max_norm) {
   adamw_->step(lr, 0);
   gather_model();
   grad_shard_.fill_zero();
-  return report;
 }
 
 void ZeroOptimizer::gather_model() {

@@ -106,6 +106,10 @@ class ZeroOptimizer {
   // ZeRO-1: reduce_all() first. Then global-norm clipping (max_norm > 0), AdamW on the shard,
   // all-gather of the model copy; gradients are left zero. The report's norm is global.
   StepReport step(double lr, double max_norm = 0);
+  // The same, but first the global gradient norm (all-reduced, so every rank decides alike): when
+  // it is not finite the gradients are cleared, nothing is updated and false is returned (a
+  // skipped step). *report gets the norm either way. One norm computation per step.
+  bool step_if_finite(double lr, double max_norm, StepReport* report);
   // The global gradient norm of the reduced shards (no update; host all-reduce).
   double grad_norm();
   int64_t steps() const;
@@ -122,6 +126,7 @@ class ZeroOptimizer {
 
  private:
   double local_sum_squares();
+  void apply(double lr, double max_norm, StepReport& report);  // clip, AdamW, all-gather
   Tensor shard_view(const Tensor& shard_buffer, int b) const;
   Tensor flat_to_host_full(const std::vector<Tensor>& per_param, const char* what) const;
   void scatter_full_into_shard(const Tensor& host_full, Tensor& shard) const;

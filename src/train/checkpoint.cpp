@@ -224,11 +224,13 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
   return out;
 }
 
-std::optional<CheckpointData> load_latest_checkpoint(const std::string& root) {
+std::optional<CheckpointData> load_latest_checkpoint(const std::string& root, std::string* path) {
   auto all = list_checkpoints(root);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      return load_checkpoint(*it);
+      CheckpointData d = load_checkpoint(*it);
+      if (path) *path = *it;
+      return d;
     } catch (const Error& e) {
       log_warn("skipping checkpoint ", *it, ": ", e.what());
     }

@@ -46,7 +46,8 @@ std::vector<std::string> list_checkpoints(const std::string& root);
 
 // The newest checkpoint that verifies, or nullopt when there is none. Corrupt ones are
 // logged (with the reason) and skipped.
-std::optional<CheckpointData> load_latest_checkpoint(const std::string& root);
+std::optional<CheckpointData> load_latest_checkpoint(const std::string& root,
+                                                     std::string* path = nullptr);
 
 // fsync helpers shared with other atomic writers.
 void fsync_path(const std::string& path);            // a file or a directory

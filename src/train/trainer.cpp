@@ -20,6 +20,10 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "dist/communicator.h"
+#include "dist/rendezvous.h"
+#include "dist/tcp_store.h"
+#include "dist/zero.h"
 #include "kernels/ops.h"
 #include "loss/fused_loss.h"
 #include "loss/fused_loss_cuda.h"  // teacher_to_device
@@ -58,7 +62,7 @@ nlohmann::json TrainOptions::to_json() const {
       {"max_completion_length", max_completion_length},
       {"max_prompt_length", max_prompt_length}, {"truncation", truncation},
       {"kv_cache_gb", kv_cache_gb}, {"ignore_eos", ignore_eos}, {"device", device},
-      {"dtype", dtype}, {"recompute", recompute}, {"batch_size", batch_size},
+      {"dtype", dtype}, {"recompute", recompute}, {"zero_stage", zero_stage}, {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size}, {"learning_rate", learning_rate},
       {"lr_scheduler_type", lr_scheduler_type}, {"warmup_steps", warmup_steps},
       {"warmup_ratio", warmup_ratio}, {"min_lr_ratio", min_lr_ratio},
@@ -123,6 +127,8 @@ void TrainOptions::validate() const {
             " must be cpu or cuda");
   OPD_CHECK(dtype == "bf16" || dtype == "f32", InvalidArgument, "--dtype ", dtype,
             " must be bf16 or f32");
+  OPD_CHECK(zero_stage == 1 || zero_stage == 2, InvalidArgument, "--zero-stage ", zero_stage,
+            " must be 1 or 2");
   parse_support_mode(loss_support);
   parse_vocab_policy(vocab_policy);
   parse_lr_schedule(lr_scheduler_type);
@@ -227,6 +233,7 @@ class Trainer {
   TrainResult run();
 
  private:
+  TrainResult run_steps();
   void setup();
   void load_data();
   void setup_teacher();
@@ -234,8 +241,19 @@ class Trainer {
   void run_doctor_checks(const ModelSide& teacher);
   void resume_if_any();
   int64_t total_steps() const;
+  // picks[j] is the dataset index of the step's global prompt number global_index[j] (the
+  // rollout stream key uses it, so a prompt's samples do not depend on the number of ranks).
   std::vector<Sequence> make_sequences(Source source, const std::vector<uint64_t>& picks,
-                                       int64_t step, double* rollout_s);
+                                       const std::vector<int64_t>& global_index, int64_t step,
+                                       double* rollout_s);
+  // Data parallel (world_size > 1; see the top of trainer.h).
+  void init_distributed();
+  void bind_zero_buffers();
+  bool distributed() const { return comm_ != nullptr; }
+  bool rank0() const { return env_.rank == 0; }
+  // Element-wise sum (or max) over ranks of a few host values; identity in one process.
+  std::vector<double> host_sum(std::vector<double> v, const char* what);
+  bool any_rank(bool flag, const char* what);
   TeacherTopK score(const std::vector<Sequence>& seqs, PayloadStats* stats);
   ScoreResponse score_with_retry(const ScoreRequest& request);
   void save(int64_t step, const char* why);
@@ -271,13 +289,64 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   Clock::time_point last_save_time_ = Clock::now();
   TrainResult result_;
+  dist::DistEnv env_;
+  std::shared_ptr<dist::Store> store_;
+  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::ZeroOptimizer> zero_;  // replaces optimizer_ when distributed
 };
+
+std::vector<double> Trainer::host_sum(std::vector<double> v, const char* what) {
+  if (!distributed()) return v;
+  return store_->all_reduce(std::move(v), dist::HostReduce::Sum, what);
+}
+
+bool Trainer::any_rank(bool flag, const char* what) {
+  if (!distributed()) return flag;
+  return store_->all_reduce({flag ? 1.0 : 0.0}, dist::HostReduce::Max, what)[0] > 0;
+}
+
+void Trainer::init_distributed() {
+  env_ = dist::dist_env_from_process();
+  if (env_.world_size == 1) return;
+  const double timeout = dist::dist_timeout_seconds([](const char* k) { return std::getenv(k); });
+  store_ = dist::Store::connect(env_, timeout);
+  if (device_ == Device::CUDA)
+    comm_ = dist::make_nccl_communicator(store_, env_.local_rank, timeout);
+  else
+    comm_ = dist::make_cpu_communicator(store_);
+  OPD_CHECK(o_.batch_size >= env_.world_size, InvalidArgument, "--batch-size ", o_.batch_size,
+            " (prompts per step, all ranks together) must be >= the number of ranks ",
+            env_.world_size);
+  log_info("data parallel: ", env_.describe(), ", ", comm_->backend(), " collectives, ZeRO-",
+           o_.zero_stage, ", ", o_.batch_size, " prompts per step over ", env_.world_size, " ranks");
+}
+
+// The compute model's parameters and the gradients become views of the ZeRO optimizer's flat
+// buffers (its model copy is all-gathered after every step; the backward accumulates into its
+// local gradient). The f32 master weights live only in the optimizer's shards from then on.
+void Trainer::bind_zero_buffers() {
+  Transformer& m = model();
+  size_t i = 0;
+  m.weights().for_each([&](const std::string&, Tensor& w) { w = zero_->param(i++); });
+  if (m.weights().tied) m.weights().lm_head = m.weights().embed_tokens;
+  i = 0;
+  grads_.for_each([&](const std::string&, Tensor& g) { g = zero_->grad(i++); });
+  if (grads_.tied) grads_.lm_head = grads_.embed_tokens;
+  if (compute_) {  // drop the separate f32 master copy (the shards hold it now)
+    student_->weights().for_each([](const std::string&, Tensor& w) { w = Tensor(); });
+    student_->weights().lm_head = Tensor();
+  }
+}
 
 void Trainer::setup() {
   std::error_code ec;
   fs::create_directories(o_.out, ec);
   OPD_CHECK(!ec, Io, "cannot create output directory ", o_.out, ": ", ec.message());
-  set_log_file(o_.out + "/train.log");
+  {
+    const char* r = std::getenv("RANK");
+    const std::string rank = r ? r : (std::getenv("SLURM_PROCID") ? std::getenv("SLURM_PROCID") : "0");
+    set_log_file(o_.out + (rank == "0" ? std::string("/train.log") : "/train.rank" + rank + ".log"));
+  }
   ckpt_root_ = o_.out + "/checkpoints";
 
   loss_.beta = o_.beta;
@@ -302,6 +371,7 @@ void Trainer::setup() {
             device_hooks::cuda_compiled() ? "no GPU or driver" : "a build without CUDA",
             "); use --device cpu");
   compute_dtype_ = device_ == Device::CUDA && o_.dtype == "bf16" ? DType::BF16 : DType::F32;
+  init_distributed();  // before anything lands on a GPU: NCCL makes LOCAL_RANK's device current
   student_ = std::make_unique<Transformer>(Transformer::load(o_.student));
   if (device_ == Device::CUDA) {
     Transformer host = std::move(*student_);
@@ -412,7 +482,24 @@ void Trainer::build_optimizer() {
   ac.beta2 = o_.adam_beta2;
   ac.eps = o_.adam_epsilon;
   ac.weight_decay = o_.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(std::move(params), ac);
+  if (distributed()) {
+    dist::ZeroConfig zc;
+    zc.stage = o_.zero_stage == 2 ? dist::ZeroStage::Two : dist::ZeroStage::One;
+    zc.grad_reduce = dist::ReduceOp::Sum;  // the loss is already normalized by all ranks' tokens
+    zc.model_dtype = compute_dtype_;
+    zc.adamw = ac;
+    std::vector<Shape> shapes;
+    std::vector<Tensor> masters;
+    student_->weights().for_each([&](const std::string&, Tensor& w) {
+      shapes.push_back(w.shape());
+      masters.push_back(w);
+    });
+    zero_ = std::make_unique<dist::ZeroOptimizer>(*comm_, shapes, zc);
+    zero_->load_weights(masters);
+    bind_zero_buffers();
+  } else {
+    optimizer_ = std::make_unique<AdamW>(std::move(params), ac);
+  }
   schedule_.kind = parse_lr_schedule(o_.lr_scheduler_type);
   schedule_.base_lr = o_.learning_rate;
   schedule_.total_steps = total_steps();
@@ -437,14 +524,39 @@ void Trainer::resume_if_any() {
     return;
   }
   if (o_.resume == "auto") {
-    ck = load_latest_checkpoint(ckpt_root_);
+    // Distributed: rank 0 picks (verifying, falling back past corrupt ones) and tells the others,
+    // so every rank resumes from the same checkpoint.
+    std::string path;
+    if (rank0()) ck = load_latest_checkpoint(ckpt_root_, &path);
+    if (distributed()) {
+      path = store_->broadcast(path, 0, "resume checkpoint");
+      if (!rank0() && !path.empty()) ck = load_checkpoint(path);
+    }
     if (!ck) return;
   } else {
     ck = load_checkpoint(o_.resume);
   }
   const auto& model = ck->tensor_files.at("model");
   const auto& opt = ck->tensor_files.at("optimizer");
+  if (distributed()) {  // the full state, re-sharded over this job's ranks (any world size)
+    dist::ZeroOptimizer::FullState full;
+    for (const auto& [name, shape] : parameter_shapes(student_->config())) {
+      auto it = model.find(name);
+      OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
+                name, " (a checkpoint of another model?)");
+      OPD_CHECK(it->second.shape() == shape && it->second.dtype() == DType::F32, InvalidData,
+                "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs f32 ",
+                shape_str(shape));
+      full.master.push_back(it->second);
+      full.exp_avg.push_back(opt.at("exp_avg." + name));
+      full.exp_avg_sq.push_back(opt.at("exp_avg_sq." + name));
+    }
+    full.steps = ck->state.at("optimizer_steps").get<int64_t>();
+    zero_->load_state(full);
+  }
   size_t i = 0;
+  if (!distributed()) {
+  auto& m = optimizer_->exp_avg();
   auto& m = optimizer_->exp_avg();
   auto& v = optimizer_->exp_avg_sq();
   student_->weights().for_each([&](const std::string& name, Tensor& w) {
@@ -465,8 +577,9 @@ void Trainer::resume_if_any() {
     size_t j = 0;
     compute_->weights().for_each([&](const std::string&, Tensor& w) { ops::convert(masters[j++], w); });
   }
+  optimizer_->set_steps(ck->state.at("optimizer_steps").get<int64_t>());
+  }  // !distributed
   const auto& st = ck->state;
-  optimizer_->set_steps(st.at("optimizer_steps").get<int64_t>());
   sampler_->restore(st.at("sampler"));
   step_ = ck->step;
   bad_steps_ = st.value("bad_steps", int64_t{0});
@@ -491,6 +604,23 @@ void Trainer::save(int64_t step, const char* why) {
   auto& model = ck.tensor_files["model"];
   auto& opt = ck.tensor_files["optimizer"];
   size_t i = 0;
+  if (distributed()) {
+    // Every rank takes part in gathering the shards; rank 0 writes one complete checkpoint (the
+    // full state, so it resumes on any number of ranks). The others only note the step.
+    dist::ZeroOptimizer::FullState full = zero_->gather_state();
+    if (!rank0()) {
+      last_saved_step_ = step;
+      last_save_time_ = Clock::now();
+      return;
+    }
+    for (const auto& [name, shape] : parameter_shapes(student_->config())) {
+      model[name] = full.master[i];
+      opt["exp_avg." + name] = full.exp_avg[i];
+      opt["exp_avg_sq." + name] = full.exp_avg_sq[i];
+      ++i;
+    }
+    ck.state["optimizer_steps"] = full.steps;
+  } else {
   const auto& m = optimizer_->exp_avg();
   const auto& v = optimizer_->exp_avg_sq();
   student_->weights().for_each([&](const std::string& name, Tensor& w) {
@@ -501,6 +631,7 @@ void Trainer::save(int64_t step, const char* why) {
     ++i;
   });
   ck.state["optimizer_steps"] = optimizer_->steps();
+  }
   ck.state["sampler"] = sampler_->save();
   ck.state["bad_steps"] = bad_steps_;
   ck.state["tokens_seen"] = tokens_seen_;
@@ -524,12 +655,14 @@ void Trainer::save_bad_batch(int64_t step, const std::vector<Sequence>& seqs,
     j["sequences"].push_back({{"ids", s.ids}, {"prompt_len", s.prompt_len}, {"source", s.source}});
   const std::string dir = o_.out + "/bad_batches";
   fs::create_directories(dir);
-  const std::string path = dir + "/step-" + std::to_string(step) + ".json";
+  const std::string path = dir + "/step-" + std::to_string(step) +
+                           (distributed() ? ".rank" + std::to_string(env_.rank) : "") + ".json";
   write_file_atomic(path, j.dump());
   log_warn("step ", step, " skipped: ", why, "; batch saved to ", path);
 }
 
 std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<uint64_t>& picks,
+                                              const std::vector<int64_t>& global_index,
                                               int64_t step, double* rollout_s) {
   std::vector<Sequence> seqs;
   if (source == Source::Dataset) {
@@ -562,7 +695,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
     r.max_new_tokens = o_.max_completion_length;
     r.ignore_eos = o_.ignore_eos;
     // The same prompt drawn twice in one step still gets independent samples.
-    r.stream_key = prompt_stream_key(r.prompt) ^ mix64(i + 1);
+    r.stream_key = prompt_stream_key(r.prompt) ^ mix64(static_cast<uint64_t>(global_index[i]) + 1);
     reqs.push_back(std::move(r));
   }
   EngineOptions eo;
@@ -640,7 +773,7 @@ double Trainer::evaluate(const char* when, int64_t step) {
   return r.accuracy();
 }
 
-TrainResult Trainer::run() {
+TrainResult Trainer::run_steps() {
   install_training_signal_handlers();
   setup();
   load_data();
@@ -649,20 +782,21 @@ TrainResult Trainer::run() {
   resume_if_any();
   const int64_t total = total_steps();
   result_.first_step = step_;
-  {
+  if (rank0()) {  // one writer of the run's files
     nlohmann::json cfg = o_.to_json();
     cfg["total_steps"] = total;
     cfg["loss"] = describe(loss_);
+    cfg["world_size"] = env_.world_size;
     write_file_atomic(o_.out + "/config.json", cfg.dump(2) + "\n");
+    metrics_ = std::make_unique<MetricsLog>(o_.out, o_.tensorboard);
+    metrics_->truncate_after(step_);
   }
-  metrics_ = std::make_unique<MetricsLog>(o_.out, o_.tensorboard);
-  metrics_->truncate_after(step_);
   log_info(o_.sft ? "sft" : "distillation", ": ", describe(loss_), ", lmbda ", o_.lmbda,
            ", steps ", step_, " -> ", total, ", batch ", o_.batch_size, " prompts x ",
            o_.num_generations, ", output ", o_.out);
   if (o_.eval_before && step_ == 0) result_.eval_before = evaluate("before training", 0);
 
-  Progress progress(total, step_, Progress::stderr_is_tty());
+  Progress progress(total, step_, rank0() && Progress::stderr_is_tty());
   int hangups_seen = hangups_received();
   const auto run_t0 = Clock::now();
   while (step_ < total) {
@@ -671,7 +805,9 @@ TrainResult Trainer::run() {
       log_warn("SIGHUP received (terminal closed?); training continues, log in ", o_.out,
                "/train.log");
     }
-    if (stop_requested() != StopRequest::None) {
+    // Ranks agree on stopping (a signal may reach them at different moments), so all of them
+    // leave the loop at the same step and take part in the final checkpoint.
+    if (any_rank(stop_requested() != StopRequest::None, "stop?")) {
       result_.stopped_by_signal = true;
       break;
     }
@@ -679,8 +815,15 @@ TrainResult Trainer::run() {
     const int64_t step = step_;
     // 1. prompts (on a copy of the sampler: an abandoned step consumes nothing)
     Sampler sampler = *sampler_;
+    // Every rank draws the same global batch and keeps prompts rank, rank + world, ...
     std::vector<uint64_t> picks;
-    for (int64_t i = 0; i < o_.batch_size; ++i) picks.push_back(sampler.next());
+    std::vector<int64_t> global_index;
+    for (int64_t i = 0; i < o_.batch_size; ++i) {
+      const uint64_t p = sampler.next();
+      if (i % env_.world_size != env_.rank) continue;
+      picks.push_back(p);
+      global_index.push_back(i);
+    }
     // 2. completions
     Source source = Source::Dataset;
     if (!o_.sft) {
@@ -690,28 +833,34 @@ TrainResult Trainer::run() {
     }
     double rollout_s = 0, score_s = 0, train_s = 0;
     std::vector<Sequence> seqs;
+    bool cancelled = false;
     try {
-      seqs = make_sequences(source, picks, step, &rollout_s);
+      seqs = make_sequences(source, picks, global_index, step, &rollout_s);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::Cancelled) throw;
-      result_.stopped_by_signal = true;  // the step is abandoned: nothing of it was applied
+      cancelled = true;  // the step is abandoned: nothing of it was applied
+    }
+    if (any_rank(cancelled || stop_requested() != StopRequest::None, "stop after rollout?")) {
+      result_.stopped_by_signal = true;
       break;
     }
     std::erase_if(seqs, [](const Sequence& s) { return s.completion_len() == 0; });
-    int64_t n_total = 0, truncated = 0;
+    int64_t n_local = 0, truncated = 0;
     for (const auto& s : seqs) {
-      n_total += s.completion_len();
+      n_local += s.completion_len();
       truncated += s.truncated;
     }
+    // The loss is the mean over the completion tokens of the whole step, on every rank.
+    const auto counts = host_sum({static_cast<double>(n_local), static_cast<double>(truncated),
+                                  static_cast<double>(seqs.size())}, "step token counts");
+    const int64_t n_total = static_cast<int64_t>(counts[0]);
+    truncated = static_cast<int64_t>(counts[1]);
+    const int64_t n_seqs = static_cast<int64_t>(counts[2]);
     if (n_total == 0) {
       log_warn("step ", step, ": no completion tokens (every completion empty); skipped");
       *sampler_ = sampler;
       ++step_;
       continue;
-    }
-    if (stop_requested() != StopRequest::None) {
-      result_.stopped_by_signal = true;
-      break;
     }
     // 3. teacher
     TeacherTopK teacher;
@@ -729,7 +878,9 @@ TrainResult Trainer::run() {
       try {
         teacher = score(seqs, &pstats);
       } catch (const Error&) {
-        if (stop_requested() != StopRequest::None) {
+        // Distributed, the others are already past this point: the job goes down instead (the
+        // last checkpoint is intact).
+        if (!distributed() && stop_requested() != StopRequest::None) {
           result_.stopped_by_signal = true;
           break;
         }
@@ -803,23 +954,50 @@ TrainResult Trainer::run() {
       ops::gather_rows(d_rows, inverse_map, dhidden);  // zero rows outside the loss
       model().backward_hidden(batch, cache, dhidden, grads_);
       row0 += rows;
+      // ZeRO-2: this micro-batch's gradients are reduce-scattered into the shards now, so the
+      // full local gradient never has to outlive one micro-batch.
+      if (zero_ && o_.zero_stage == 2) zero_->reduce_all();
     }
-    // 5. update (or skip a non-finite step)
+    if (zero_ && o_.zero_stage == 2) {
+      // Ranks with fewer micro-batches (fewer sequences this step) match the others' reduces.
+      const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
+      const int64_t most = static_cast<int64_t>(
+          store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
+      for (int64_t k = mine; k < most; ++k) zero_->reduce_all();
+    }
+    // 5. update (or skip a non-finite step). Distributed: the loss and the norm are global, so
+    // every rank skips or steps alike.
     const double lr_now = schedule_.lr_at(step);
-    const double gnorm = optimizer_->grad_norm();
+    {
+      const auto sums = host_sum({loss, div_sum, ce_sum, static_cast<double>(tail_clamped)},
+                                 "step loss");
+      loss = sums[0];
+      div_sum = sums[1];
+      ce_sum = sums[2];
+      tail_clamped = static_cast<int64_t>(sums[3]);
+    }
+    double gnorm = 0;
     bool skipped = false;
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+    if (zero_) {
+      StepReport rep;
+      if (!std::isfinite(loss)) zero_->zero_grad();
+      else skipped = !zero_->step_if_finite(lr_now, o_.max_grad_norm, &rep);
+      gnorm = rep.grad_norm;
+      skipped = skipped || !std::isfinite(loss);
+    } else {
+      gnorm = optimizer_->grad_norm();
+      skipped = !std::isfinite(loss) || !std::isfinite(gnorm);
+      if (!skipped) optimizer_->step(lr_now, o_.max_grad_norm);
+      grads_.for_each([](const std::string&, Tensor& g) { g.fill_zero(); });
+    }
+    if (skipped) {
       ++bad_steps_;
-      skipped = true;
       save_bad_batch(step, seqs, cat("non-finite ", std::isfinite(loss) ? "gradient norm " : "loss ",
                                      std::isfinite(loss) ? gnorm : loss));
       OPD_CHECK(bad_steps_ <= o_.max_bad_steps, InvalidData, bad_steps_,
                 " non-finite steps (more than --max-bad-steps ", o_.max_bad_steps,
                 "); the last batch is in ", o_.out, "/bad_batches");
-    } else {
-      optimizer_->step(lr_now, o_.max_grad_norm);
     }
-    grads_.for_each([](const std::string&, Tensor& g) { g.fill_zero(); });
     train_s = seconds_since(train_t0);
     *sampler_ = sampler;
     ++step_;
@@ -835,11 +1013,12 @@ TrainResult Trainer::run() {
     m["source"] = source_name(source);
     m["on_policy"] = source == Source::OnPolicy ? 1 : 0;
     m["completion_tokens"] = n_total;
-    m["completion_len_mean"] = static_cast<double>(n_total) / static_cast<double>(seqs.size());
-    m["truncated_share"] = static_cast<double>(truncated) / static_cast<double>(seqs.size());
+    m["completion_len_mean"] = static_cast<double>(n_total) / static_cast<double>(n_seqs);
+    m["truncated_share"] = static_cast<double>(truncated) / static_cast<double>(n_seqs);
     m["skipped"] = skipped ? 1 : 0;
-    if (!o_.sft && !full) {
-      m["teacher_entropy_topk"] = teacher_topk_entropy_sum(teacher) / static_cast<double>(n_total);
+    if (!o_.sft && !full && n_local > 0) {
+      // Rank 0's rows (distributed: a sample of the step).
+      m["teacher_entropy_topk"] = teacher_topk_entropy_sum(teacher) / static_cast<double>(n_local);
       if (loss_.mode == SupportMode::TopKTail) m["tail_clamped"] = tail_clamped;
       if (source == Source::OnPolicy) {
         // Reverse KL estimate on the student's own samples: E_q[log q(y) - log p(y)] (T = 1
@@ -849,7 +1028,7 @@ TrainResult Trainer::run() {
         const float* ta = teacher.actual_logprobs.data<float>();
         for (const auto& s : seqs)
           for (double lq : s.student_logprobs) rk += lq - ta[r++];
-        m["reverse_kl_estimate"] = rk / static_cast<double>(n_total);
+        m["reverse_kl_estimate"] = rk / static_cast<double>(n_local);
       }
     }
     if (!o_.sft) {
@@ -864,12 +1043,14 @@ TrainResult Trainer::run() {
     m["memory/peak_rss_bytes"] = peak_rss_bytes();
     if (device_ == Device::CUDA) m["memory/peak_device_bytes"] = memory_stats(Device::CUDA).peak;
     m["bad_steps"] = bad_steps_;
-    if (step_ % o_.logging_steps == 0 || step_ == total) metrics_->write(step_, m);
+    if (distributed()) m["world_size"] = env_.world_size;
+    if (metrics_ && (step_ % o_.logging_steps == 0 || step_ == total)) metrics_->write(step_, m);
     result_.last_loss = loss;
     progress.update(step_, {{"loss", cat(loss)}, {"src", source_name(source)}},
                     static_cast<double>(tokens_seen_) / std::max(1e-9, seconds_since(run_t0)));
     if (o_.save_steps > 0 && step_ % o_.save_steps == 0) save(step_, "every --save-steps");
-    else if (o_.save_minutes > 0 && seconds_since(last_save_time_) >= o_.save_minutes * 60)
+    else if (any_rank(o_.save_minutes > 0 && seconds_since(last_save_time_) >= o_.save_minutes * 60,
+                      "save by time?"))
       save(step_, "every --save-minutes");
     if (o_.eval_steps > 0 && step_ % o_.eval_steps == 0 && step_ < total) evaluate("during", step_);
   }
@@ -895,6 +1076,16 @@ TrainResult train(const TrainOptions& options) {
   options.validate();
   Trainer t(options);
   return t.run();
+}
+
+TrainResult Trainer::run() {
+  try {
+    return run_steps();
+  } catch (const std::exception& e) {
+    // Other ranks waiting in a collective learn of it at once instead of after the timeout.
+    if (store_) store_->abort(cat("rank ", env_.rank, ": ", e.what()));
+    throw;
+  }
 }
 
 }  // namespace opd

@@ -18,6 +18,13 @@
 // (K = 1, logprob 0) with beta = 0 and topk+tail, i.e. forward KL to a point mass = cross-
 // entropy, computed by the same fused O(tokens x K) loss.
 //
+// Data parallel (WORLD_SIZE > 1): every rank draws the same global batch and keeps prompts
+// rank, rank + world, ...; the rollout stream of a prompt is keyed by its global index, so the
+// sequences do not depend on the number of ranks. Token counts, the loss and the gradient norm
+// are global (the loss is normalized by all ranks' completion tokens; gradients are summed),
+// every rank agrees on stopping and on time-based checkpoints, rank 0 writes metrics and one
+// complete checkpoint (the gathered full state: resumable on any number of ranks).
+//
 // Resume (`resume = "auto"`): the newest checkpoint under RUN/checkpoints that verifies is
 // loaded (weights, AdamW moments and step, data cursor, counters); every random draw is a
 // function of (seed, step, ...), so the resumed run computes the same steps as an
@@ -71,6 +78,12 @@ struct TrainOptions {
   std::string device = "cpu";         // cpu | cuda
   std::string dtype = "bf16";         // cuda compute dtype: bf16 | f32
   bool recompute = false;             // per-layer activation recompute (less memory, +1 forward)
+  // Data parallel (launched by `opd launch` / torchrun / srun: WORLD_SIZE > 1): batch_size is the
+  // global number of prompts per step, split round-robin over the ranks; ZeRO-1 shards the f32
+  // master weights and AdamW moments, ZeRO-2 also the reduced gradients (reduce-scattered
+  // after each micro-batch). NCCL with --device cuda (GPU = LOCAL_RANK), the store's CPU
+  // collectives with --device cpu.
+  int64_t zero_stage = 1;             // 1 | 2
 
   // Optimization.
   int64_t batch_size = 8;             // prompts per optimizer step

@@ -1,0 +1,170 @@
+// Data-parallel `opd train` on the CPU backend, as processes under `opd launch` (issue 9): a
+// 2-rank run takes the same steps as a 1-rank run with the same global batch (ZeRO-1 and
+// ZeRO-2), a checkpoint of a 2-rank run resumes on 1 rank, and a rank killed mid-run takes the
+// job down with a message naming it while the last complete checkpoint stays intact.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "common/child_process.h"
+#include "common/test_util.h"
+#include "model/init.h"
+#include "model/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+
+namespace opd {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using test::spawn;
+
+class TrainDist : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("opd_train_dist_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    const std::string tok = test::source_dir() + "/demo/tokenizer";
+    save_model_dir(path("student"), test::tiny_demo_config(32, 1), init_weights(test::tiny_demo_config(32, 1), 1), tok);
+    save_model_dir(path("teacher"), test::tiny_demo_config(48, 2), init_weights(test::tiny_demo_config(48, 2), 2, 0.1), tok);
+    std::ofstream data(path("train.jsonl"));
+    for (int i = 0; i < 64; ++i) {
+      const int a = (i * 37) % 100, b = (i * 53 + 11) % 100;
+      data << "{\"prompt\": \"" << a << "+" << b << "=\", \"completion\": \"" << a + b << "\"}\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
+
+  // Dataset completions (lmbda 0): the sequences of a step do not depend on the ranks.
+  std::vector<std::string> train_args(const std::string& out, int steps) const {
+    return {"train", "--student", path("student"), "--teacher", path("teacher"), "--data",
+            path("train.jsonl"), "--out", path(out), "--max-steps", std::to_string(steps),
+            "--batch-size", "6", "--micro-batch-size", "2", "--max-completion-length", "5",
+            "--teacher-top-k", "8", "--learning-rate", "0.01", "--lr-scheduler-type", "constant",
+            "--save-minutes", "0", "--no-tensorboard", "--lmbda", "0"};
+  }
+  std::vector<std::string> launch(int ranks, std::vector<std::string> args) const {
+    std::vector<std::string> a = {"launch", "--nproc-per-node", std::to_string(ranks),
+                                  "--master-port", "0", "--", test::opd_binary()};
+    a.insert(a.end(), args.begin(), args.end());
+    return a;
+  }
+  int run(const std::vector<std::string>& args, const std::string& log) const {
+    auto c = spawn(args, path(log));
+    const int rc = c->wait_exit(300s);
+    if (rc != 0) ADD_FAILURE() << "exit " << rc << ":\n" << c->output();
+    return rc;
+  }
+  std::vector<double> losses(const std::string& out) const {
+    std::vector<double> v;
+    for (const auto& l : MetricsLog::read(path(out) + "/metrics.jsonl"))
+      if (l.contains("loss")) v.push_back(l.at("loss").get<double>());
+    return v;
+  }
+  std::map<std::string, Tensor> weights(const std::string& out) const {
+    auto list = list_checkpoints(path(out) + "/checkpoints");
+    EXPECT_FALSE(list.empty()) << out;
+    std::map<std::string, Tensor> m;
+    if (list.empty()) return m;
+    SafetensorsFile f = SafetensorsFile::open(list.back() + "/model.safetensors");
+    for (const auto& n : f.names()) m[n] = f.get(n).clone();
+    return m;
+  }
+  void expect_close(const std::string& a, const std::string& b, double loss_rtol, double w_rel) const {
+    const auto la = losses(a), lb = losses(b);
+    ASSERT_EQ(la.size(), lb.size()) << a << " vs " << b;
+    for (size_t i = 0; i < la.size(); ++i)
+      EXPECT_NEAR(la[i], lb[i], loss_rtol * std::abs(lb[i])) << "step " << i + 1 << " " << a << " vs " << b;
+    const auto wa = weights(a), wb = weights(b);
+    ASSERT_EQ(wa.size(), wb.size());
+    for (const auto& [name, t] : wa) {
+      const test::Diff d = test::compare(t, wb.at(name));
+      EXPECT_FALSE(d.has_nan) << name;
+      EXPECT_LT(d.rel_l2, w_rel) << name << " " << a << " vs " << b;
+    }
+  }
+  fs::path root_;
+};
+
+TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {
+  ASSERT_EQ(run(train_args("one", 4), "one.log"), 0);
+  ASSERT_EQ(run(launch(2, train_args("two", 4)), "two.log"), 0);
+  auto z2 = train_args("two_z2", 4);
+  z2.insert(z2.end(), {"--zero-stage", "2"});
+  ASSERT_EQ(run(launch(2, z2), "two_z2.log"), 0);
+  // The same sequences and the same global normalization; only the order of the gradient sums
+  // differs (per rank, then across ranks), i.e. f32 rounding, which Adam can amplify slightly
+  // for elements whose gradient is near zero.
+  expect_close("two", "one", 1e-5, 1e-3);
+  expect_close("two_z2", "one", 1e-5, 1e-3);
+  const auto m = MetricsLog::read(path("two") + "/metrics.jsonl");
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(m.back().at("world_size"), 2);
+  EXPECT_EQ(m.back().at("completion_tokens"), MetricsLog::read(path("one") + "/metrics.jsonl").back().at("completion_tokens"));
+  EXPECT_TRUE(fs::exists(path("two") + "/train.rank1.log"));
+}
+
+TEST_F(TrainDist, TwoRankCheckpointResumesOnOneRank) {
+  ASSERT_EQ(run(train_args("one", 4), "one.log"), 0);
+  ASSERT_EQ(run(launch(2, train_args("mixed", 2)), "mixed_a.log"), 0);
+  ASSERT_EQ(run(train_args("mixed", 4), "mixed_b.log"), 0);  // resume auto, 1 rank
+  expect_close("mixed", "one", 1e-5, 1e-3);
+  std::ifstream f(path("mixed_b.log"));
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("resumed from checkpoint step 2"), std::string::npos) << log;
+}
+
+TEST_F(TrainDist, AKilledRankTakesTheJobDownAndTheCheckpointSurvives) {
+  auto args = train_args("killed", 100000);
+  args.insert(args.end(), {"--save-steps", "2"});
+  auto job = spawn(launch(2, args), path("killed.log"));
+  // Wait for a checkpoint, then SIGKILL rank 1 (found by its RANK=1 environment).
+  const auto t0 = std::chrono::steady_clock::now();
+  while (list_checkpoints(path("killed") + "/checkpoints").empty() &&
+         std::chrono::steady_clock::now() - t0 < 120s)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_FALSE(list_checkpoints(path("killed") + "/checkpoints").empty()) << job->output();
+  pid_t victim = -1;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
+    const std::string cl((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (cl.find(path("killed")) == std::string::npos || cl.find("launch") != std::string::npos)
+      continue;  // not a rank of this job
+    std::ifstream env(e.path() / "environ", std::ios::binary);
+    bool rank1 = false;
+    for (std::string var; std::getline(env, var, '\0');) rank1 = rank1 || var == "RANK=1";
+    if (rank1)
+      victim = std::stoi(pid);
+  }
+  ASSERT_GT(victim, 0) << "rank 1 not found";
+  const auto t_kill = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const int rc = job->wait_exit(90s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+  EXPECT_NE(rc, 0) << job->output();
+  EXPECT_NE(rc, -1) << "the job did not stop within 90 s:\n" << job->output();
+  EXPECT_LT(took, 60.0) << job->output();
+  EXPECT_NE(job->output().find("rank 1"), std::string::npos) << job->output();
+  // The newest complete checkpoint verifies (a half-written one is never listed).
+  auto list = list_checkpoints(path("killed") + "/checkpoints");
+  ASSERT_FALSE(list.empty());
+  EXPECT_NO_THROW(load_checkpoint(list.back()));
+}
+
+}  // namespace
+}  // namespace opd
