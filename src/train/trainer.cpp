@@ -553,32 +553,30 @@ void Trainer::resume_if_any() {
     }
     full.steps = ck->state.at("optimizer_steps").get<int64_t>();
     zero_->load_state(full);
+  } else {
+    size_t i = 0;
+    auto& m = optimizer_->exp_avg();
+    auto& v = optimizer_->exp_avg_sq();
+    student_->weights().for_each([&](const std::string& name, Tensor& w) {
+      auto it = model.find(name);
+      OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
+                name, " (a checkpoint of another model?)");
+      OPD_CHECK(it->second.shape() == w.shape() && it->second.dtype() == DType::F32, InvalidData,
+                "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs ",
+                w.describe());
+      w.copy_from(it->second);
+      m[i].copy_from(opt.at("exp_avg." + name));
+      v[i].copy_from(opt.at("exp_avg_sq." + name));
+      ++i;
+    });
+    if (compute_) {  // the compute copy follows the restored master weights
+      std::vector<Tensor> masters;
+      student_->weights().for_each([&](const std::string&, Tensor& w) { masters.push_back(w); });
+      size_t j = 0;
+      compute_->weights().for_each([&](const std::string&, Tensor& w) { ops::convert(masters[j++], w); });
+    }
+    optimizer_->set_steps(ck->state.at("optimizer_steps").get<int64_t>());
   }
-  size_t i = 0;
-  if (!distributed()) {
-  auto& m = optimizer_->exp_avg();
-  auto& m = optimizer_->exp_avg();
-  auto& v = optimizer_->exp_avg_sq();
-  student_->weights().for_each([&](const std::string& name, Tensor& w) {
-    auto it = model.find(name);
-    OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
-              name, " (a checkpoint of another model?)");
-    OPD_CHECK(it->second.shape() == w.shape() && it->second.dtype() == DType::F32, InvalidData,
-              "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs ",
-              w.describe());
-    w.copy_from(it->second);
-    m[i].copy_from(opt.at("exp_avg." + name));
-    v[i].copy_from(opt.at("exp_avg_sq." + name));
-    ++i;
-  });
-  if (compute_) {  // the compute copy follows the restored master weights
-    std::vector<Tensor> masters;
-    student_->weights().for_each([&](const std::string&, Tensor& w) { masters.push_back(w); });
-    size_t j = 0;
-    compute_->weights().for_each([&](const std::string&, Tensor& w) { ops::convert(masters[j++], w); });
-  }
-  optimizer_->set_steps(ck->state.at("optimizer_steps").get<int64_t>());
-  }  // !distributed
   const auto& st = ck->state;
   sampler_->restore(st.at("sampler"));
   step_ = ck->step;
@@ -621,16 +619,16 @@ void Trainer::save(int64_t step, const char* why) {
     }
     ck.state["optimizer_steps"] = full.steps;
   } else {
-  const auto& m = optimizer_->exp_avg();
-  const auto& v = optimizer_->exp_avg_sq();
-  student_->weights().for_each([&](const std::string& name, Tensor& w) {
-    // Host copies (no-ops on the CPU backend): the checkpoint writer reads host memory.
-    model[name] = w.to(Device::CPU);
-    opt["exp_avg." + name] = m[i].to(Device::CPU);
-    opt["exp_avg_sq." + name] = v[i].to(Device::CPU);
-    ++i;
-  });
-  ck.state["optimizer_steps"] = optimizer_->steps();
+    const auto& m = optimizer_->exp_avg();
+    const auto& v = optimizer_->exp_avg_sq();
+    student_->weights().for_each([&](const std::string& name, Tensor& w) {
+      // Host copies (no-ops on the CPU backend): the checkpoint writer reads host memory.
+      model[name] = w.to(Device::CPU);
+      opt["exp_avg." + name] = m[i].to(Device::CPU);
+      opt["exp_avg_sq." + name] = v[i].to(Device::CPU);
+      ++i;
+    });
+    ck.state["optimizer_steps"] = optimizer_->steps();
   }
   ck.state["sampler"] = sampler_->save();
   ck.state["bad_steps"] = bad_steps_;
