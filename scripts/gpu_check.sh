@@ -28,7 +28,7 @@ run() {  # name, limit_s, command...
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)|^opd: |^     MFU|^opd vs PyTorch|whole step|^HF anchor" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
+  local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)|^opd: |^     MFU|^opd vs PyTorch|whole step|^HF anchor|scaling efficiency" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
   summary+=("$(printf '%-16s rc=%-3d %7.1fs  %s' "$name" "$rc" "$((ms / 100))e-1" "${tail:0:160}")")
 }
 if [[ "$what" == tests || "$what" == all ]]; then
@@ -96,11 +96,16 @@ if [[ "$what" == w1 || "$what" == all ]]; then
   run bench_w1 400 $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
 fi
 if [[ "$what" == dist || "$what" == all ]]; then
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # the lent machines: NVLink multicast off
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   if (( gpus >= 2 )); then
     # One process per GPU; --master-port 0 picks a free port for the TCP store.
     run dist_gpu 300 $B/opd launch --nproc-per-node 2 --master-port 0 -- $B/test_dist_gpu
     run bench_dist 300 $B/opd launch --nproc-per-node 2 --master-port 0 -- $B/opd bench dist
+    # The trainer data parallel over NCCL (2 ranks == 1 rank), then W2 vs W1 (needs test_cli in
+    # the bundle: scripts/gpu_bundle.sh build/tests/test_cli ...).
+    [[ -x $B/test_cli ]] && run train_dist_gpu 240 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+    run bench_w2 560 $B/opd bench w2 --nproc 2
   else
     summary+=("dist: skipped ($gpus GPU)")
   fi

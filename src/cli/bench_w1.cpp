@@ -12,11 +12,17 @@
 // against the measured 776 TFLOP/s bf16 GEMM rate) and the peak device memory of the run.
 // The HF transformers anchor (tools/bench_w1_torch.py: TRL GKDTrainer's way) runs afterwards in
 // the same command with --with-torch.
+// Under `opd launch` (WORLD_SIZE > 1) it is a data-parallel run: rank 0 writes the models and
+// prompts, the others wait for them; `--prompts` is the global batch; rank 0 prints.
+// `opd bench w2` runs W1 on one GPU and then W1 per GPU on N GPUs (N x 64 prompts) under
+// `opd launch`, and reports the scaling efficiency W1 step / W2 step (goal >= 95%).
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -83,10 +89,15 @@ void run_bench_w1(const BenchW1Options& o) {
   OPD_CHECK(fs::exists(o.tokenizer + "/tokenizer.json"), InvalidArgument, "--tokenizer ",
             o.tokenizer, " has no tokenizer.json (run from the repository root, or pass the "
             "demo tokenizer's directory)");
+  const char* rank_env = std::getenv("RANK");
+  const int rank = rank_env ? std::atoi(rank_env) : 0;
+  OPD_CHECK(rank == 0 || !o.work_dir.empty(), InvalidArgument,
+            "opd bench w1 under opd launch needs --work-dir (a directory every rank sees)");
   const std::string work =
       o.work_dir.empty() ? cat(fs::temp_directory_path().string(), "/opd_bench_w1_", ::getpid())
                          : o.work_dir;
   fs::create_directories(work);
+  const std::string ready = work + "/ready." + (std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0");
   // A temporary work directory (~10 GB of random weights) goes away even when the run fails.
   struct Cleanup {
     std::string dir;
@@ -100,6 +111,15 @@ void run_bench_w1(const BenchW1Options& o) {
   if (o.teacher_layers > 0) tc.num_hidden_layers = o.teacher_layers;
   OPD_CHECK(sc.vocab_size == tc.vocab_size, InvalidArgument, "student and teacher presets have "
             "different vocabularies");
+  const std::string run = work + "/run";
+  if (rank != 0) {  // rank 0 prepares the inputs
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!fs::exists(ready)) {
+      OPD_CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::minutes(20), Io,
+                "bench w1: rank ", rank, " waited 20 min for rank 0's models (", ready, ")");
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  } else {
   make_model(work + "/student", sc, o.seed, o.tokenizer);
   make_model(work + "/teacher", tc, o.seed + 1, o.tokenizer);
   {  // prompts: random ids over the whole vocabulary, seeded
@@ -114,8 +134,9 @@ void run_bench_w1(const BenchW1Options& o) {
     }
     OPD_CHECK(f.good(), Io, "cannot write ", work, "/prompts.jsonl");
   }
-  const std::string run = work + "/run";
   fs::remove_all(run);
+  std::ofstream(ready) << "ready\n";
+  }
 
   TrainOptions t;
   t.student = work + "/student";
@@ -147,6 +168,8 @@ void run_bench_w1(const BenchW1Options& o) {
   t.eval_before = false;
   TrainResult r = train(t);
   OPD_CHECK(r.steps == t.max_steps, Internal, "bench w1: the run stopped at step ", r.steps);
+  if (rank != 0) return;
+  fs::remove(ready);
 
   // The trainer's metrics of the measured steps.
   std::vector<double> rollout, score, trainp, step, tokens;
@@ -174,7 +197,9 @@ void run_bench_w1(const BenchW1Options& o) {
           static_cast<double>(sc.num_hidden_layers * o.prompts);
   const double mfu = flops / ts / kMeasuredPeak;
   const double peak_gib = static_cast<double>(peak) / (1024.0 * 1024 * 1024);
+  const char* ws = std::getenv("WORLD_SIZE");
   nlohmann::json j = {{"bench", "w1"},
+                      {"world_size", ws ? std::atoi(ws) : 1},
                       {"student", o.student},
                       {"teacher", o.teacher},
                       {"prompts", o.prompts},
@@ -222,7 +247,74 @@ void run_bench_w1(const BenchW1Options& o) {
   }
 }
 
+// The last JSON object a command prints on stdout (stderr passes through).
+nlohmann::json run_json(const std::string& cmd) {
+  std::printf("+ %s\n", cmd.c_str());
+  std::fflush(stdout);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  OPD_CHECK(p != nullptr, Io, "cannot run ", cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int rc = ::pclose(p);
+  OPD_CHECK(rc == 0, Internal, "`", cmd, "` failed (status ", rc, ")");
+  const size_t at = out.rfind("\n{");
+  const std::string line = out.substr(at == std::string::npos ? 0 : at + 1);
+  const auto j = nlohmann::json::parse(line, nullptr, false);
+  OPD_CHECK(j.is_object(), Internal, "`", cmd, "` printed no JSON object: ", out);
+  return j;
+}
+
+struct BenchW2Options {
+  int nproc = 2;
+  std::string work_dir = "/tmp/opd_bench_w2";
+  bool recompute = false, json = false;
+  int warmup = 1, steps = 2;
+};
+
+void run_bench_w2(const BenchW2Options& o) {
+  namespace fs = std::filesystem;
+  OPD_CHECK(o.nproc >= 2, InvalidArgument, "--nproc must be >= 2");
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  const std::string common = cat(" bench w1 --json --work-dir ", o.work_dir, " --warmup ", o.warmup,
+                                 " --steps ", o.steps, o.recompute ? " --recompute" : "");
+  const nlohmann::json w1 = run_json(cat(exe, common, " --prompts 64"));
+  const nlohmann::json w2 = run_json(cat(exe, " launch --nproc-per-node ", o.nproc,
+                                         " --master-port 0 --no-prefix -- ", exe, common,
+                                         " --prompts ", 64 * o.nproc));
+  const double eff = w1.at("step_s").get<double>() / w2.at("step_s").get<double>();
+  nlohmann::json j = {{"bench", "w2"}, {"nproc", o.nproc}, {"w1", w1}, {"w2", w2},
+                      {"scaling_efficiency", eff}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("W2: W1 per GPU on %d GPUs (%d prompts per step) vs W1 on one GPU (64 prompts):\n",
+              o.nproc, 64 * o.nproc);
+  for (const char* k : {"rollout_s", "score_s", "train_s", "step_s"})
+    std::printf("  %-10s  1 GPU %8.3f s   %d GPUs %8.3f s\n", k, w1.at(k).get<double>(), o.nproc,
+                w2.at(k).get<double>());
+  std::printf("  peak device memory: 1 GPU %.2f GiB, %d GPUs %.2f GiB per GPU\n",
+              w1.at("peak_device_gib").get<double>(), o.nproc, w2.at("peak_device_gib").get<double>());
+  std::printf("  scaling efficiency (W1 step / W2 step) %.1f%% (goal >= 95%%)\n", 100 * eff);
+}
+
 }  // namespace
+
+void register_bench_w2(CLI::App& bench) {
+  auto o = std::make_shared<BenchW2Options>();
+  CLI::App* c = bench.add_subcommand(
+      "w2", "W2: W1 per GPU on several GPUs (data parallel, ZeRO-1, under opd launch) against W1 "
+            "on one GPU: per-phase times and scaling efficiency");
+  c->add_option("--nproc", o->nproc, "GPUs (ranks)")->capture_default_str();
+  c->add_option("--work-dir", o->work_dir, "random models, prompts and runs (kept, reused)")
+      ->capture_default_str();
+  c->add_option("--warmup", o->warmup, "steps not measured")->capture_default_str();
+  c->add_option("--steps", o->steps, "measured steps")->capture_default_str();
+  c->add_flag("--recompute", o->recompute, "per-layer activation recompute in the student");
+  c->add_flag("--json", o->json, "print one JSON object");
+  c->callback([o] { run_bench_w2(*o); });
+}
 
 void register_bench_w1(CLI::App& bench) {
   auto o = std::make_shared<BenchW1Options>();

@@ -16,6 +16,7 @@
 
 #include "common/child_process.h"
 #include "common/test_util.h"
+#include "core/tensor.h"  // device_hooks::cuda_device_count
 #include "model/init.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
@@ -164,6 +165,33 @@ TEST_F(TrainDist, AKilledRankTakesTheJobDownAndTheCheckpointSurvives) {
   auto list = list_checkpoints(path("killed") + "/checkpoints");
   ASSERT_FALSE(list.empty());
   EXPECT_NO_THROW(load_checkpoint(list.back()));
+}
+
+// The same on two GPUs (NCCL, f32 compute so the comparison is tight; then bf16 on-policy runs):
+// runs on a machine with 2+ GPUs (scripts/gpu_check.sh dist), skipped elsewhere.
+TEST_F(TrainDist, TwoGpuRanksTakeTheStepsOfOneGpu) {
+  if (device_hooks::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+  ModelConfig c = test::tiny_demo_config(64, 2);
+  c.head_dim = 64;  // the CUDA attention kernels' head sizes
+  save_model_dir(path("student"), c, init_weights(c, 1), test::source_dir() + "/demo/tokenizer");
+  ModelConfig t = test::tiny_demo_config(96, 2);
+  t.head_dim = 64;
+  save_model_dir(path("teacher"), t, init_weights(t, 2, 0.1), test::source_dir() + "/demo/tokenizer");
+  auto gpu = [&](const std::string& out, const char* dtype, const char* lmbda) {
+    auto a = train_args(out, 4);
+    a.insert(a.end(), {"--device", "cuda", "--dtype", dtype, "--lmbda", lmbda});
+    return a;
+  };
+  ASSERT_EQ(run(gpu("g1", "f32", "0"), "g1.log"), 0);
+  ASSERT_EQ(run(launch(2, gpu("g2", "f32", "0")), "g2.log"), 0);
+  expect_close("g2", "g1", 1e-5, 1e-3);
+  auto z2 = gpu("g2_bf16_z2", "bf16", "1");
+  z2.insert(z2.end(), {"--zero-stage", "2"});
+  ASSERT_EQ(run(launch(2, z2), "g2_bf16_z2.log"), 0);
+  const auto l = losses("g2_bf16_z2");
+  ASSERT_EQ(l.size(), 4u);
+  for (double v : l) EXPECT_TRUE(std::isfinite(v) && v > 0);
 }
 
 }  // namespace
