@@ -22,6 +22,8 @@ mkdir -p "$OUT"
 B=.carry/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 summary=()
+# The top-K tests that run no GEMM (the row kernels on given logits, both merge paths).
+RACE_TOPK='CudaTopKLmHead.RowKernelsOnGivenLogits*'
 run() {  # name, limit_s, command...
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s%N)
@@ -41,11 +43,14 @@ if [[ "$what" == tests || "$what" == all ]]; then
       --gtest_filter='-*PeakScratch*:*DISABLED*:*HugeRequest*:CudaPagedAttention.*:CudaTopKLmHead.*:CudaSampler.*'
   run memcheck_gen 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
-  # --kernel-name: only opd's kernels (the top-K tests also run cuBLAS GEMMs, see above).
+  # --kernel-name: only opd's kernels. The top-K row kernels are raced on given logits (no GEMM):
+  # cuBLASLt's Hopper GEMMs fault under racecheck by themselves ("Internal Sanitizer Error:
+  # failed to handle a hardware exception", also with PyTorch's F.linear alone), instrumented
+  # or not, so no test that runs a GEMM can go under racecheck (see docs/teacher.md).
   for k in paged_attention topk_ sample_kernel; do  # kns = kernel-name substring
     run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         --kernel-name "kns=$k" $B/test_cuda \
-        --gtest_filter='CudaPagedAttention.RawApiForcedSplitsAndBatches:CudaTopKLmHead.DeterministicBitIdentical:CudaSampler.ChiSquare*'
+        --gtest_filter="CudaPagedAttention.RawApiForcedSplitsAndBatches:$RACE_TOPK:CudaSampler.ChiSquare*"
   done
   # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards
   # inside cuBLAS's split-K kernels (nvjet_*_splitK), which are not ours.
@@ -73,7 +78,7 @@ if [[ "$what" == racecheck-gen ]]; then
   for k in paged_attention topk_ sample_kernel; do
     run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         --kernel-name "kns=$k" $B/test_cuda \
-        --gtest_filter='CudaPagedAttention.RawApiForcedSplitsAndBatches:CudaTopKLmHead.DeterministicBitIdentical:CudaSampler.ChiSquare*'
+        --gtest_filter="CudaPagedAttention.RawApiForcedSplitsAndBatches:$RACE_TOPK:CudaSampler.ChiSquare*"
   done
 fi
 if [[ "$what" == quick-tests ]]; then
