@@ -272,9 +272,10 @@ void run_logit_case(const LogitCase& c, uint64_t seed) {
 
   Tensor logits = Tensor::from_vector(z, {c.n, c.v}).to(Device::CUDA);
   Tensor actual_dev = Tensor::from_vector(actual, {c.n}).to(Device::CUDA);
-  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n * c.k), -7),
-                                   {c.n * c.k}).to(Device::CUDA);
-  Tensor lps = dev_poison({c.n * c.k}, DType::F32);
+  const int64_t entries = std::max<int64_t>(1, c.n * c.k);  // no zero-byte device tensors
+  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(entries), -7),
+                                   {entries}).to(Device::CUDA);
+  Tensor lps = dev_poison({entries}, DType::F32);
   Tensor act = dev_poison({c.n}, DType::F32);
   Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n), -7), {c.n})
                      .to(Device::CUDA);
