@@ -23,7 +23,8 @@ void register_bench_loss(CLI::App& bench);     // `opd bench loss` (takes the be
 void register_bench_kernels(CLI::App& app);  // `opd bench kernels`
 void register_bench_train(CLI::App& bench);  // `opd bench train` (takes the bench parent)
 void register_bench_dist(CLI::App& bench);     // `opd bench dist` (takes the bench parent)
-void register_bench_w1(CLI::App& bench);       // `opd bench w1` (takes the bench parent)
+void register_bench_w1(CLI::App& bench);
+void register_bench_score(CLI::App& bench);    // `opd bench score` (takes the bench parent)       // `opd bench w1` (takes the bench parent)
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
 void register_train(CLI::App& app);  // `opd train` and `opd sft`
