@@ -6,6 +6,7 @@
 //    "logprobs": [[K logprobs] ...], "actual_logprobs": [...]}
 // logprobs are log p_T(v | ids[0..p-1]) over the full vocabulary at temperature T. With
 // --teacher-url the responses go through the client's validation (teacher/client.h).
+// --device cuda scores in process on the GPU (CudaScorer, bf16; teacher/cuda_scorer.h).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -23,7 +24,7 @@ namespace opd::cli {
 namespace {
 
 struct ScoreOptions {
-  std::string model, teacher_url, input, output, api = "auto";
+  std::string model, teacher_url, input, output, api = "auto", device = "cpu";
   int64_t top_k = 0;
   double temperature = 1.0;
   int64_t batch = 64;
@@ -59,8 +60,10 @@ void run_score(const ScoreOptions& o) {
             "opd score: give exactly one of --model DIR and --teacher-url URL");
   std::unique_ptr<Scorer> scorer;
   if (!o.model.empty()) {
-    scorer = std::make_unique<CpuScorer>(o.model);
+    scorer = make_local_scorer(o.model, o.device == "cuda" ? Device::CUDA : Device::CPU);
   } else {
+    OPD_CHECK(o.device == "cpu", InvalidArgument,
+              "opd score: --device applies to --model (a --teacher-url server picks its own)");
     ClientOptions co;
     co.url = o.teacher_url;
     co.api = parse_teacher_api(o.api);
@@ -122,8 +125,12 @@ void register_score(CLI::App& app) {
   auto o = std::make_shared<ScoreOptions>();
   CLI::App* cmd = app.add_subcommand(
       "score", "Teacher top-K log-probabilities of token sequences (JSONL in, JSONL out)");
-  cmd->add_option("--model", o->model, "teacher model directory (in-process CPU scorer)")
+  cmd->add_option("--model", o->model, "teacher model directory (in-process scorer)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--device", o->device,
+                  "where --model scores: cpu (f32 reference) | cuda (bf16 on the GPU)")
+      ->default_val("cpu")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--teacher-url", o->teacher_url, "a teacher server: http://host:port");
   cmd->add_option("--teacher-api", o->api, "auto | opd | vllm")->default_val("auto");
   cmd->add_option("--input", o->input, "JSONL: {\"ids\": [...], \"completion_start\": n}")

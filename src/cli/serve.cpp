@@ -1,6 +1,7 @@
 // `opd serve --model DIR --port P [--host H] [--max-batch-tokens N]`: the teacher service
-// (teacher/server.h; protocol in docs/teacher_protocol.md) on the in-process CPU scorer. Logs
-// where it listens; SIGTERM / SIGINT stop it cleanly (requests in flight finish), exit 0.
+// (teacher/server.h; protocol in docs/teacher_protocol.md) on the in-process scorer: CpuScorer,
+// or with --device cuda the CudaScorer (bf16; generation through /v1/completions is CPU-only).
+// Logs where it listens; SIGTERM / SIGINT stop it cleanly (requests in flight finish), exit 0.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -8,10 +9,12 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "teacher/cuda_scorer.h"
 #include "teacher/scorer.h"
 #include "teacher/server.h"
 
@@ -20,6 +23,7 @@ namespace {
 
 struct ServeOptions {
   std::string model;
+  std::string device = "cpu";
   std::string host = "127.0.0.1";
   int port = 8000;
   int64_t max_batch_tokens = 16384;
@@ -70,9 +74,17 @@ class StopSignals {
 };
 
 void run_serve(const ServeOptions& o) {
-  CpuScorer::Options so;
-  so.max_batch_tokens = o.max_batch_tokens;
-  CpuScorer scorer(o.model, so);
+  std::unique_ptr<Scorer> owned;
+  if (o.device == "cuda") {
+    CudaScorer::Options so;
+    so.max_batch_tokens = o.max_batch_tokens;
+    owned = std::make_unique<CudaScorer>(o.model, so);
+  } else {
+    CpuScorer::Options so;
+    so.max_batch_tokens = o.max_batch_tokens;
+    owned = std::make_unique<CpuScorer>(o.model, so);
+  }
+  Scorer& scorer = *owned;
   ServerOptions opts;
   opts.host = o.host;
   opts.port = o.port;
@@ -109,6 +121,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--model", o->model, "Hugging Face model directory")
       ->required()
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--device", o->device,
+                  "scorer: cpu (f32 reference) | cuda (bf16 on the GPU; no generation)")
+      ->default_val("cpu")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--host", o->host, "address to bind")->default_val("127.0.0.1");
   cmd->add_option("--port", o->port, "port (0 = any free port, printed on stdout)")
       ->default_val(8000)

@@ -1,18 +1,17 @@
-// CPU teacher scorer (scorer.h): request checks, dedupe of prefix-contained sequences, packed
-// forwards to the final hidden states, then the tiled lm_head top-K pass (topk_lm_head.h).
+// CPU teacher scorer (scorer.h): request checks and the forward plan shared with the CUDA scorer
+// (teacher/score_plan.h: dedupe of prefix-contained sequences, packed batches), forwards to the
+// final hidden states, then the tiled lm_head top-K pass (topk_lm_head.h); make_local_scorer.
 #include "teacher/scorer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <mutex>
-#include <unordered_map>
 
 #include "core/error.h"
 #include "model/transformer.h"
+#include "teacher/cuda_scorer.h"
+#include "teacher/score_plan.h"
 #include "teacher/topk_lm_head.h"
-#include "tokenizer/fingerprint.h"
 
 namespace opd {
 
@@ -138,83 +137,20 @@ struct CpuScorer::Impl {
     OPD_CHECK(opts.max_batch_tokens > 0 && opts.vocab_tile > 0 && opts.row_chunk > 0,
               InvalidArgument, "scorer options: max_batch_tokens ", opts.max_batch_tokens,
               ", vocab_tile ", opts.vocab_tile, ", row_chunk ", opts.row_chunk, " must be > 0");
-    const ModelConfig& c = model.config();
-    TokenizerFingerprint fp = tokenizer_fingerprint(dir, c.vocab_size);
-    info.model_name = std::filesystem::path(dir).lexically_normal().filename().string();
-    if (info.model_name.empty())
-      info.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-    info.vocab_size = c.vocab_size;
-    info.fingerprint = fp.sha256;
-    info.has_tokenizer = fp.has_tokenizer;
-    info.eos_token_ids = c.eos_token_ids;
-    info.max_model_len = c.max_position_embeddings;
+    info = describe_teacher(dir, model.config());
   }
 
-  // Final hidden states of rows `need[s] = [first, last)` of the token prefixes `fwd[s]`,
-  // gathered in sequence order into [sum of rows, H].
-  Tensor hidden_rows(const std::vector<std::vector<int32_t>>& fwd,
-                     const std::vector<std::pair<int64_t, int64_t>>& need) const {
-    const size_t n = fwd.size();
+  // Final hidden states of the plan's takes, sequence s at rows [out_row[s], out_row[s+1])
+  // (the forward plan, dedupe and packing: teacher/score_plan.h).
+  Tensor hidden_rows(const ScorePlan& plan, const std::vector<int64_t>& out_row) const {
     const int64_t H = model.config().hidden_size, V = model.config().vocab_size;
-    std::vector<int64_t> out_row(n + 1, 0);
-    for (size_t s = 0; s < n; ++s) out_row[s + 1] = out_row[s] + (need[s].second - need[s].first);
-    Tensor hidden = Tensor::empty({out_row[n], H}, DType::F32);
-
-    // Dedupe: a sequence whose forward tokens are a prefix of (or equal to) a carrier's takes
-    // its rows from the carrier. Longest first so carriers are seen before their prefixes.
-    std::vector<size_t> order;
-    for (size_t s = 0; s < n; ++s)
-      if (need[s].second > need[s].first) order.push_back(s);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return fwd[a].size() > fwd[b].size(); });
-    std::vector<size_t> carriers;
-    std::vector<std::vector<size_t>> members;  // per carrier
-    std::unordered_map<int32_t, std::vector<size_t>> by_first;  // first token -> carrier slots
-    for (size_t s : order) {
-      const auto& t = fwd[s];
-      bool found = false;
-      for (size_t slot : by_first[t[0]]) {
-        const auto& c = fwd[carriers[slot]];
-        if (c.size() >= t.size() && std::memcmp(c.data(), t.data(), t.size() * 4) == 0) {
-          members[slot].push_back(s);
-          found = true;
-          break;
-        }
+    Tensor hidden = Tensor::empty({out_row.back(), H}, DType::F32);
+    for (const ScorePlan::ForwardBatch& b : plan.batches) {
+      Tensor h = trunk.forward(make_batch(b.sequences, V));  // [tokens, H]
+      for (const ScorePlan::Take& t : b.takes) {
+        std::memcpy(hidden.data<float>() + out_row[t.seq] * H, h.data<float>() + t.src_row * H,
+                    static_cast<size_t>(t.rows * H) * sizeof(float));
       }
-      if (!found) {
-        by_first[t[0]].push_back(carriers.size());
-        carriers.push_back(s);
-        members.push_back({s});
-      }
-    }
-
-    // Pack carriers into forward batches of at most max_batch_tokens tokens (a longer
-    // sequence runs alone).
-    size_t i = 0;
-    while (i < carriers.size()) {
-      size_t j = i;
-      int64_t tokens = 0;
-      std::vector<std::vector<int32_t>> batch_seqs;
-      while (j < carriers.size()) {
-        const int64_t len = static_cast<int64_t>(fwd[carriers[j]].size());
-        if (j > i && tokens + len > opts.max_batch_tokens) break;
-        tokens += len;
-        batch_seqs.push_back(fwd[carriers[j]]);
-        ++j;
-      }
-      Batch batch = make_batch(batch_seqs, V);
-      Tensor h = trunk.forward(batch);  // [tokens, H]
-      const int32_t* cu = batch.cu_seqlens.data<int32_t>();
-      for (size_t c = i; c < j; ++c) {
-        const int64_t base = cu[c - i];
-        for (size_t s : members[c]) {
-          const int64_t rows = need[s].second - need[s].first;
-          std::memcpy(hidden.data<float>() + out_row[s] * H,
-                      h.data<float>() + (base + need[s].first) * H,
-                      static_cast<size_t>(rows * H) * sizeof(float));
-        }
-      }
-      i = j;
     }
     return hidden;
   }
@@ -253,31 +189,12 @@ int64_t CpuScorer::lm_head_scratch_bytes(int64_t rows, int64_t k) const {
 
 ScoreResponse CpuScorer::score(const ScoreRequest& req) {
   const TeacherInfo& info = impl_->info;
-  check_score_request(req, info.vocab_size, impl_->opts.limits);
-  OPD_CHECK(req.model_fingerprint.empty() || req.model_fingerprint == info.fingerprint,
-            InvalidArgument, "score request: expects teacher fingerprint '", req.model_fingerprint,
-            "' but this teacher (", info.model_name, ") is '", info.fingerprint, "'");
-  const size_t n = req.sequences.size();
-  std::vector<std::vector<int32_t>> fwd(n);
-  std::vector<std::pair<int64_t, int64_t>> need(n);
+  check_request_for(req, info, impl_->opts.limits);
+  ScoreResponse out = response_skeleton(req, info.vocab_size);
+  const ScorePlan plan = plan_score_request(req, impl_->opts.max_batch_tokens);
   std::vector<int32_t> actual;
-  ScoreResponse out;
-  out.k = req.k;
-  out.temperature = req.temperature;
-  out.vocab_size = info.vocab_size;
-  out.row_offsets.push_back(0);
-  for (size_t s = 0; s < n; ++s) {
-    const ScoreSequence& q = req.sequences[s];
-    out.seq_begin.push_back(q.begin);
-    out.row_offsets.push_back(out.row_offsets.back() + (q.end - q.begin));
-    if (q.end > q.begin) {
-      // Position p is predicted from row p-1: the forward needs ids[0 .. end-2].
-      fwd[s].assign(q.ids.begin(), q.ids.begin() + (q.end - 1));
-      need[s] = {q.begin - 1, q.end - 1};
-      for (int64_t p = q.begin; p < q.end; ++p) actual.push_back(q.ids[static_cast<size_t>(p)]);
-    }
-  }
-  TopKLmHeadArgs a = impl_->lm_args(impl_->hidden_rows(fwd, need), req.k, req.temperature);
+  for (const auto& a : plan.actual) actual.insert(actual.end(), a.begin(), a.end());
+  TopKLmHeadArgs a = impl_->lm_args(impl_->hidden_rows(plan, out.row_offsets), req.k, req.temperature);
   a.actual = std::move(actual);
   a.want_ranks = req.with_ranks;
   TopKLmHeadResult r = topk_lm_head(a);
@@ -312,7 +229,10 @@ std::vector<NextToken> CpuScorer::next_tokens(const NextTokenRequest& req) {
                 info.vocab_size, ")");
     need[s] = {static_cast<int64_t>(p.size()) - 1, static_cast<int64_t>(p.size())};
   }
-  TopKLmHeadArgs a = impl_->lm_args(impl_->hidden_rows(req.prompts, need), req.k, 1.0);
+  std::vector<int64_t> out_row(n + 1);
+  for (size_t s = 0; s <= n; ++s) out_row[s] = static_cast<int64_t>(s);
+  const ScorePlan plan = plan_forwards(req.prompts, need, impl_->opts.max_batch_tokens);
+  TopKLmHeadArgs a = impl_->lm_args(impl_->hidden_rows(plan, out_row), req.k, 1.0);
   a.sample = true;
   a.sample_temperature = req.sample_temperature;
   a.seed = req.seed;
@@ -331,9 +251,9 @@ std::vector<NextToken> CpuScorer::next_tokens(const NextTokenRequest& req) {
 }
 
 std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device) {
-  OPD_CHECK(device == Device::CPU, Unsupported, "an in-process teacher on CUDA",
-            " is not available yet (", model_dir, "); use the CPU or --teacher-url");
-  return std::make_unique<CpuScorer>(model_dir);
+  if (device == Device::CPU) return std::make_unique<CpuScorer>(model_dir);
+  // CudaScorer throws Unsupported in builds without CUDA.
+  return std::make_unique<CudaScorer>(model_dir);
 }
 
 }  // namespace opd

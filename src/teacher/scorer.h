@@ -5,10 +5,11 @@
 // Position p is predicted from the hidden state of position p-1, as vLLM's prompt_logprobs
 // (position 0 has no distribution). K = 0 returns only the actual token's logprob.
 //
-// Scorer is the one interface training sees: CpuScorer (in-process, here), TeacherClient
-// (teacher/client.h: an `opd serve` or a vLLM server) and, later, the CUDA scorer all return
-// the same ScoreResponse; the caller turns it into a TeacherPayload (to_teacher_payload) and
-// must run it through validate_teacher_payload (loss/teacher_payload.h) before use.
+// Scorer is the one interface training sees: CpuScorer (in-process, here), CudaScorer
+// (in-process on the GPU, teacher/cuda_scorer.h) and TeacherClient (teacher/client.h: an
+// `opd serve` or a vLLM server) all return the same ScoreResponse; the caller turns it into a
+// TeacherPayload (to_teacher_payload) and must run it through validate_teacher_payload
+// (loss/teacher_payload.h) before use.
 //
 // Ordering of the K entries: logprob descending, ties by smaller id (every backend, the wire
 // and the tests use this order, so scores are comparable entry by entry).
@@ -153,8 +154,8 @@ class CpuScorer : public Scorer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The in-process scorer of a model directory on `device`: CpuScorer on the CPU; on CUDA the CUDA
-// scorer (until it exists: Unsupported, naming the device).
+// The in-process scorer of a model directory on `device`: CpuScorer on the CPU, CudaScorer
+// (teacher/cuda_scorer.h, bf16) on CUDA; Unsupported for CUDA in builds without CUDA.
 std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device);
 
 }  // namespace opd

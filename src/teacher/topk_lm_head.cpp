@@ -91,8 +91,8 @@ TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& l
   if (N == 0) return out;
   const size_t ws_bytes = cuda::topk_lm_head_cuda_workspace_bytes(N, V, k, vocab_tile, row_chunk);
   cuda::DeviceBuffer workspace(ws_bytes, stream);
-  cuda::DeviceBuffer flags(2 * sizeof(unsigned), stream);
-  OPD_CUDA_CHECK(cudaMemsetAsync(flags.get(), 0xff, 2 * sizeof(unsigned), stream));
+  cuda::DeviceBuffer flags(3 * sizeof(unsigned), stream);
+  OPD_CUDA_CHECK(cudaMemsetAsync(flags.get(), 0xff, 3 * sizeof(unsigned), stream));
   cuda::TopKLmHeadCudaArgs a;
   a.hidden = hidden.raw();
   a.lm_head = lm_head.raw();
@@ -112,7 +112,7 @@ TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& l
   a.actual_ranks = want_ranks ? out.actual_ranks.data<int32_t>() : nullptr;
   a.error_flag = flags.as<unsigned>();
   cuda::topk_lm_head_cuda(a, workspace.get(), stream);
-  unsigned host_flags[2];
+  unsigned host_flags[3];
   OPD_CUDA_CHECK(cudaMemcpyAsync(host_flags, flags.get(), sizeof(host_flags),
                                  cudaMemcpyDeviceToHost, stream));
   OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -125,6 +125,8 @@ TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& l
   }
   OPD_CHECK(host_flags[1] == 0xffffffffu, Internal, "topk_lm_head on CUDA: row ", host_flags[1],
             ": actual id changed after validation");
+  OPD_CHECK(host_flags[2] == 0xffffffffu, Internal, "topk_lm_head on CUDA: row ", host_flags[2],
+            ": a top-K merge slot was out of bounds (kernel invariant broken; results discarded)");
   return out;
 #endif
 }

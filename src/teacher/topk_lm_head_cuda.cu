@@ -3,6 +3,13 @@
 // cuBLASLt GEMM of each [row_chunk, vocab_tile] logit tile in f32, then one CTA per row merges
 // the tile into the row's state (online LSE, running top-K by unique 64-bit keys with a radix
 // select when it overflows), an optional rank pass, and a final per-row sort.
+//
+// Index safety inside the kernels: every slot handed out by a shared-memory counter (atomicAdd
+// on s_n) and every count read back from the row state is bounded by the capacity of the array
+// it addresses before it is used; a slot outside it is dropped and reported through
+// error_flag[2] (a broken invariant: the host turns it into an Internal error), never written.
+// Under the intended schedule the bounds never trigger (the counts are exact), so they cost one
+// compare per kept key.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,7 +28,7 @@ namespace {
 
 using u64 = unsigned long long;
 constexpr int kThreads = 256;
-constexpr int kCandCap = 2048;  // candidates of one tile merged in shared memory
+constexpr int kCandCap = kTopKLmHeadCandCap;  // candidates of one tile merged in shared memory
 
 struct RowState {
   u64 thr;        // smallest kept key once `count == k` (candidates must beat it), else 0
@@ -94,13 +101,21 @@ __global__ void init_state_kernel(RowState* states, int64_t rows) {
   }
 }
 
-// One CTA per row of the tile z [rows, vn] (ids v0 .. v0 + vn - 1).
-// Dynamic shared memory: keep-copy/candidates, (kCandCap + k) keys.
+// Reports row `row` in error_flag[2] (first row whose merge saw an out-of-bounds slot).
+__device__ __forceinline__ void report_slot_overflow(unsigned* error_flag, int64_t row) {
+  if (error_flag) atomicMin(&error_flag[2], static_cast<unsigned>(row));
+}
+
+// One CTA per row of the tile z [rows, vn] (row stride ldz; ids v0 .. v0 + vn - 1).
+// Dynamic shared memory: (cand_cap + k) keys: [0, cand_cap) tile candidates, [cand_cap, +k) the
+// old kept set during a merge. cand_cap <= kCandCap (smaller only to force the global-memory
+// merge path in tests).
 __global__ void __launch_bounds__(kThreads)
-    topk_tile_kernel(const float* __restrict__ z, int vn, int v0, float inv_t,
+    topk_tile_kernel(const float* __restrict__ z, int64_t ldz, int vn, int v0, float inv_t,
                      RowState* __restrict__ states, u64* __restrict__ kept_all,
-                     const int32_t* __restrict__ actual, int k) {
-  extern __shared__ u64 cand[];  // [0, kCandCap): tile candidates; [kCandCap, +k): old kept
+                     const int32_t* __restrict__ actual, int k, int cand_cap,
+                     unsigned* __restrict__ error_flag, int64_t row0) {
+  extern __shared__ u64 cand[];
   __shared__ int hist[256];
   __shared__ float red_f[kThreads / 32];
   __shared__ int red_i[kThreads / 32];
@@ -111,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t row = blockIdx.x;
-  const float* zr = z + row * vn;
+  const float* zr = z + row * ldz;
   RowState st = states[row];
   const u64 thr = st.thr;
 
@@ -150,8 +165,14 @@ __global__ void __launch_bounds__(kThreads)
 
   if (C > 0) {
     u64* kept = kept_all + row * k;
-    const int count = st.count;
+    // The kept count comes from memory: bounded before it addresses kept[] or old[].
+    int count = st.count;
+    if (count < 0 || count > k) {
+      if (tid == 0) report_slot_overflow(error_flag, row0 + row);
+      count = max(0, min(count, k));
+    }
     u64 local_min = ~0ull;
+    bool overflow = false;
     if (count + C <= k) {
       // Everything fits: append the candidates.
       if (tid == 0) s_n = 0;
@@ -161,8 +182,13 @@ __global__ void __launch_bounds__(kThreads)
         if (!isfinite(x)) continue;
         const u64 key = make_key(x, v0 + j);
         if (key > thr) {
-          kept[count + atomicAdd(&s_n, 1)] = key;
-          local_min = key < local_min ? key : local_min;
+          const int slot = atomicAdd(&s_n, 1);
+          if (slot < C) {  // C slots reserved above: count + slot < k
+            kept[count + slot] = key;
+            local_min = key < local_min ? key : local_min;
+          } else {
+            overflow = true;
+          }
         }
       }
       if (count + C == k) {
@@ -173,9 +199,10 @@ __global__ void __launch_bounds__(kThreads)
       st.thr = st.count == k ? mn : 0;
     } else {
       // Merge: the k best of (old kept U candidates) by an 8-bit radix select on the keys.
-      u64* old = cand + kCandCap;
+      u64* old = cand + cand_cap;
       for (int i = tid; i < count; i += kThreads) old[i] = kept[i];
-      const bool in_smem = C <= kCandCap;
+      const bool in_smem = C <= cand_cap;
+      int n_cand = 0;  // candidates stored in cand[] (<= cand_cap)
       if (in_smem) {
         if (tid == 0) s_n = 0;
         __syncthreads();
@@ -183,14 +210,23 @@ __global__ void __launch_bounds__(kThreads)
           const float x = zr[j];
           if (!isfinite(x)) continue;
           const u64 key = make_key(x, v0 + j);
-          if (key > thr) cand[atomicAdd(&s_n, 1)] = key;
+          if (key > thr) {
+            const int slot = atomicAdd(&s_n, 1);
+            if (slot < C) {
+              cand[slot] = key;
+            } else {
+              overflow = true;
+            }
+          }
         }
+        __syncthreads();
+        n_cand = min(s_n, C);  // s_n is final after the barrier; == C unless an invariant broke
       }
       __syncthreads();
       // visit(f): f(key) over the union, each key once, strided over the block.
       auto visit = [&](auto&& f) {
         if (in_smem) {
-          for (int i = tid; i < C; i += kThreads) f(cand[i]);
+          for (int i = tid; i < n_cand; i += kThreads) f(cand[i]);
         } else {
           for (int j = tid; j < vn; j += kThreads) {
             const float x = zr[j];
@@ -210,8 +246,10 @@ __global__ void __launch_bounds__(kThreads)
           if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
         });
         __syncthreads();
+        // s_* are written only here, between two barriers: every thread read the previous
+        // values before the barrier above, and reads the new ones after the barrier below.
         if (tid == 0) {
-          int cum = 0;
+          int cum = 0, found = 0;
           for (int d = 255; d >= 0; --d) {
             const int h = hist[d];
             if (cum + h >= need) {
@@ -219,9 +257,16 @@ __global__ void __launch_bounds__(kThreads)
               s_mask = mask | (0xffull << shift);
               s_need = need - cum;
               s_done = h == need - cum;  // the whole bucket is in: no finer digit needed
+              found = 1;
               break;
             }
             cum += h;
+          }
+          if (!found) {  // fewer keys than `need` (a broken invariant): keep every key, stop
+            s_prefix = 0;
+            s_mask = 0;
+            s_need = need;
+            s_done = 1;
           }
         }
         __syncthreads();
@@ -236,28 +281,36 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       visit([&](u64 key) {
         if (key >= prefix) {
-          kept[atomicAdd(&s_n, 1)] = key;
-          local_min = key < local_min ? key : local_min;
+          const int slot = atomicAdd(&s_n, 1);
+          if (slot < k) {
+            kept[slot] = key;
+            local_min = key < local_min ? key : local_min;
+          } else {
+            overflow = true;
+          }
         }
       });
+      __syncthreads();
+      const int written = min(s_n, k);  // == k unless an invariant broke
       const u64 mn = block_reduce(local_min, MinU(), red_u);
-      st.count = k;
-      st.thr = mn;
+      st.count = written;
+      st.thr = written == k ? mn : 0;
     }
+    if (overflow) report_slot_overflow(error_flag, row0 + row);
   }
   if (tid == 0) states[row] = st;
 }
 
 // rank pass: state.rank += #{j : z_j > z_actual} over this tile.
 __global__ void __launch_bounds__(kThreads)
-    topk_rank_kernel(const float* __restrict__ z, int vn, int64_t vocab,
+    topk_rank_kernel(const float* __restrict__ z, int64_t ldz, int vn, int64_t vocab,
                      RowState* __restrict__ states, const int32_t* __restrict__ actual) {
   __shared__ int red_i[kThreads / 32];
   const int64_t row = blockIdx.x;
   const int32_t y = actual[row];
   if (y < 0 || y >= vocab) return;  // uniform over the CTA
   const float zy = states[row].z_actual;
-  const float* zr = z + row * vn;
+  const float* zr = z + row * ldz;
   int c = 0;
   for (int j = static_cast<int>(threadIdx.x); j < vn; j += kThreads) c += zr[j] > zy;
   const int C = block_reduce(c, SumI(), red_i);
@@ -278,7 +331,10 @@ __global__ void __launch_bounds__(kThreads)
   const double lse = static_cast<double>(st.m) + log(static_cast<double>(st.s));
   if (k > 0) {
     const u64* kept = kept_all + row * k;
-    for (int i = tid; i < n2; i += kThreads) keys[i] = i < st.count ? kept[i] : 0ull;
+    // The kept count addresses kept[]: bounded (the tile kernel keeps it in [0, k]).
+    const int count = max(0, min(st.count, k));
+    if (tid == 0 && count != st.count && error_flag) atomicMin(&error_flag[2], static_cast<unsigned>(row));
+    for (int i = tid; i < n2; i += kThreads) keys[i] = i < count ? kept[i] : 0ull;
     __syncthreads();
     for (int size = 2; size <= n2; size <<= 1) {
       for (int stride = size >> 1; stride > 0; stride >>= 1) {
@@ -356,16 +412,21 @@ size_t topk_lm_head_cuda_workspace_bytes(int64_t rows, int64_t vocab, int64_t k,
 }
 
 void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_t stream) {
-  OPD_CHECK(a.dtype == DType::BF16 || a.dtype == DType::F32, Unsupported,
+  const bool from_logits = a.logits != nullptr;
+  OPD_CHECK(from_logits || a.dtype == DType::BF16 || a.dtype == DType::F32, Unsupported,
             "topk_lm_head on CUDA: dtype ", dtype_name(a.dtype), " (bf16 or f32)");
   OPD_CHECK(a.k >= 0 && a.k <= a.vocab && a.k <= kTopKLmHeadMaxK, InvalidArgument,
             "topk_lm_head on CUDA: k = ", a.k, " is outside [0, min(V = ", a.vocab, ", ",
             kTopKLmHeadMaxK, ")]");
   OPD_CHECK(std::isfinite(a.temperature) && a.temperature > 0, InvalidArgument,
             "topk_lm_head: temperature ", a.temperature, " must be finite and > 0");
-  OPD_CHECK(a.vocab_tile > 0 && a.row_chunk > 0 && a.vocab >= 1 && a.hidden_dim >= 1,
+  OPD_CHECK(a.vocab_tile > 0 && a.row_chunk > 0 && a.vocab >= 1 &&
+                (from_logits || a.hidden_dim >= 1),
             InvalidArgument, "topk_lm_head on CUDA: vocab_tile ", a.vocab_tile, ", row_chunk ",
             a.row_chunk, ", vocab ", a.vocab, ", hidden ", a.hidden_dim, " must be > 0");
+  OPD_CHECK(a.candidate_capacity >= 1 && a.candidate_capacity <= kCandCap, InvalidArgument,
+            "topk_lm_head on CUDA: candidate_capacity ", a.candidate_capacity, " is outside [1, ",
+            kCandCap, "]");
   OPD_CHECK(a.vocab < INT_MAX && a.rows < INT_MAX, Unsupported,
             "topk_lm_head on CUDA: rows ", a.rows, " / vocab ", a.vocab, " exceed int32");
   if (a.rows == 0) return;
@@ -373,12 +434,13 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
   const int64_t R = a.rows, V = a.vocab, H = a.hidden_dim, K = a.k;
   const int64_t tile = std::min(a.vocab_tile, V), chunk = std::min(a.row_chunk, R);
   const Layout l = layout(workspace, R, V, K, tile, chunk);
-  const size_t esz = dtype_size(a.dtype);
+  const size_t esz = from_logits ? 4 : dtype_size(a.dtype);
   const float inv_t = static_cast<float>(1.0 / a.temperature);
 
   init_state_kernel<<<grid_for(R, kThreads), kThreads, 0, stream>>>(l.states, R);
   check_launch("init_state_kernel");
-  const size_t tile_smem = static_cast<size_t>(kCandCap + K) * sizeof(u64);
+  const int cand_cap = a.candidate_capacity;
+  const size_t tile_smem = static_cast<size_t>(cand_cap + K) * sizeof(u64);
   // Opt in above 32 KiB: dynamic + the kernel's ~1.4 KiB of static shared memory must fit the
   // 48 KiB default otherwise.
   if (tile_smem > 32 * 1024) {
@@ -387,6 +449,7 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
   }
   const char* hidden = static_cast<const char*>(a.hidden);
   const char* lm_head = static_cast<const char*>(a.lm_head);
+  // row_kernel(z, ldz, v0, vn, r0, rn): z points at logit (r0, v0), rows ldz floats apart.
   auto for_tiles = [&](auto&& row_kernel) {
     // Vocabulary tiles outside, row chunks inside: the lm_head (V x H, the big operand) is read
     // once; the hidden rows (R x H) once per tile.
@@ -394,22 +457,29 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
       const int64_t vn = std::min(tile, V - v0);
       for (int64_t r0 = 0; r0 < R; r0 += chunk) {
         const int64_t rn = std::min(chunk, R - r0);
-        linear_forward(hidden + r0 * H * esz, lm_head + v0 * H * esz, nullptr, rn, H, vn, a.dtype,
-                       DType::F32, l.tile, stream);
-        row_kernel(v0, vn, r0, rn);
+        if (from_logits) {
+          row_kernel(a.logits + r0 * V + v0, V, v0, vn, r0, rn);
+        } else {
+          linear_forward(hidden + r0 * H * esz, lm_head + v0 * H * esz, nullptr, rn, H, vn,
+                         a.dtype, DType::F32, l.tile, stream);
+          row_kernel(l.tile, vn, v0, vn, r0, rn);
+        }
       }
     }
   };
-  for_tiles([&](int64_t v0, int64_t vn, int64_t r0, int64_t rn) {
+  for_tiles([&](const float* z, int64_t ldz, int64_t v0, int64_t vn, int64_t r0, int64_t rn) {
     topk_tile_kernel<<<static_cast<unsigned>(rn), kThreads, tile_smem, stream>>>(
-        l.tile, static_cast<int>(vn), static_cast<int>(v0), inv_t, l.states + r0, l.kept + r0 * K,
-        a.actual ? a.actual + r0 : nullptr, static_cast<int>(K));
+        z, ldz, static_cast<int>(vn), static_cast<int>(v0), inv_t, l.states + r0,
+        l.kept + r0 * K, a.actual ? a.actual + r0 : nullptr, static_cast<int>(K), cand_cap,
+        a.error_flag, r0);
+    // cudaGetLastError also returns an earlier kernel's asynchronous fault (e.g. the GEMM's):
+    // check_launch names this kernel but says so.
     check_launch("topk_tile_kernel");
   });
   if (a.want_ranks && a.actual) {
-    for_tiles([&](int64_t v0, int64_t vn, int64_t r0, int64_t rn) {
+    for_tiles([&](const float* z, int64_t ldz, int64_t v0, int64_t vn, int64_t r0, int64_t rn) {
       topk_rank_kernel<<<static_cast<unsigned>(rn), kThreads, 0, stream>>>(
-          l.tile, static_cast<int>(vn), V, l.states + r0, a.actual + r0);
+          z, ldz, static_cast<int>(vn), V, l.states + r0, a.actual + r0);
       check_launch("topk_rank_kernel");
     });
   }

@@ -22,7 +22,9 @@
 //
 // Index safety: actual ids outside {-1} U [0, V) are reported through error_flag[1] (first bad
 // row) and treated as none; non-finite logits through error_flag[0] (first row) with the first
-// such id in the row state. The Tensor-level wrapper (topk_lm_head_gpu) checks ids on the
+// such id in the row state. Every slot or count the kernels take from shared memory or from the
+// row state is bounded by the array it addresses before use; one outside it (a broken kernel
+// invariant, never seen) is dropped and reported through error_flag[2] (first row). The Tensor-level wrapper (topk_lm_head_gpu) checks ids on the
 // device before it runs and turns the flags into the CPU reference's errors.
 // C++17-clean (included by the .cu file).
 #pragma once
@@ -37,6 +39,8 @@ typedef struct CUstream_st* cudaStream_t;
 namespace opd::cuda {
 
 constexpr int64_t kTopKLmHeadMaxK = 8192;
+// Candidates of one tile that the merge keeps in shared memory (more: re-read from the tile).
+constexpr int kTopKLmHeadCandCap = 2048;
 
 struct TopKLmHeadCudaArgs {
   const void* hidden = nullptr;   // [rows, hidden_dim], device, `dtype`
@@ -55,9 +59,19 @@ struct TopKLmHeadCudaArgs {
   float* logprobs = nullptr;
   float* actual_logprobs = nullptr;
   int32_t* actual_ranks = nullptr;
-  // Optional device uint32[2], set to 0xffffffff by the caller: [0] first row with a
-  // non-finite logit, [1] first row with an actual id outside {-1} U [0, V).
+  // Optional device uint32[3], set to 0xffffffff by the caller: [0] first row with a
+  // non-finite logit, [1] first row with an actual id outside {-1} U [0, V), [2] first row where
+  // a kernel invariant failed (a merge slot or kept count out of bounds; results unusable).
   unsigned* error_flag = nullptr;
+
+  // Test seams (tests/cuda/test_cuda_topk_lm_head.cpp; the row kernels under racecheck without
+  // cuBLAS, whose Hopper kernels fault under compute-sanitizer racecheck on their own):
+  // f32 logits [rows, vocab] on the device; when set, hidden / lm_head / dtype / hidden_dim are
+  // ignored and the row kernels read each tile in place (no GEMM).
+  const float* logits = nullptr;
+  // Tile candidates merged in shared memory, in [1, kTopKLmHeadCandCap]; smaller values send
+  // small tiles down the global-memory merge path.
+  int candidate_capacity = kTopKLmHeadCandCap;
 };
 
 size_t topk_lm_head_cuda_workspace_bytes(int64_t rows, int64_t vocab, int64_t k,

@@ -3,7 +3,9 @@
 // K in {0, 1, 5, 64, 300, 1000, 4096, V}, vocabularies not a multiple of the tile, tiles of 7 ..
 // 20000 ids, row chunks of 1 .. 512, temperatures 0.7 .. 2, actual ids with -1 (none), ranks on
 // and off, f32 and bf16; the device memory bound (never [N x V]); determinism; bad actual ids and
-// non-finite logits rejected with the CPU's messages. GPU only: skips cleanly without a device.
+// non-finite logits rejected with the CPU's messages; and the row kernels alone on given logits
+// (no GEMM) against an exact dense reference, on both merge paths (the racecheck target).
+// GPU only: skips cleanly without a device.
 //
 // Ids: both sides compute the same f32 logits up to the GEMM's summation order (OpenBLAS vs
 // cuBLASLt, both f32 accumulation of exact bf16/f32 products): |dz| ~ 1e-6 here. Two ids whose
@@ -20,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda/allocator.h"
+#include "core/cuda/allocator.h"  // DeviceBuffer, current_stream
 #include "core/philox.h"
 #include "cuda/cuda_test_util.h"
 #include "teacher/topk_lm_head.h"
@@ -202,6 +204,159 @@ TEST(CudaTopKLmHead, DeterministicBitIdentical) {
   EXPECT_TRUE(same_bits(a.logprobs.to(Device::CPU), b.logprobs.to(Device::CPU)));
   EXPECT_TRUE(same_bits(a.actual_logprobs.to(Device::CPU), b.actual_logprobs.to(Device::CPU)));
   EXPECT_TRUE(same_bits(a.actual_ranks.to(Device::CPU), b.actual_ranks.to(Device::CPU)));
+}
+
+// ---- The row kernels alone, on given logits (TopKLmHeadCudaArgs::logits: no GEMM).
+// The reference is dense and exact on the same f32 logits: ids in (z desc, id asc) order must be
+// identical (no GEMM summation order in between, so no near-tie allowance), logprobs within the
+// f32 LSE error, ranks exact. Even rows hold logits on a 1/8 grid (hundreds of exact ties, so
+// the id tie-break decides), odd rows continuous values. Small candidate capacities push small
+// tiles through the global-memory merge path (C > capacity) as well as the shared-memory one.
+// This is the variant gpu_check.sh runs under compute-sanitizer racecheck: cuBLASLt's Hopper
+// GEMM kernels fault under racecheck by themselves (seen with PyTorch's F.linear alone), so the
+// GEMM path cannot be raced; these tests race every row kernel on every merge path.
+struct LogitCase {
+  const char* name;
+  int64_t n, v, k, tile, chunk;
+  double t;
+  int cand_cap;
+  bool ranks;
+};
+
+struct DenseRef {
+  std::vector<int32_t> ids;
+  std::vector<double> logprobs, actual_logprobs;
+  std::vector<int32_t> ranks;
+};
+
+DenseRef dense_reference(const std::vector<float>& z, int64_t n, int64_t v, int64_t k, double t,
+                         const std::vector<int32_t>& actual) {
+  DenseRef ref;
+  std::vector<int32_t> order(static_cast<size_t>(v));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* zr = z.data() + r * v;
+    double m = -INFINITY;
+    for (int64_t j = 0; j < v; ++j) m = std::max(m, zr[j] / t);
+    double s = 0;
+    for (int64_t j = 0; j < v; ++j) s += std::exp(zr[j] / t - m);
+    const double lse = m + std::log(s);
+    for (int64_t j = 0; j < v; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return zr[a] > zr[b] || (zr[a] == zr[b] && a < b);
+    });
+    for (int64_t i = 0; i < k; ++i) {
+      ref.ids.push_back(order[static_cast<size_t>(i)]);
+      ref.logprobs.push_back(zr[order[static_cast<size_t>(i)]] / t - lse);
+    }
+    const int32_t y = actual[static_cast<size_t>(r)];
+    ref.actual_logprobs.push_back(y >= 0 ? zr[y] / t - lse : NAN);
+    int32_t above = 0;
+    if (y >= 0)
+      for (int64_t j = 0; j < v; ++j) above += zr[j] > zr[y];
+    ref.ranks.push_back(y >= 0 ? above + 1 : 0);
+  }
+  return ref;
+}
+
+void run_logit_case(const LogitCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  std::vector<float> z(static_cast<size_t>(c.n * c.v));
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t j = 0; j < c.v; ++j) {
+      const double u = philox_uniform(seed, static_cast<uint64_t>(r), static_cast<uint64_t>(j));
+      const double x = 16 * u - 8;
+      z[static_cast<size_t>(r * c.v + j)] = static_cast<float>(r % 2 == 0 ? std::round(x * 8) / 8 : x);
+    }
+  const std::vector<int32_t> actual = make_actual(c.n, c.v, seed + 1);
+  const DenseRef ref = dense_reference(z, c.n, c.v, c.k, c.t, actual);
+
+  Tensor logits = Tensor::from_vector(z, {c.n, c.v}).to(Device::CUDA);
+  Tensor actual_dev = Tensor::from_vector(actual, {c.n}).to(Device::CUDA);
+  const int64_t entries = std::max<int64_t>(1, c.n * c.k);  // no zero-byte device tensors
+  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(entries), -7),
+                                   {entries}).to(Device::CUDA);
+  Tensor lps = dev_poison({entries}, DType::F32);
+  Tensor act = dev_poison({c.n}, DType::F32);
+  Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n), -7), {c.n})
+                     .to(Device::CUDA);
+  Tensor flags = Tensor::from_vector(std::vector<int32_t>(3, -1), {3}).to(Device::CUDA);
+  cuda::TopKLmHeadCudaArgs a;
+  a.logits = logits.data<float>();
+  a.rows = c.n;
+  a.vocab = c.v;
+  a.actual = actual_dev.data<int32_t>();
+  a.k = c.k;
+  a.temperature = c.t;
+  a.want_ranks = c.ranks;
+  a.vocab_tile = c.tile;
+  a.row_chunk = c.chunk;
+  a.candidate_capacity = c.cand_cap;
+  a.ids = c.k > 0 ? ids.data<int32_t>() : nullptr;
+  a.logprobs = c.k > 0 ? lps.data<float>() : nullptr;
+  a.actual_logprobs = act.data<float>();
+  a.actual_ranks = c.ranks ? ranks.data<int32_t>() : nullptr;
+  a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
+  cuda::DeviceBuffer ws(cuda::topk_lm_head_cuda_workspace_bytes(c.n, c.v, c.k, c.tile, c.chunk),
+                        cuda::current_stream());
+  cuda::topk_lm_head_cuda(a, ws.get(), cuda::current_stream());
+
+  const Tensor hf = flags.to(Device::CPU), hi = ids.to(Device::CPU), hl = lps.to(Device::CPU),
+               ha = act.to(Device::CPU), hr = ranks.to(Device::CPU);
+  for (int f = 0; f < 3; ++f) EXPECT_EQ(hf.data<int32_t>()[f], -1) << "error flag " << f;
+  int64_t bad_ids = 0;
+  for (int64_t i = 0; i < c.n * c.k; ++i) {
+    bad_ids += hi.data<int32_t>()[i] != ref.ids[static_cast<size_t>(i)];
+    const double want = ref.logprobs[static_cast<size_t>(i)], got = hl.data<float>()[i];
+    EXPECT_TRUE(std::fabs(got - want) <= 1e-4 + 1e-5 * std::fabs(want))
+        << "entry " << i << ": logprob " << got << " vs " << want;
+    if (bad_ids == 1 && hi.data<int32_t>()[i] != ref.ids[static_cast<size_t>(i)])
+      ADD_FAILURE() << "first id mismatch at entry " << i << " (row " << i / c.k << "): "
+                    << hi.data<int32_t>()[i] << " vs " << ref.ids[static_cast<size_t>(i)];
+  }
+  EXPECT_EQ(bad_ids, 0);
+  for (int64_t r = 0; r < c.n; ++r) {
+    const double want = ref.actual_logprobs[static_cast<size_t>(r)], got = ha.data<float>()[r];
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "row " << r;
+    } else {
+      EXPECT_TRUE(std::fabs(got - want) <= 1e-4 + 1e-5 * std::fabs(want))
+          << "row " << r << ": actual logprob " << got << " vs " << want;
+    }
+    if (c.ranks) EXPECT_EQ(hr.data<int32_t>()[r], ref.ranks[static_cast<size_t>(r)]) << "row " << r;
+  }
+}
+
+TEST(CudaTopKLmHead, RowKernelsOnGivenLogitsMatchDenseReference) {
+  REQUIRE_GPU();
+  const std::vector<LogitCase> cases = {
+      {"smem_merge", 3, 1000, 5, 4096, 8, 1.0, cuda::kTopKLmHeadCandCap, true},
+      {"global_merge_cap1", 5, 3001, 64, 700, 2, 0.7, 1, true},
+      {"global_merge_cap7", 9, 5003, 100, 512, 4, 1.3, 7, true},
+      {"k_equals_v_tiny_tiles", 4, 96, 96, 7, 3, 1.0, 5, true},
+      {"k0", 6, 777, 0, 100, 6, 1.0, 16, true},
+      {"k1", 7, 2000, 1, 333, 7, 2.0, 3, false},
+      {"k4096_opt_in_smem", 2, 9000, 4096, 4096, 2, 1.0, cuda::kTopKLmHeadCandCap, false},
+      {"many_rows", 300, 4000, 64, 1024, 128, 1.0, cuda::kTopKLmHeadCandCap, true},
+  };
+  uint64_t seed = 100;
+  for (const LogitCase& c : cases) run_logit_case(c, seed += 3);
+}
+
+TEST(CudaTopKLmHead, CandidateCapacityOutsideItsRangeIsRefused) {
+  REQUIRE_GPU();
+  cuda::TopKLmHeadCudaArgs a;
+  a.rows = 1;
+  a.vocab = 10;
+  a.k = 1;
+  Tensor logits = Tensor::from_vector(std::vector<float>(10, 0.5f), {1, 10}).to(Device::CUDA);
+  a.logits = logits.data<float>();
+  for (int cap : {0, -1, cuda::kTopKLmHeadCandCap + 1}) {
+    a.candidate_capacity = cap;
+    EXPECT_NE(error_message([&] { cuda::topk_lm_head_cuda(a, nullptr, cuda::current_stream()); },
+                            ErrorKind::InvalidArgument)
+                  .find("candidate_capacity"),
+              std::string::npos);
+  }
 }
 
 TEST(CudaTopKLmHead, BadActualIdsAndNonFiniteLogitsGiveTheCpuErrors) {

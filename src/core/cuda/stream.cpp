@@ -69,8 +69,11 @@ CublasHandle::~CublasHandle() {
 void check_launch(const char* kernel_name) {
   cudaError_t st = cudaGetLastError();
   if (st != cudaSuccess)
+    // cudaGetLastError also returns a sticky fault of earlier asynchronous work (another
+    // kernel, a library's GEMM): the message says so, since the name alone misleads.
     OPD_FAIL(Cuda, "launch of ", kernel_name, " failed: ", cudaGetErrorName(st), " (",
-             cudaGetErrorString(st), ")");
+             cudaGetErrorString(st), "; the fault may be an earlier kernel's, surfacing here:"
+             " CUDA_LAUNCH_BLOCKING=1 attributes it)");
 }
 
 }  // namespace opd::cuda

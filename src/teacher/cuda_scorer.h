@@ -1,0 +1,66 @@
+// In-process teacher scorer on CUDA: the Scorer contract of teacher/scorer.h (same request
+// checks, same prefix sharing and packing -- teacher/score_plan.h --, same ScoreResponse, same
+// ordering: logprob descending, ties by smaller id) with the teacher as a CUDA Transformer
+// (bf16 by default, or f32):
+//   per packed batch of <= max_batch_tokens tokens: h = forward_hidden(batch)   [T_b, H] device
+//   the scored rows of h gathered on the device (ops::gather_rows) into one [rows, H] tensor
+//   top-K / LSE / actual logprob / rank over vocabulary tiles (topk_lm_head_device, cuBLASLt
+//   tiles + per-row online LSE and running top-K: teacher/topk_lm_head_cuda.h)
+// Only the [rows x K] outputs come back to the host. Rows are gathered batch by batch; the
+// host puts them back in request order (a permutation of [rows x K] entries, nothing more).
+//
+// Device memory beyond the weights: one batch's forward activations (O(max_batch_tokens x
+// max(H, I)), no cache kept), the gathered hidden rows rows x H (model dtype), the top-K
+// workspace min(rows, row_chunk) x min(V, vocab_tile) x 4 + rows x (32 + 8 K) and the outputs
+// rows x (8 K + 8). Never [tokens x V].
+//
+// next_tokens() is Unsupported on CUDA (the CUDA top-K pass does not sample; `opd serve
+// --device cuda` answers /v1/completions generation requests with that error; scoring through
+// /v1/completions with max_tokens = 0 works).
+// score() is thread-safe: calls are serialized (one GPU stream, the GPU is busy anyway).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/dtype.h"
+#include "teacher/scorer.h"
+
+namespace opd {
+
+class Transformer;
+
+class CudaScorer : public Scorer {
+ public:
+  struct Options {
+    int64_t max_batch_tokens = 16384;
+    int64_t vocab_tile = 16384;   // ids per cuBLASLt logit tile
+    int64_t row_chunk = 2048;     // scored rows per logit tile
+    DType dtype = DType::BF16;    // BF16 or F32: the model directory's weights are converted to it
+    ScoreLimits limits;
+  };
+  // Loads the model directory (f32 on the host), converts it to CUDA `options.dtype`. Throws
+  // Unsupported in builds without CUDA or without a usable device.
+  CudaScorer(const std::string& model_dir, Options options);
+  explicit CudaScorer(const std::string& model_dir);
+  // Reuses a model already on the GPU (bf16 or f32 CUDA weights), e.g. the trainer's teacher.
+  // info.vocab_size must be 0 (taken from the config) or the model's vocabulary.
+  CudaScorer(std::shared_ptr<const Transformer> cuda_model, TeacherInfo info, Options options);
+  ~CudaScorer() override;
+
+  const TeacherInfo& info() const override { return info_; }
+  ScoreResponse score(const ScoreRequest& request) override;
+  const Options& options() const { return opts_; }
+  const Transformer& model() const { return *model_; }
+
+ private:
+  void check_setup() const;
+
+  Options opts_;
+  std::shared_ptr<const Transformer> model_;
+  TeacherInfo info_;
+  std::mutex mutex_;
+};
+
+}  // namespace opd
