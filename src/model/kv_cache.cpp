@@ -1,6 +1,13 @@
 // Paged KV cache: block pool, reference counts and copy-on-write copies (design in kv_cache.h).
 #include "model/kv_cache.h"
 
+#ifdef OPD_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/allocator.h"  // current_stream
+#include "core/cuda/stream.h"     // OPD_CUDA_CHECK
+#endif
+
 namespace opd {
 
 KvCache::KvCache(const ModelConfig& config, int64_t block_size, int64_t num_blocks, DType dtype,
@@ -65,6 +72,22 @@ int32_t KvCache::ref_count(int32_t block) const {
 void KvCache::copy_block(int32_t src, int32_t dst) {
   check_block("copy_block", src);
   check_block("copy_block", dst);
+#ifdef OPD_WITH_CUDA
+  if (!k_.empty() && k_[0].device() == Device::CUDA) {
+    // Stream-ordered device copies, no host sync: the step that writes into dst comes later on
+    // the same stream (Tensor::copy_from would synchronize twice per layer).
+    const size_t bytes = k_[0].nbytes() / static_cast<size_t>(num_blocks());
+    for (size_t l = 0; l < k_.size(); ++l) {
+      for (Tensor* t : {&k_[l], &v_[l]}) {
+        char* base = static_cast<char*>(t->raw());
+        OPD_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<size_t>(dst) * bytes,
+                                       base + static_cast<size_t>(src) * bytes, bytes,
+                                       cudaMemcpyDeviceToDevice, cuda::current_stream()));
+      }
+    }
+    return;
+  }
+#endif
   for (size_t l = 0; l < k_.size(); ++l) {
     Tensor kd = k_[l].slice_rows(dst, dst + 1), vd = v_[l].slice_rows(dst, dst + 1);
     kd.copy_from(k_[l].slice_rows(src, src + 1));

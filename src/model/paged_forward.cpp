@@ -24,13 +24,66 @@ void PagedStep::add(std::span<const int32_t> new_ids, int64_t context_len,
 }
 
 PagedForward::PagedForward(const Transformer& model)
-    : model_(&model), inv_freq_(rope_inv_freq(model.config())) {}
+    : model_(&model), inv_freq_(rope_inv_freq(model.config())) {
+  if (model.device() == Device::CUDA) inv_freq_device_ = inv_freq_.to(Device::CUDA);
+}
+
+PagedStepPlan plan_paged_step(const PagedStep& s, int64_t vocab, const KvCache& cache,
+                              int64_t table_width) {
+  const int64_t B = s.num_sequences(), T = s.num_tokens(), bs = cache.block_size();
+  OPD_CHECK(B >= 1, InvalidArgument, "PagedForward::step: empty step");
+  PagedStepPlan p;
+  p.batch = B;
+  p.tokens = T;
+  p.positions.resize(static_cast<size_t>(T));
+  p.slots.resize(static_cast<size_t>(T));
+  p.seq_lens.resize(static_cast<size_t>(B));
+  p.last_rows.resize(static_cast<size_t>(B));
+  p.width = std::max<int64_t>(1, table_width);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r0 = s.cu_seqlens[b], r1 = s.cu_seqlens[b + 1];
+    const int64_t total = s.context_lens[b] + (r1 - r0);
+    const auto& table = s.block_tables[b];
+    OPD_CHECK(static_cast<int64_t>(table.size()) * bs >= total, InvalidArgument,
+              "PagedForward::step: sequence ", b, " needs ", total, " cache slots but its block table has ",
+              table.size(), " blocks of ", bs);
+    // Every block the sequence reads (its context too), not only the ones written.
+    for (int64_t i = 0; i < (total + bs - 1) / bs; ++i) {
+      const int32_t blk = table[static_cast<size_t>(i)];
+      OPD_CHECK(blk >= 0 && blk < cache.num_blocks(), InvalidArgument,
+                "PagedForward::step: sequence ", b, " block ", i, " = ", blk,
+                " is outside the cache [0, ", cache.num_blocks(), ")");
+    }
+    p.width = std::max<int64_t>(p.width, static_cast<int64_t>(table.size()));
+    p.max_q_len = std::max<int64_t>(p.max_q_len, r1 - r0);
+    p.max_seq_len = std::max<int64_t>(p.max_seq_len, total);
+    p.seq_lens[b] = static_cast<int32_t>(total);
+    p.last_rows[b] = static_cast<int32_t>(r1 - 1);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t pos = s.context_lens[b] + (r - r0);
+      const int32_t id = s.ids[r];
+      if (id < 0 || id >= vocab)
+        OPD_FAIL(InvalidData, "token id ", id, " at sequence ", b, " position ", pos,
+                 " is outside the vocabulary [0, ", vocab, ")");
+      p.positions[r] = static_cast<int32_t>(pos);
+      const int32_t blk = table[static_cast<size_t>(pos / bs)];
+      p.slots[r] = static_cast<int32_t>(blk * bs + pos % bs);
+    }
+  }
+  OPD_CHECK(table_width == 0 || p.width == table_width, InvalidArgument,
+            "PagedForward::step: a block table has ", p.width, " blocks, more than the width ",
+            table_width);
+  p.tables.assign(static_cast<size_t>(B * p.width), 0);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy(s.block_tables[b].begin(), s.block_tables[b].end(), p.tables.begin() + b * p.width);
+  return p;
+}
 
 Tensor PagedForward::step(const PagedStep& s, KvCache& cache) const {
   const ModelConfig& c = model_->config();
   const ModelWeights& W = model_->weights();
   const int64_t B = s.num_sequences(), T = s.num_tokens();
-  const int64_t H = c.hidden_size, D = c.head_dim, bs = cache.block_size();
+  const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
   OPD_CHECK(B >= 1, InvalidArgument, "PagedForward::step: empty step");
@@ -40,37 +93,15 @@ Tensor PagedForward::step(const PagedStep& s, KvCache& cache) const {
 
   // Host-side index tensors: positions, slots, per-sequence lengths, the padded block table,
   // and the row of each sequence's last token. Ids are checked here (they index the
-  // embedding), block ids by the ops that use them.
-  std::vector<int32_t> positions(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
-  std::vector<int32_t> seq_lens(static_cast<size_t>(B)), last_rows(static_cast<size_t>(B));
-  int64_t max_blocks = 1;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t r0 = s.cu_seqlens[b], r1 = s.cu_seqlens[b + 1];
-    const int64_t total = s.context_lens[b] + (r1 - r0);
-    const auto& table = s.block_tables[b];
-    OPD_CHECK(static_cast<int64_t>(table.size()) * bs >= total, InvalidArgument,
-              "PagedForward::step: sequence ", b, " needs ", total, " cache slots but its block table has ",
-              table.size(), " blocks of ", bs);
-    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(table.size()));
-    seq_lens[b] = static_cast<int32_t>(total);
-    last_rows[b] = static_cast<int32_t>(r1 - 1);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t pos = s.context_lens[b] + (r - r0);
-      const int32_t id = s.ids[r];
-      if (id < 0 || id >= c.vocab_size)
-        OPD_FAIL(InvalidData, "token id ", id, " at sequence ", b, " position ", pos,
-                 " is outside the vocabulary [0, ", c.vocab_size, ")");
-      positions[r] = static_cast<int32_t>(pos);
-      const int32_t blk = table[static_cast<size_t>(pos / bs)];
-      OPD_CHECK(blk >= 0 && blk < cache.num_blocks(), InvalidArgument,
-                "PagedForward::step: sequence ", b, " block ", pos / bs, " = ", blk,
-                " is outside the cache [0, ", cache.num_blocks(), ")");
-      slots[r] = static_cast<int32_t>(blk * bs + pos % bs);
-    }
-  }
-  std::vector<int32_t> tables(static_cast<size_t>(B * max_blocks), 0);
-  for (int64_t b = 0; b < B; ++b)
-    std::copy(s.block_tables[b].begin(), s.block_tables[b].end(), tables.begin() + b * max_blocks);
+  // embedding), block ids here and again by the ops that use them.
+  const PagedStepPlan plan = plan_paged_step(s, c.vocab_size, cache);
+#ifdef OPD_WITH_CUDA
+  if (model_->device() == Device::CUDA) return step_cuda(s, plan, cache);
+#endif
+  const int64_t max_blocks = plan.width;
+  const std::vector<int32_t>&positions = plan.positions, &slots = plan.slots,
+                          &seq_lens = plan.seq_lens, &last_rows = plan.last_rows,
+                          &tables = plan.tables;
 
   const Tensor& emb = W.embed_tokens;
   const Device dev = emb.device();

@@ -4,6 +4,13 @@
 // last new token. Same layer math as Transformer::forward (transformer.h) with attention
 // replaced by kv_cache_store + paged_attention, so the logits of a token equal the
 // corresponding row of a full forward over the whole sequence (tests/model/test_paged_forward).
+//
+// CUDA models (weights on the device, bf16 or f32) run paged_forward_cuda.cpp: every index of a
+// step is validated once on the host (plan_paged_step), uploaded in one copy, and the layers call
+// the raw-pointer kernels (kernels/cuda/cuda_ops.h) with a device error flag instead of the
+// Tensor-level paged ops (which read device indices back: a host sync per layer). step_device()
+// is that path without any host sync or allocation, on caller-owned fixed buffers, so a decode
+// step can be captured in a CUDA graph (rollout/engine_cuda.h).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +20,8 @@
 #include "core/tensor.h"
 #include "model/kv_cache.h"
 #include "model/transformer.h"
+
+typedef struct CUstream_st* cudaStream_t;
 
 namespace opd {
 
@@ -31,6 +40,60 @@ struct PagedStep {
   int64_t num_tokens() const { return static_cast<int64_t>(ids.size()); }
 };
 
+// The host-side indices of one step, validated against the model and the cache: every id in
+// [0, vocab) (InvalidData naming sequence, position, value and limit), every block a sequence
+// uses in [0, num_blocks) and its table long enough (InvalidArgument). tables is [batch, width]
+// with width = max(table_width, longest table); unused entries are 0.
+struct PagedStepPlan {
+  int64_t batch = 0, tokens = 0, width = 1, max_q_len = 1, max_seq_len = 1;
+  std::vector<int32_t> positions, slots;           // [tokens]
+  std::vector<int32_t> seq_lens, last_rows;        // [batch]
+  std::vector<int32_t> tables;                     // [batch, width]
+};
+PagedStepPlan plan_paged_step(const PagedStep& step, int64_t vocab, const KvCache& cache,
+                              int64_t table_width = 0);
+
+#ifdef OPD_WITH_CUDA
+// One step's indices as device pointers (CUDA models), validated by plan_paged_step before
+// upload. Their addresses may stay fixed across steps (a CUDA graph captures them).
+struct PagedDeviceStep {
+  int64_t batch = 0, tokens = 0, width = 1;  // width: columns of block_tables
+  // Grid bounds (host-known): every sequence's new tokens <= max_q_len, total <= max_seq_len.
+  int64_t max_q_len = 1, max_seq_len = 1;
+  const int32_t* ids = nullptr;           // [tokens]
+  const int32_t* positions = nullptr;     // [tokens]
+  const int32_t* slots = nullptr;         // [tokens]
+  const int32_t* cu_seqlens = nullptr;    // [batch + 1]
+  const int32_t* seq_lens = nullptr;      // [batch]
+  const int32_t* block_tables = nullptr;  // [batch, width]
+  const int32_t* last_rows = nullptr;     // [batch]; nullptr: tokens == batch, row b is sequence b's
+  // Optional: the paged kernels atomicMin the first bad row/sequence into it (0xffffffff = none).
+  unsigned* error_flag = nullptr;
+};
+
+// Activation buffers of the CUDA step for up to max_tokens new tokens and max_rows logits rows,
+// allocated once on the current stream and reused by every step (fixed addresses). Memory:
+// max_tokens x (3 H + 2 (Hq + Hkv) D + Hq D + 3 I) x dtype + f32 statistics, plus the split-KV
+// attention workspace (grown on demand; generation() counts the moves so captured graphs that
+// hold the old address can be re-captured).
+class PagedWorkspace {
+ public:
+  PagedWorkspace(const ModelConfig& config, DType dtype, int64_t max_tokens);
+  int64_t max_tokens() const { return max_tokens_; }
+  int64_t generation() const { return generation_; }
+  // A device buffer of at least `bytes` for the split-KV attention (nullptr for 0). Never
+  // allocates when the current one is large enough (the case inside a graph capture).
+  void* split_workspace(size_t bytes);
+
+ private:
+  friend class PagedForward;
+  int64_t max_tokens_ = 0, generation_ = 0;
+  Tensor x, x2, h, q, k, v, qn, kn, attn, o, gate, up, act, last;  // model dtype
+  Tensor rstd, rstd_q, rstd_k;                                      // f32
+  Tensor split;                                                     // split-KV partials (i64 storage)
+};
+#endif
+
 class PagedForward {
  public:
   explicit PagedForward(const Transformer& model);
@@ -40,13 +103,28 @@ class PagedForward {
   // new token of every sequence (sequences with no new token are not allowed).
   // Memory besides the cache: activations of the step, O(num_tokens x max(H, I, Hq*D)), and
   // B x V logits (never num_tokens x V).
+  // CUDA models: the logits are a CUDA tensor; indices are checked on the host, uploaded in one
+  // copy, the kernels' error flag is read once at the end (one synchronization per step).
   Tensor step(const PagedStep& step, KvCache& cache) const;
+
+#ifdef OPD_WITH_CUDA
+  // CUDA models: the step's kernels on `stream`, no host synchronization and no allocation
+  // (except a first-time growth of ws's split workspace): f32 logits [batch, V] into `logits`.
+  // Indices must have been validated (plan_paged_step); the kernels guard them again and report
+  // through s.error_flag instead of faulting. Capturable in a CUDA graph.
+  void step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws, float* logits,
+                   cudaStream_t stream) const;
+#endif
 
   const Transformer& model() const { return *model_; }
 
  private:
+#ifdef OPD_WITH_CUDA
+  Tensor step_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
+#endif
   const Transformer* model_;
-  Tensor inv_freq_;
+  Tensor inv_freq_;         // f32, host
+  Tensor inv_freq_device_;  // f32 on the device (CUDA models)
 };
 
 }  // namespace opd

@@ -14,7 +14,15 @@
 #include "core/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
+#include "rollout/engine_cuda.h"
 #include "rollout/stop.h"
+
+#ifdef OPD_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/allocator.h"  // StreamScope, device_allocator
+#include "core/cuda/stream.h"     // Stream, OPD_CUDA_CHECK
+#endif
 
 namespace opd {
 
@@ -70,6 +78,20 @@ struct Sequence {
   bool finished = false;
 };
 
+#ifdef OPD_WITH_CUDA
+// The stream every rollout runs on (graph capture needs a non-default stream). One for the
+// process and never destroyed, so the per-stream GEMM workspace and cached blocks are reused by
+// the next rollout instead of piling up under fresh stream handles.
+cudaStream_t rollout_stream() {
+  static cuda::Stream* stream = new cuda::Stream();
+  return stream->get();
+}
+#endif
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
 
 std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationRequest>& requests) {
@@ -121,9 +143,47 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
               " blocks; raise the KV cache budget or lower max_new_tokens");
   }
 
-  KvCache cache(cfg, bs, num_blocks, dtype, model_->weights().embed_tokens.device());
-  PagedForward forward(*model_);
+  const bool on_cuda = model_->device() == Device::CUDA;
   std::vector<RequestOutput> outputs(requests.size());
+#ifdef OPD_WITH_CUDA
+  std::optional<cuda::StreamScope> stream_scope;
+  if (on_cuda) {
+    // The weights may have just been written on another stream (an optimizer step).
+    OPD_CUDA_CHECK(cudaDeviceSynchronize());
+    stream_scope.emplace(rollout_stream());
+  }
+#else
+  OPD_CHECK(!on_cuda, Unsupported, "rollout: a CUDA model in a build without CUDA");
+#endif
+  {  // everything on the device lives in this scope; its blocks are released after it
+  // CUDA: one block beyond the budget, held for the whole rollout: the padding rows of decode
+  // buckets write there (rollout/engine_cuda.h).
+  KvCache cache(cfg, bs, num_blocks + (on_cuda ? 1 : 0), dtype, model_->weights().embed_tokens.device());
+  const int32_t scratch_block = on_cuda ? cache.allocate() : -1;
+  PagedForward forward(*model_);
+#ifdef OPD_WITH_CUDA
+  std::unique_ptr<CudaStepRunner> runner;
+  if (on_cuda) {
+    // Bounds of one step: sequences <= max_step_tokens (each has a token) and <= the running
+    // set, which admission keeps <= max(max_running, the largest n); draws <= the running set.
+    int64_t total_samples = 0, max_n = 1, max_kv = 1;
+    for (const GenerationRequest& q : requests) {
+      total_samples += q.n;
+      max_n = std::max(max_n, q.n);
+      max_kv = std::max<int64_t>(max_kv, static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens - 1);
+    }
+    CudaRunnerLimits lim;
+    lim.max_draws = std::max<int64_t>(1, std::min(total_samples, std::max(options_.max_running, max_n)));
+    lim.max_rows = std::min(options_.max_step_tokens, lim.max_draws);
+    lim.max_tokens = options_.max_step_tokens;
+    lim.table_width = (max_kv + bs - 1) / bs;
+    lim.max_seq_len = max_kv;
+    lim.scratch_block = scratch_block;
+    lim.use_graphs = options_.cuda_graphs;
+    runner = std::make_unique<CudaStepRunner>(forward, cache, lim, cuda::current_stream());
+  }
+#endif
+  double step_wall = 0;  // wall time inside the step calls (forward + sampling)
   std::vector<std::unique_ptr<Sequence>> all;  // owns every sequence
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order: oldest first
@@ -224,66 +284,106 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     OPD_CHECK(!sched.empty(), Internal, "rollout scheduler made no progress with ", waiting.size(),
               " waiting and ", running.size(), " running sequences");
 
-    // 3. One forward step over every scheduled chunk.
+    // 3. One forward step over every scheduled chunk. The draws are known before it runs: each
+    //    sequence whose tokens will all be computed, and a finished prompt's pending forks (they
+    //    draw from its logits row; the children are created after the step).
     PagedStep step;
-    for (const Scheduled& sc : sched) {
-      const int64_t n = sc.end - sc.seq->computed;
-      step.add(std::span<const int32_t>(sc.seq->tokens).subspan(static_cast<size_t>(sc.seq->computed),
-                                                                static_cast<size_t>(n)),
-               sc.seq->computed, sc.seq->blocks);
-      if (sc.seq->computed + n == static_cast<int64_t>(sc.seq->tokens.size()) &&
-          static_cast<int64_t>(sc.seq->tokens.size()) > sc.seq->prompt_len && n == 1)
+    struct Draw {
+      Sequence* seq;     // nullptr: a fork of `parent`, created after the step
+      Sequence* parent;
+      int64_t row, sample, gen;
+      SampledToken token;
+    };
+    std::vector<Draw> draws;
+    bool decode_step = true;
+    for (size_t j = 0; j < sched.size(); ++j) {
+      const Scheduled& sc = sched[j];
+      Sequence* s = sc.seq;
+      const int64_t n = sc.end - s->computed, len = static_cast<int64_t>(s->tokens.size());
+      step.add(std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed),
+                                                          static_cast<size_t>(n)),
+               s->computed, s->blocks);
+      if (s->computed + n == len && len > s->prompt_len && n == 1) {
         stats_.decode_tokens += 1;
-      else
+      } else {
         stats_.prefill_tokens += n;
+        decode_step = false;
+      }
+      if (sc.end < len) continue;  // mid-prefill: no draw yet
+      const int64_t gen = len - s->prompt_len, row = static_cast<int64_t>(j);
+      draws.push_back({s, s, row, s->sample, gen, {}});
+      for (int64_t k : s->pending_forks) draws.push_back({nullptr, s, row, k, gen, {}});
     }
-    Tensor logits = forward.step(step, cache).to(Device::CPU);
+    const auto t_step = std::chrono::steady_clock::now();
+    if (on_cuda) {
+#ifdef OPD_WITH_CUDA
+      std::vector<CudaStepRunner::Draw> cd(draws.size());
+      for (size_t i = 0; i < draws.size(); ++i) {
+        const Draw& d = draws[i];
+        const SamplingParams& sp = requests[static_cast<size_t>(d.parent->request)].sampling;
+        cd[i].row = d.row;
+        cd[i].params.temperature = sp.temperature;
+        cd[i].params.top_p = sp.top_p;
+        cd[i].params.min_p = sp.min_p;
+        cd[i].params.top_k = sp.top_k;
+        cd[i].params.seed = sp.seed;
+        cd[i].params.stream_key = d.parent->stream_key;
+        cd[i].params.sample_index = static_cast<uint32_t>(d.sample);
+        cd[i].params.step = static_cast<uint32_t>(d.gen);
+      }
+      std::vector<SampledToken> got = runner->run(step, cd);
+      for (size_t i = 0; i < draws.size(); ++i) draws[i].token = got[i];
+#endif
+    } else {
+      Tensor logits = forward.step(step, cache);
+      const double forward_s = seconds_since(t_step);
+      const auto t_sample = std::chrono::steady_clock::now();
+      const float* lg = logits.data<float>();
+      parallel_for(static_cast<int64_t>(draws.size()), [&](int64_t begin, int64_t end) {
+        std::vector<double> local;
+        for (int64_t i = begin; i < end; ++i) {
+          Draw& d = draws[static_cast<size_t>(i)];
+          const GenerationRequest& q = requests[static_cast<size_t>(d.parent->request)];
+          const double u = sampling_uniform(q.sampling.seed, d.parent->stream_key,
+                                            static_cast<uint32_t>(d.sample),
+                                            static_cast<uint32_t>(d.gen));
+          d.token = sample_token(lg + d.row * V, V, q.sampling, u, local);
+        }
+      });
+      if (decode_step) {
+        stats_.decode_forward_seconds += forward_s;
+        stats_.sample_seconds += seconds_since(t_sample);
+        stats_.decode_steps += 1;
+      } else {
+        stats_.prefill_seconds += seconds_since(t_step);
+      }
+    }
+    step_wall += seconds_since(t_step);
     stats_.steps += 1;
     stats_.max_batch = std::max<int64_t>(stats_.max_batch, static_cast<int64_t>(sched.size()));
     stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, num_blocks - cache.num_free());
 
-    // 4. Sequences that caught up sample; a finished prompt forks its other samples first.
-    struct Draw {
-      Sequence* seq;
-      int64_t row;
-      SampledToken token;
-    };
-    std::vector<Draw> draws;
-    for (size_t j = 0; j < sched.size(); ++j) {
-      Sequence* s = sched[j].seq;
-      s->computed = sched[j].end;
-      if (s->computed < static_cast<int64_t>(s->tokens.size())) continue;  // mid-prefill
-      draws.push_back({s, static_cast<int64_t>(j), {}});
-      for (int64_t k : s->pending_forks) {
-        auto child = std::make_unique<Sequence>();
-        child->request = s->request;
-        child->sample = k;
-        child->tokens = s->tokens;
-        child->prompt_len = s->prompt_len;
-        child->computed = s->computed;
-        child->blocks = s->blocks;
-        for (int32_t b : child->blocks) cache.retain(b);
-        child->stream_key = s->stream_key;
-        make_text(*child);
-        running.push_back(child.get());
-        draws.push_back({child.get(), static_cast<int64_t>(j), {}});
-        all.push_back(std::move(child));
-      }
-      s->pending_forks.clear();
+    // 4. Sequences that caught up take their draws; a finished prompt forks its other samples
+    //    first (in the order of the draws, as the running set expects).
+    for (const Scheduled& sc : sched) sc.seq->computed = sc.end;
+    for (Draw& d : draws) {
+      if (d.seq) continue;
+      Sequence* s = d.parent;
+      auto child = std::make_unique<Sequence>();
+      child->request = s->request;
+      child->sample = d.sample;
+      child->tokens = s->tokens;
+      child->prompt_len = s->prompt_len;
+      child->computed = s->computed;
+      child->blocks = s->blocks;
+      for (int32_t b : child->blocks) cache.retain(b);
+      child->stream_key = s->stream_key;
+      make_text(*child);
+      running.push_back(child.get());
+      d.seq = child.get();
+      all.push_back(std::move(child));
     }
-    const float* lg = logits.data<float>();
-    parallel_for(static_cast<int64_t>(draws.size()), [&](int64_t begin, int64_t end) {
-      std::vector<double> local;
-      for (int64_t i = begin; i < end; ++i) {
-        Draw& d = draws[static_cast<size_t>(i)];
-        const GenerationRequest& q = requests[static_cast<size_t>(d.seq->request)];
-        const int64_t gen = static_cast<int64_t>(d.seq->tokens.size()) - d.seq->prompt_len;
-        const double u = sampling_uniform(q.sampling.seed, d.seq->stream_key,
-                                          static_cast<uint32_t>(d.seq->sample),
-                                          static_cast<uint32_t>(gen));
-        d.token = sample_token(lg + d.row * V, V, q.sampling, u, local);
-      }
-    });
+    for (Draw& d : draws) d.parent->pending_forks.clear();
     for (Draw& d : draws) {
       Sequence& s = *d.seq;
       const GenerationRequest& q = requests[static_cast<size_t>(s.request)];
@@ -321,7 +421,25 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   }
   OPD_CHECK(cache.num_free() == num_blocks, Internal, "rollout finished with ",
             num_blocks - cache.num_free(), " KV blocks still held");
-  stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+#ifdef OPD_WITH_CUDA
+  if (runner) {
+    const CudaStepTimes& t = runner->times();
+    stats_.prefill_seconds = t.prefill_ms * 1e-3;
+    stats_.decode_forward_seconds = t.decode_forward_ms * 1e-3;
+    stats_.sample_seconds = t.sample_ms * 1e-3;
+    stats_.decode_steps = t.decode_steps;
+    stats_.graph_steps = t.graph_steps;
+    stats_.graph_captures = t.graph_captures;
+  }
+#endif
+  stats_.seconds = seconds_since(t0);
+  stats_.host_seconds = stats_.seconds - step_wall;
+  }  // the cache, workspace and graphs are gone
+#ifdef OPD_WITH_CUDA
+  // Give the cache's memory back to the device (not only to this stream's free list): the
+  // training phase that follows allocates on another stream.
+  if (on_cuda) cuda::device_allocator().release_stream(cuda::current_stream());
+#endif
   return outputs;
 }
 

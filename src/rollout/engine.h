@@ -18,6 +18,12 @@
 // so outputs do not depend on batch composition, n, max_step_tokens or preemption.
 // The cache is allocated by generate() and released before it returns (nothing is held
 // between rollouts, e.g. during the training phase).
+// CUDA models (weights on the device, bf16 or f32): the KV cache is in the model's dtype on the
+// device, the forward runs PagedForward's CUDA path and the draws run on the GPU with the same
+// Philox streams (rollout/engine_cuda.h): only ids and log-probabilities come back, one host
+// synchronization per step; decode steps are replayed from CUDA graphs (cuda_graphs). The
+// rollout runs on its own stream, after a device synchronization (the weights may have just
+// been updated on another stream).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +70,9 @@ struct EngineOptions {
   int64_t block_size = 16;        // tokens per KV block
   int64_t max_step_tokens = 512;  // tokens per forward step (the prefill chunk budget)
   int64_t max_running = 256;      // sequences in the running batch
+  // CUDA models: capture decode steps in CUDA graphs per batch-size bucket (rollout/engine_cuda.h);
+  // false runs the same padded decode steps eagerly (same results, for tests and timing).
+  bool cuda_graphs = true;
   // Polled once per step: returning true stops generate() with a Cancelled error (a training
   // run's stop signal must not wait for a long rollout to finish).
   std::function<bool()> should_cancel;
@@ -75,6 +84,13 @@ struct EngineStats {
   int64_t preemptions = 0, recomputed_tokens = 0;
   int64_t num_blocks = 0, peak_blocks_used = 0, max_batch = 0;
   double seconds = 0;
+  // Where the time went. CUDA models: device time from CUDA events around each step; CPU: wall
+  // time. host_seconds: wall time outside the step calls (scheduling, forks, stops, text).
+  double prefill_seconds = 0;         // steps with a prefill chunk: forward + sampling
+  double decode_forward_seconds = 0;  // decode steps (one token per sequence): forward
+  double sample_seconds = 0;          // decode steps: sampling (CUDA: and the id read-back)
+  double host_seconds = 0;
+  int64_t decode_steps = 0, graph_steps = 0, graph_captures = 0;  // graphs: CUDA only
 };
 
 class RolloutEngine {

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kNT)
     sample_kernel(const float* __restrict__ logits, int vocab,
                   const SampleRowParams* __restrict__ params, int32_t* __restrict__ ids,
                   float* __restrict__ sampling_lp, float* __restrict__ model_lp,
-                  unsigned* error_flag) {
+                  unsigned* error_flag, const int32_t* __restrict__ logits_rows) {
   __shared__ float red_f[kWarps];
   __shared__ int red_i[kWarps];
   __shared__ double red_d[kWarps];
@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(kNT)
 
   const int64_t row = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
-  const float* z = logits + row * static_cast<int64_t>(vocab);
+  const int64_t src = logits_rows ? static_cast<int64_t>(logits_rows[row]) : row;
+  const float* z = logits + src * static_cast<int64_t>(vocab);
   const SampleRowParams P = params[row];
   const int V = vocab;
 
@@ -302,12 +303,13 @@ __global__ void __launch_bounds__(kNT)
 
 void sample_rows(const float* logits, int64_t rows, int64_t vocab, const SampleRowParams* params,
                  int32_t* ids, float* sampling_logprobs, float* model_logprobs,
-                 unsigned* error_flag, cudaStream_t stream) {
+                 unsigned* error_flag, cudaStream_t stream, const int32_t* logits_rows) {
   OPD_CHECK(vocab >= 1 && vocab < INT_MAX && rows < INT_MAX, InvalidArgument,
             "sample_rows: vocab ", vocab, " and rows ", rows, " must be in [1, 2^31)");
   if (rows == 0) return;
   sample_kernel<<<static_cast<unsigned>(rows), kNT, 0, stream>>>(
-      logits, static_cast<int>(vocab), params, ids, sampling_logprobs, model_logprobs, error_flag);
+      logits, static_cast<int>(vocab), params, ids, sampling_logprobs, model_logprobs, error_flag,
+      logits_rows);
   check_launch("sample_kernel");
 }
 

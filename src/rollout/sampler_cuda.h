@@ -37,8 +37,10 @@ struct SampleRowParams {
 };
 
 // logits f32 [rows, vocab] and params [rows] on the device; outputs [rows] on the device.
+// logits_rows (optional, device, [rows]): draw i reads logits row logits_rows[i] instead of i
+// (several draws from one row: the n samples of a prompt). The caller validates the map.
 void sample_rows(const float* logits, int64_t rows, int64_t vocab, const SampleRowParams* params,
                  int32_t* ids, float* sampling_logprobs, float* model_logprobs,
-                 unsigned* error_flag, cudaStream_t stream);
+                 unsigned* error_flag, cudaStream_t stream, const int32_t* logits_rows = nullptr);
 
 }  // namespace opd::cuda

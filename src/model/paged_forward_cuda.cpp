@@ -1,0 +1,223 @@
+// The incremental forward of model/paged_forward.h on CUDA: the same layer sequence as
+// PagedForward::step's CPU composition (formulas in model/transformer.h), written on the
+// raw-pointer kernels of kernels/cuda/cuda_ops.h over fixed workspace buffers, so that a step
+// issues no host synchronization and no allocation and can be captured in a CUDA graph.
+//
+// What differs from the CPU composition, and why:
+// - Indices are validated once per step on the host (plan_paged_step) and uploaded in one copy;
+//   the Tensor-level paged ops would read device index tensors back in every layer (two host
+//   syncs per layer). The kernels still guard every index and report through an error flag.
+// - Each residual add is fused with the RMSNorm that follows it (as transformer_cuda.cpp):
+//   x2 = x + o with h2 = norm(x2), x_next = x2 + m with the next layer's input norm (or the
+//   final norm), so the logits of a row equal the full CUDA forward's up to kernel shapes.
+// - The final norm runs over all T rows (fused with the last residual add) and the B last rows
+//   are gathered after it (the CPU gathers before the norm: the same per-row values).
+#include "model/paged_forward.h"
+
+#ifdef OPD_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/cuda/allocator.h"    // current_stream, DeviceBuffer
+#include "core/cuda/stream.h"       // OPD_CUDA_CHECK
+#include "kernels/cuda/cuda_ops.h"  // raw kernels: embedding, rmsnorm, rope, paged ops, rows
+#include "kernels/cuda/gemm.h"      // linear_forward with an f32 output (the logits)
+
+namespace opd {
+
+PagedWorkspace::PagedWorkspace(const ModelConfig& c, DType dt, int64_t max_tokens)
+    : max_tokens_(std::max<int64_t>(1, max_tokens)) {
+  const int64_t T = max_tokens_, H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  auto e = [&](int64_t n, DType t) { return Tensor::empty({n}, t, Device::CUDA); };
+  x = e(T * H, dt);
+  x2 = e(T * H, dt);
+  h = e(T * H, dt);
+  o = e(T * H, dt);
+  last = e(T * H, dt);
+  q = e(T * Hq * D, dt);
+  qn = e(T * Hq * D, dt);
+  attn = e(T * Hq * D, dt);
+  k = e(T * Hkv * D, dt);
+  kn = e(T * Hkv * D, dt);
+  v = e(T * Hkv * D, dt);
+  gate = e(T * I, dt);
+  up = e(T * I, dt);
+  act = e(T * I, dt);
+  rstd = e(T, DType::F32);
+  rstd_q = e(T * Hq, DType::F32);
+  rstd_k = e(T * Hkv, DType::F32);
+}
+
+void* PagedWorkspace::split_workspace(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (!split.defined() || split.nbytes() < bytes) {
+    // Grow with headroom so that a few larger steps do not each move it.
+    const size_t grown = bytes + bytes / 2;
+    split = Tensor::empty({static_cast<int64_t>((grown + 7) / 8)}, DType::I64, Device::CUDA);
+    ++generation_;
+  }
+  return split.raw();
+}
+
+void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws,
+                               float* logits, cudaStream_t stream) const {
+  const ModelConfig& c = model_->config();
+  const ModelWeights& W = model_->weights();
+  const int64_t T = s.tokens, B = s.batch, H = c.hidden_size, D = c.head_dim;
+  const int64_t I = c.intermediate_size, V = c.vocab_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const DType dt = model_->dtype();
+  OPD_CHECK(model_->device() == Device::CUDA && (dt == DType::BF16 || dt == DType::F32),
+            Unsupported, "PagedForward::step_device: the model must be bf16 or f32 on CUDA");
+  OPD_CHECK(T >= 1 && B >= 1 && T <= ws.max_tokens() && (s.last_rows || T == B), InvalidArgument,
+            "PagedForward::step_device: ", T, " tokens, ", B, " sequences, workspace for ",
+            ws.max_tokens(), " tokens");
+  OPD_CHECK(cache.num_layers() == c.num_hidden_layers && cache.num_layers() >= 1 &&
+                cache.k(0).dtype() == dt && cache.k(0).device() == Device::CUDA,
+            InvalidArgument, "PagedForward::step_device: the cache must hold ",
+            c.num_hidden_layers, " layers of ", dtype_name(dt), " on the device");
+  const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
+  const float* inv_freq = inv_freq_device_.data<float>();
+  void* x = ws.x.raw();
+  void* x2 = ws.x2.raw();
+  void* h = ws.h.raw();
+
+  cuda::embedding_forward(s.ids, W.embed_tokens.raw(), T, V, H, dt, x, stream);
+  if (W.layers.empty()) {
+    cuda::rmsnorm_forward(x, W.final_norm.raw(), eps, T, H, dt, h, ws.rstd.data<float>(), stream);
+  } else {
+    cuda::rmsnorm_forward(x, W.layers[0].input_norm.raw(), eps, T, H, dt, h,
+                          ws.rstd.data<float>(), stream);
+  }
+  auto bias = [](const Tensor& b) -> const void* { return b.defined() ? b.raw() : nullptr; };
+  for (size_t li = 0; li < W.layers.size(); ++li) {
+    const LayerWeights& L = W.layers[li];
+    cuda::linear_forward(h, L.q_proj.raw(), bias(L.q_bias), T, H, Hq * D, dt, dt, ws.q.raw(), stream);
+    cuda::linear_forward(h, L.k_proj.raw(), bias(L.k_bias), T, H, Hkv * D, dt, dt, ws.k.raw(), stream);
+    cuda::linear_forward(h, L.v_proj.raw(), bias(L.v_bias), T, H, Hkv * D, dt, dt, ws.v.raw(), stream);
+    void* q = ws.q.raw();
+    void* k = ws.k.raw();
+    if (c.qk_norm) {  // per-head RMSNorm (Qwen3), before RoPE
+      cuda::rmsnorm_forward(q, L.q_norm.raw(), eps, T * Hq, D, dt, ws.qn.raw(),
+                            ws.rstd_q.data<float>(), stream);
+      cuda::rmsnorm_forward(k, L.k_norm.raw(), eps, T * Hkv, D, dt, ws.kn.raw(),
+                            ws.rstd_k.data<float>(), stream);
+      q = ws.qn.raw();
+      k = ws.kn.raw();
+    }
+    cuda::rope(q, s.positions, inv_freq, T, Hq, D, dt, false, stream);
+    cuda::rope(k, s.positions, inv_freq, T, Hkv, D, dt, false, stream);
+
+    cuda::PagedStoreArgs st;
+    st.k = k;
+    st.v = ws.v.raw();
+    st.slot_mapping = s.slots;
+    st.n = T;
+    st.num_blocks = num_blocks;
+    st.block_size = bs;
+    st.hkv = Hkv;
+    st.head_dim = D;
+    st.dtype = dt;
+    st.k_cache = cache.k(static_cast<int64_t>(li)).raw();
+    st.v_cache = cache.v(static_cast<int64_t>(li)).raw();
+    st.error_flag = s.error_flag;
+    cuda::kv_cache_store(st, stream);
+
+    cuda::PagedAttentionArgs a;
+    a.q = q;
+    a.k_cache = st.k_cache;
+    a.v_cache = st.v_cache;
+    a.out = ws.attn.raw();
+    a.cu_seqlens_q = s.cu_seqlens;
+    a.seq_lens = s.seq_lens;
+    a.block_tables = s.block_tables;
+    a.batch = B;
+    a.total_q = T;
+    a.hq = Hq;
+    a.hkv = Hkv;
+    a.head_dim = D;
+    a.num_blocks = num_blocks;
+    a.block_size = bs;
+    a.max_blocks = s.width;
+    a.max_q_len = s.max_q_len;
+    a.max_seq_len = s.max_seq_len;
+    a.scale = scale;
+    a.dtype = dt;
+    a.error_flag = s.error_flag;
+    const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
+    cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
+
+    cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
+                         ws.o.raw(), stream);
+    // x2 = x + o, h = post_norm(x2)
+    cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
+                                   ws.rstd.data<float>(), stream);
+    cuda::linear_forward(h, L.gate_proj.raw(), nullptr, T, H, I, dt, dt, ws.gate.raw(), stream);
+    cuda::linear_forward(h, L.up_proj.raw(), nullptr, T, H, I, dt, dt, ws.up.raw(), stream);
+    cuda::swiglu_forward(ws.gate.raw(), ws.up.raw(), T * I, dt, ws.act.raw(), stream);
+    cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
+                         stream);
+    // x = x2 + m, h = the next layer's input norm (or the final norm) of it.
+    const Tensor& next_w = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
+    cuda::rmsnorm_residual_forward(x2, ws.o.raw(), next_w.raw(), eps, T, H, dt, x, h,
+                                   ws.rstd.data<float>(), stream);
+  }
+  const void* rows = h;
+  if (s.last_rows) {  // only each sequence's last new row needs logits
+    cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
+    rows = ws.last.raw();
+  }
+  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream);
+}
+
+Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache) const {
+  const int64_t B = p.batch, T = p.tokens, V = model_->config().vocab_size;
+  // One upload: ids, positions, slots, cu_seqlens, seq_lens, last rows, tables, then the flag.
+  std::vector<int32_t> host;
+  auto put = [&](const std::vector<int32_t>& v) {
+    const size_t at = host.size();
+    host.insert(host.end(), v.begin(), v.end());
+    return at;
+  };
+  const size_t o_ids = put(s.ids), o_pos = put(p.positions), o_slots = put(p.slots);
+  const size_t o_cu = put(s.cu_seqlens), o_lens = put(p.seq_lens), o_last = put(p.last_rows);
+  const size_t o_tables = put(p.tables);
+  const size_t o_flag = host.size();
+  host.push_back(-1);  // 0xffffffff: no error
+  cudaStream_t stream = cuda::current_stream();
+  cuda::DeviceBuffer buf(host.size() * sizeof(int32_t), stream);
+  OPD_CUDA_CHECK(cudaMemcpyAsync(buf.get(), host.data(), host.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream));
+  const int32_t* d = buf.as<int32_t>();
+  PagedDeviceStep ds;
+  ds.batch = B;
+  ds.tokens = T;
+  ds.width = p.width;
+  ds.max_q_len = p.max_q_len;
+  ds.max_seq_len = p.max_seq_len;
+  ds.ids = d + o_ids;
+  ds.positions = d + o_pos;
+  ds.slots = d + o_slots;
+  ds.cu_seqlens = d + o_cu;
+  ds.seq_lens = d + o_lens;
+  ds.last_rows = d + o_last;
+  ds.block_tables = d + o_tables;
+  ds.error_flag = reinterpret_cast<unsigned*>(buf.as<int32_t>() + o_flag);
+  PagedWorkspace ws(model_->config(), model_->dtype(), T);
+  Tensor logits = Tensor::empty({B, V}, DType::F32, Device::CUDA);
+  step_device(ds, cache, ws, logits.data<float>(), stream);
+  unsigned flag = 0;
+  OPD_CUDA_CHECK(cudaMemcpyAsync(&flag, ds.error_flag, sizeof(flag), cudaMemcpyDeviceToHost, stream));
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  OPD_CHECK(flag == 0xffffffffu, Internal, "PagedForward::step: the paged kernels rejected row or "
+            "sequence ", flag, " although the host validated every index");
+  return logits;
+}
+
+}  // namespace opd
+
+#endif  // OPD_WITH_CUDA
