@@ -1,0 +1,318 @@
+// The rollout engine with a CUDA model (rollout/engine_cuda.h, model/paged_forward_cuda.cpp)
+// against the CPU engine on the fixture models: greedy f32 token for token; bf16 greedy against
+// the argmax of a full CUDA forward at every step; invariance to the batch, n, chunking and
+// preemption; sampled ids at T = 1 equal the CPU's (same Philox draw); CUDA graphs bit-identical
+// to the eager path; stop conditions; non-finite logits. Skips without a GPU.
+//
+// Why f32 CUDA vs CPU can be compared token for token: both run the same formulas in f32, so the
+// logits differ by summation order only (~1e-6 relative, tests/cuda/test_cuda_model.cpp); a
+// greedy pick or an inverse-CDF draw can then differ only where two logits (or u and a CDF
+// boundary) are within ~1e-6, which these seeded cases do not hit (a mismatch prints the first
+// divergence). bf16 rounds every activation (~1% relative on logits), so bf16 greedy is checked
+// against the argmax of the bf16 full forward with a near-tie allowance instead.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/cuda_test_util.h"
+#include "model/kv_cache.h"
+#include "rollout/engine.h"
+#include "rollout/rollout_test_util.h"
+
+namespace opd::test {
+namespace {
+
+// The index of the first differing token (a.size() when one is a prefix of the other).
+size_t first_divergence(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t k = 0;
+  while (k < std::min(a.size(), b.size()) && a[k] == b[k]) ++k;
+  return k;
+}
+
+GenerationRequest sampled_req(std::vector<int32_t> prompt, int64_t n, uint64_t seed,
+                              int64_t max_new = 18) {
+  GenerationRequest r = request(std::move(prompt), max_new, 1.0, seed, n);
+  r.sampling.top_p = 0.95;
+  r.sampling.top_k = 40;
+  r.ignore_eos = true;
+  return r;
+}
+
+void expect_same(const SampleOutput& a, const SampleOutput& b, const std::string& what,
+                 double logprob_tol) {
+  EXPECT_EQ(a.ids, b.ids) << what << ": first divergence at step " << first_divergence(a.ids, b.ids);
+  EXPECT_EQ(a.finish_reason, b.finish_reason) << what;
+  if (a.ids != b.ids) return;
+  for (size_t k = 0; k < a.ids.size(); ++k) {
+    EXPECT_NEAR(a.model_logprobs[k], b.model_logprobs[k], logprob_tol) << what << " step " << k;
+    EXPECT_NEAR(a.sampling_logprobs[k], b.sampling_logprobs[k], logprob_tol) << what << " step " << k;
+  }
+}
+
+class CudaRolloutFamilies : public ::testing::TestWithParam<const char*> {};
+
+// Prompts of 3..18 tokens, n = 2 (forks with copy-on-write), prefill in chunks of 7.
+TEST_P(CudaRolloutFamilies, GreedyF32EqualsTheCpuEngineTokenForToken) {
+  REQUIRE_GPU();
+  Transformer cpu = Transformer::load(model_dir(GetParam()));
+  Transformer gpu = cpu.to(Device::CUDA, DType::F32);
+  const int64_t V = cpu.config().vocab_size;
+  EngineOptions opt;
+  opt.block_size = 4;
+  opt.max_step_tokens = 7;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(request(seeded_prompt(i, 3 + 5 * i, V), 20, 0.0, 0, 2));
+  auto want = RolloutEngine(cpu, opt, {}).generate(reqs);
+  RolloutEngine engine(gpu, opt, {});
+  auto got = engine.generate(reqs);
+  for (size_t r = 0; r < reqs.size(); ++r)
+    for (size_t k = 0; k < 2; ++k)
+      expect_same(got[r].samples[k], want[r].samples[k],
+                  cat(GetParam(), " request ", r, " sample ", k), 1e-4);
+  EXPECT_GT(engine.stats().graph_steps, 0);
+  EXPECT_GE(engine.stats().graph_captures, 1);
+}
+
+// bf16: the engine's pick at every step is the argmax of the full bf16 CUDA forward over prompt +
+// generated tokens, up to near-ties: the two paths round differently (paged vs flash attention,
+// GEMMs of different shapes), ~1% of a logit. A pick whose full-forward logit is below the max
+// by more than 0.05 + 2% of the max |logit| fails; exact argmax agreement is counted and must
+// hold for >= 90% of the steps.
+TEST_P(CudaRolloutFamilies, GreedyBf16IsTheFullForwardArgmaxAtEveryStep) {
+  REQUIRE_GPU();
+  Transformer gpu = Transformer::load(model_dir(GetParam())).to(Device::CUDA, DType::BF16);
+  const int64_t V = gpu.config().vocab_size;
+  EngineOptions opt;
+  opt.block_size = 16;
+  opt.max_step_tokens = 9;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(request(seeded_prompt(20 + i, 4 + 6 * i, V), 24, 0.0));
+  RolloutEngine engine(gpu, opt, {});
+  auto out = engine.generate(reqs);
+  int64_t steps = 0, exact = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const SampleOutput& s = out[r].samples[0];
+    ASSERT_EQ(s.ids.size(), 24u);
+    std::vector<int32_t> seq = reqs[r].prompt;
+    seq.insert(seq.end(), s.ids.begin(), s.ids.end());
+    Tensor logits = host(gpu.forward(make_batch({seq}, V)));
+    for (size_t k = 0; k < s.ids.size(); ++k) {
+      const int64_t row = static_cast<int64_t>(reqs[r].prompt.size() + k) - 1;
+      const float* z = logits.data<float>() + row * V;
+      const int64_t best = std::max_element(z, z + V) - z;
+      const double tol = 0.05 + 0.02 * std::fabs(z[best]);
+      EXPECT_GE(z[s.ids[k]], z[best] - tol) << GetParam() << " request " << r << " step " << k
+                                            << ": picked " << s.ids[k] << ", argmax " << best;
+      exact += s.ids[k] == best;
+      ++steps;
+    }
+  }
+  std::printf("%s bf16: %lld of %lld greedy picks equal the full-forward argmax\n", GetParam(),
+              (long long)exact, (long long)steps);
+  EXPECT_GE(exact * 10, steps * 9);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaRolloutFamilies,
+                         ::testing::Values("qwen3", "qwen2", "llama", "llama_bias"));
+
+// One request alone, then among others with n > 1, chunked prefill, several block sizes, and
+// under a KV budget that forces preemption: identical ids (f32 CUDA model).
+TEST(CudaRollout, SampleDoesNotDependOnBatchNChunkingOrPreemption) {
+  REQUIRE_GPU();
+  Transformer gpu = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::F32);
+  const int64_t V = gpu.config().vocab_size;
+  const std::vector<int32_t> a = seeded_prompt(1, 9, V), b = seeded_prompt(2, 4, V),
+                             c = seeded_prompt(3, 15, V);
+  auto alone = RolloutEngine(gpu, EngineOptions{}, {}).generate({sampled_req(a, 2, 5)});
+  EXPECT_NE(alone[0].samples[0].ids, alone[0].samples[1].ids);  // samples differ
+  for (int64_t block_size : {1, 4, 16}) {
+    for (int64_t step_tokens : {1, 5, 512}) {
+      EngineOptions opt;
+      opt.block_size = block_size;
+      opt.max_step_tokens = step_tokens;
+      RolloutEngine engine(gpu, opt, {});
+      auto out = engine.generate({sampled_req(b, 2, 9), sampled_req(a, 4, 5), sampled_req(c, 3, 5)});
+      const std::string what = cat("block_size ", block_size, " max_step_tokens ", step_tokens);
+      expect_same(out[1].samples[0], alone[0].samples[0], what + " sample 0", 1e-4);
+      expect_same(out[1].samples[1], alone[0].samples[1], what + " sample 1", 1e-4);
+    }
+  }
+  // Preemption: 16 samples in the blocks of the longest one alone (+0, +1, +5 blocks).
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(sampled_req(seeded_prompt(10 + i, 2 + 3 * i, V), 2 + i % 2, 20 + i));
+  reqs.push_back(request(seeded_prompt(30, 7, V), 18, 0.0, 0, 2));
+  EngineOptions big;
+  big.block_size = 4;
+  auto want = RolloutEngine(gpu, big, {}).generate(reqs);
+  const int64_t block_bytes = KvCache::block_bytes(gpu.config(), 4, DType::F32);
+  for (int64_t blocks : {8, 9, 13}) {
+    EngineOptions tiny = big;
+    tiny.kv_cache_bytes = blocks * block_bytes;
+    tiny.max_step_tokens = 3;
+    RolloutEngine engine(gpu, tiny, {});
+    auto got = engine.generate(reqs);
+    EXPECT_GT(engine.stats().preemptions, 0) << blocks << " blocks";
+    EXPECT_LE(engine.stats().peak_blocks_used, blocks);
+    for (size_t r = 0; r < reqs.size(); ++r)
+      for (size_t k = 0; k < want[r].samples.size(); ++k)
+        expect_same(got[r].samples[k], want[r].samples[k],
+                    cat(blocks, " blocks: request ", r, " sample ", k), 1e-4);
+  }
+}
+
+// T = 1 (and a filtered configuration): the GPU draws with the CPU's uniform from the same
+// Philox counter, so with the f32 model the ids equal the CPU engine's. The two can differ only
+// where u falls within the logits' rounding (~1e-6) of a CDF boundary: the probability of that
+// is ~1e-6 per draw times the boundaries near u, so over these ~1,100 draws a mismatch is
+// unexpected; at most one diverging sample (of 48) is allowed so a rare rounding case does not
+// fail the suite, and every divergence is printed.
+TEST(CudaRollout, SampledIdsEqualTheCpuEngineAtTemperatureOne) {
+  REQUIRE_GPU();
+  int diverged = 0, samples = 0;
+  for (const char* family : {"qwen3", "llama"}) {
+    Transformer cpu = Transformer::load(model_dir(family));
+    Transformer gpu = cpu.to(Device::CUDA, DType::F32);
+    const int64_t V = cpu.config().vocab_size;
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+      GenerationRequest r = request(seeded_prompt(70 + i, 3 + 2 * i, V), 24, 1.0, 100 + i, 2);
+      r.ignore_eos = true;
+      if (i % 3 == 1) {
+        r.sampling.top_p = 0.9;
+        r.sampling.min_p = 0.02;
+      } else if (i % 3 == 2) {
+        r.sampling.temperature = 0.7;
+        r.sampling.top_k = 20;
+      }
+      reqs.push_back(r);
+    }
+    auto want = RolloutEngine(cpu, EngineOptions{}, {}).generate(reqs);
+    auto got = RolloutEngine(gpu, EngineOptions{}, {}).generate(reqs);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      for (size_t k = 0; k < 2; ++k) {
+        const auto& g = got[r].samples[k].ids;
+        const auto& w = want[r].samples[k].ids;
+        ++samples;
+        if (g != w) {
+          ++diverged;
+          std::printf("%s request %zu sample %zu: first divergence at step %zu\n", family, r, k,
+                      first_divergence(g, w));
+          continue;
+        }
+        for (size_t t = 0; t < g.size(); ++t) {
+          EXPECT_NEAR(got[r].samples[k].model_logprobs[t], want[r].samples[k].model_logprobs[t], 1e-4);
+          EXPECT_NEAR(got[r].samples[k].sampling_logprobs[t], want[r].samples[k].sampling_logprobs[t], 1e-4);
+        }
+      }
+    }
+  }
+  std::printf("sampled: %d of %d samples diverge from the CPU engine\n", diverged, samples);
+  EXPECT_LE(diverged, 1);
+}
+
+// The graph replay runs the same kernels with the same arguments as the eager decode step:
+// bit-identical ids and log-probabilities, f32 and bf16; graphs are captured and replayed.
+TEST(CudaRollout, GraphsGiveTheEagerPathsTokensBitForBit) {
+  REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Transformer gpu = Transformer::load(model_dir("qwen2")).to(Device::CUDA, dt);
+    const int64_t V = gpu.config().vocab_size;
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 5; ++i) {
+      reqs.push_back(sampled_req(seeded_prompt(80 + i, 3 + 4 * i, V), 1 + i % 2, 40 + i, 12 + 6 * i));
+    }
+    EngineOptions eager;
+    eager.cuda_graphs = false;
+    eager.block_size = 8;
+    EngineOptions graphs = eager;
+    graphs.cuda_graphs = true;
+    RolloutEngine e0(gpu, eager, {}), e1(gpu, graphs, {});
+    auto want = e0.generate(reqs);
+    auto got = e1.generate(reqs);
+    EXPECT_EQ(e0.stats().graph_steps, 0);
+    EXPECT_GT(e1.stats().graph_steps, 10);
+    // Sequences finish at different steps: several buckets are captured.
+    EXPECT_GE(e1.stats().graph_captures, 2);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      for (size_t k = 0; k < want[r].samples.size(); ++k) {
+        const SampleOutput &a = got[r].samples[k], &b = want[r].samples[k];
+        EXPECT_EQ(a.ids, b.ids) << dtype_label(dt) << " request " << r;
+        EXPECT_EQ(a.model_logprobs, b.model_logprobs) << dtype_label(dt) << " request " << r;
+        EXPECT_EQ(a.sampling_logprobs, b.sampling_logprobs) << dtype_label(dt) << " request " << r;
+      }
+    }
+  }
+}
+
+// EOS (and ignore_eos), a stop token id, max_new_tokens on the CUDA engine, with the CPU
+// engine's outputs as the reference (f32 model).
+TEST(CudaRollout, StopsOnEosStopTokenAndMaxTokens) {
+  REQUIRE_GPU();
+  Transformer cpu = Transformer::load(model_dir("llama"));
+  Transformer gpu = cpu.to(Device::CUDA, DType::F32);
+  const int64_t V = cpu.config().vocab_size;
+  GenerationRequest base = sampled_req(seeded_prompt(50, 6, V), 1, 11);
+  RolloutEngine free_run(gpu, EngineOptions{}, {});
+  const std::vector<int32_t> ids = free_run.generate({base})[0].samples[0].ids;
+  ASSERT_EQ(ids.size(), 18u);
+  EXPECT_EQ(ids, RolloutEngine(cpu, EngineOptions{}, {}).generate({base})[0].samples[0].ids);
+  size_t k = 3;  // the first token whose first occurrence is at step >= 3
+  while (k < ids.size() &&
+         std::find(ids.begin(), ids.begin() + static_cast<long>(k), ids[k]) != ids.begin() + static_cast<long>(k))
+    ++k;
+  ASSERT_LT(k, ids.size());
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + static_cast<long>(k) + 1);
+
+  RolloutEngine with_eos(gpu, EngineOptions{}, {ids[k]});
+  GenerationRequest r = base;
+  r.ignore_eos = false;
+  // A second request that runs on, so the finished one leaves a running batch.
+  GenerationRequest other = sampled_req(seeded_prompt(51, 4, V), 1, 12, 30);
+  auto both = with_eos.generate({r, other});
+  EXPECT_EQ(both[0].samples[0].ids, prefix);
+  EXPECT_EQ(both[0].samples[0].finish_reason, FinishReason::Eos);
+  EXPECT_EQ(both[1].samples[0].ids.size(), 30u);
+  r.ignore_eos = true;
+  SampleOutput s = with_eos.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, ids);
+  EXPECT_EQ(s.finish_reason, FinishReason::Length);
+
+  r = base;
+  r.stop_token_ids = {ids[k]};
+  s = free_run.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, prefix);
+  EXPECT_EQ(s.finish_reason, FinishReason::Stop);
+
+  r = base;
+  r.max_new_tokens = 5;
+  s = free_run.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 5));
+  EXPECT_EQ(s.finish_reason, FinishReason::Length);
+  r.max_new_tokens = 1;
+  s = free_run.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 1));
+}
+
+// A NaN in the weights makes every logit NaN: the CUDA engine reports the CPU engine's
+// InvalidData message (the GPU sampler flags the row; the CPU check on that row words it).
+TEST(CudaRollout, NonFiniteLogitsAreTheCpuEnginesInvalidData) {
+  REQUIRE_GPU();
+  Transformer cpu = Transformer::load(model_dir("qwen3"));
+  cpu.weights().final_norm.data<float>()[0] = NAN;
+  Transformer gpu = cpu.to(Device::CUDA, DType::F32);
+  const int64_t V = cpu.config().vocab_size;
+  const GenerationRequest r = request(seeded_prompt(5, 5, V), 4, 1.0);
+  const std::string want = error_message([&] { RolloutEngine(cpu, EngineOptions{}, {}).generate({r}); },
+                                         ErrorKind::InvalidData);
+  const std::string got = error_message([&] { RolloutEngine(gpu, EngineOptions{}, {}).generate({r}); },
+                                        ErrorKind::InvalidData);
+  EXPECT_EQ(message_head(got), message_head(want));
+  EXPECT_NE(got.find("is not finite"), std::string::npos) << got;
+  // The engine is usable afterwards (nothing left captured or held).
+  Transformer ok = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::F32);
+  EXPECT_EQ(RolloutEngine(ok, EngineOptions{}, {}).generate({r})[0].samples[0].ids.size(), 4u);
+}
+
+}  // namespace
+}  // namespace opd::test
