@@ -4,8 +4,10 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|all|quick-tests|quick-bench|racecheck-gen]
+# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen]
 # (default all)
+# rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
+# with and without CUDA graphs, and the transformers twin (eager, then compiled), ~4-6 minutes.
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
 # generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
 # their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a
@@ -82,12 +84,25 @@ if [[ "$what" == racecheck-gen ]]; then
         --gtest_filter="CudaPagedAttention.RawApiForcedSplitsAndBatches:$RACE_TOPK:CudaSampler.ChiSquare*"
   done
 fi
+if [[ "$what" == rollout ]]; then
+  run cuda_rollout 150 $B/test_cuda --gtest_filter='CudaRollout*'
+  run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:CudaRolloutFamilies.GreedyF32*/0'
+  run bench_rollout 120 $B/opd bench rollout
+  run bench_rollout_eager 90 $B/opd bench rollout --no-graphs --runs 1
+  run torch_rollout_eager 120 python3 tools/bench_rollout_torch.py --modes eager
+  run torch_rollout_compiled 200 python3 tools/bench_rollout_torch.py --modes compiled
+  grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" 2>/dev/null
+  grep -h "^transformers generate" "$OUT"/torch_rollout_*.log 2>/dev/null
+fi
 if [[ "$what" == quick-tests ]]; then
   run cuda 300 $B/test_cuda
   run memcheck_model 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='*CudaModel*:*CudaRows*:CudaConvert*'
   run memcheck_gen 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaTopKLmHead.RowKernels*:CudaScorer.*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
+  run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:CudaRolloutFamilies.GreedyF32*/0'
 fi
 if [[ "$what" == quick-bench ]]; then
   run bench_train 300 $B/opd bench train --with-torch

@@ -1,0 +1,375 @@
+// `opd bench rollout`: the rollout phase of W1 (shared/BENCHMARKS.md) on one GPU: Qwen3-0.6B
+// shape (vocab 151,936, hidden 1,024, 28 layers, 16/8 heads x 128, intermediate 3,072, tied
+// embeddings, q/k norm, rope_theta 1e6, eps 1e-6), random init (seeded normal, std 0.02; norms
+// 1), bf16; 64 prompts of 256 seeded random ids, 512 new tokens each at temperature 1 with EOS
+// ignored, through RolloutEngine exactly as the trainer calls it. One warm-up rollout, then the
+// median of --runs timed rollouts: tokens/s (generated tokens / s), seconds, decode-step time,
+// achieved bandwidth (bytes a decode step must read: weights + the K/V of every context token,
+// over the decode forward's time) against the 4.15 TB/s copy ceiling, peak device memory, and
+// the engine's time split (prefill, decode forward, sampling, host scheduling).
+// With --with-torch the transformers twin (tools/bench_rollout_torch.py: the same shape, random
+// init, bf16, HF `generate` eager and with a static cache + torch.compile) runs afterwards in the
+// same command and the ratios are printed.
+//
+// Bytes per decode step (the floor): weights 2 x params (the tied lm_head counted once; the
+// embedding lookup reads B rows, not counted) + K/V: sum over sequences of context length x
+// 2 x layers x kv heads x head_dim x 2 bytes. W1: 1.19 GB + 64 x 512 (average context) x
+// 112 KiB = 3.76 GB.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/transformer.h"
+#include "model/weights.h"
+#include "rollout/engine.h"
+
+#if defined(OPD_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/allocator.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace opd::cli {
+namespace {
+
+struct BenchRolloutOptions {
+  int64_t prompts = 64;
+  int64_t prompt_len = 256;
+  int64_t new_tokens = 512;
+  int64_t layers = 28;
+  int64_t n = 1;
+  double temperature = 1.0;
+  uint64_t seed = 1234;
+  int warmup = 1;
+  int runs = 3;
+  double kv_cache_gb = 8.0;
+  int64_t block_size = 16;
+  int64_t max_step_tokens = 2048;
+  int64_t max_running = 256;
+  bool no_graphs = false;
+  bool json = false;
+  bool with_torch = false;
+  std::string python = "python3";
+  std::string torch_script = "tools/bench_rollout_torch.py";
+  std::string torch_modes = "eager,compiled";
+};
+
+#if defined(OPD_WITH_CUDA)
+
+constexpr double kCopyCeiling = 4.15e12;  // device-to-device copy, lent H200 (BENCHMARKS.md)
+
+ModelConfig qwen3_06b(int64_t layers) {
+  ModelConfig c;
+  c.arch = Architecture::Qwen3;
+  c.model_type = "qwen3";
+  c.vocab_size = 151936;
+  c.hidden_size = 1024;
+  c.intermediate_size = 3072;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 16;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  c.tie_word_embeddings = true;
+  c.qk_norm = true;
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+
+// xorshift64: reproducible prompt ids from the seed.
+struct Rng {
+  uint64_t x;
+  explicit Rng(uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  }
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs the transformers twin and returns its last JSON line (null when it failed).
+nlohmann::json run_torch(const BenchRolloutOptions& o) {
+  std::string script = o.torch_script;
+  if (!script.empty() && script[0] != '/') {
+    if (const char* src = std::getenv("OPD_SOURCE_DIR")) script = std::string(src) + "/" + script;
+  }
+  const std::string cmd =
+      cat(o.python, " ", script, " --json --prompts ", o.prompts, " --prompt-len ", o.prompt_len,
+          " --new-tokens ", o.new_tokens, " --layers ", o.layers, " --temperature ",
+          o.temperature, " --seed ", o.seed, " --modes ", o.torch_modes, " 2>&1");
+  if (!o.json) std::printf("\ntransformers twin: %s\n", cmd.c_str());
+  std::fflush(stdout);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return nullptr;
+  std::string line, last_json;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    line = buf;
+    if (!o.json) std::fputs(buf, stdout);
+    if (!line.empty() && line[0] == '{') last_json = line;
+  }
+  const int rc = pclose(p);
+  if (last_json.empty()) {
+    std::printf("transformers twin failed (exit status %d)\n", rc);
+    return nullptr;
+  }
+  try {
+    return nlohmann::json::parse(last_json);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+void run_bench_rollout(const BenchRolloutOptions& o) {
+  OPD_CHECK(cuda::device_count() > 0, Unsupported, "opd bench rollout needs a CUDA device");
+  OPD_CHECK(o.prompts >= 1 && o.prompt_len >= 1 && o.new_tokens >= 1 && o.layers >= 1 &&
+                o.runs >= 1 && o.warmup >= 0 && o.n >= 1,
+            InvalidArgument, "bench rollout: prompts, prompt-len, new-tokens, layers, n, runs must be >= 1");
+  const ModelConfig c = qwen3_06b(o.layers);
+  const std::string device = cuda::device_description(0);
+  const int64_t sequences = o.prompts * o.n, generated = sequences * o.new_tokens;
+
+  // bf16 weights straight on the device: normal(0, 0.02) matrices, norms 1 (seeded per tensor).
+  ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
+  uint64_t seed = o.seed;
+  cudaStream_t init_stream = cuda::current_stream();
+  w.for_each([&](const std::string&, Tensor& t) {
+    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 1.0f, 1.0f, init_stream);
+    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, init_stream);
+  });
+  OPD_CUDA_CHECK(cudaDeviceSynchronize());
+  Transformer model(c, std::move(w));
+  const int64_t params = model.weights().num_parameters();
+
+  Rng rng(o.seed + 17);
+  std::vector<GenerationRequest> reqs(static_cast<size_t>(o.prompts));
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    GenerationRequest& q = reqs[r];
+    for (int64_t p = 0; p < o.prompt_len; ++p)
+      q.prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.vocab_size)));
+    q.sampling.temperature = o.temperature;
+    q.sampling.seed = o.seed + r;
+    q.n = o.n;
+    q.max_new_tokens = o.new_tokens;
+    q.ignore_eos = true;
+  }
+  EngineOptions eo;
+  eo.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_gb * (1ll << 30));
+  eo.block_size = o.block_size;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.max_running = o.max_running;
+  eo.cuda_graphs = !o.no_graphs;
+  RolloutEngine engine(model, eo, {});
+
+  // Floor bytes of the decode steps: every sequence in lockstep (EOS ignored, n samples share
+  // the prompt but each reads its own view of it); decode step j (1..M-1) feeds token j, so a
+  // sequence's context is P + j.
+  const double kv_per_token = 2.0 * static_cast<double>(c.num_hidden_layers * c.num_key_value_heads *
+                                                        c.head_dim) * 2.0;
+  const double weight_bytes = 2.0 * static_cast<double>(params);
+  double kv_bytes = 0;
+  for (int64_t j = 1; j < o.new_tokens; ++j)
+    kv_bytes += static_cast<double>(sequences) * static_cast<double>(o.prompt_len + j) * kv_per_token;
+
+  struct Run {
+    double s, prefill, decode_fwd, sample, host;
+    int64_t steps, decode_steps, graph_steps, captures, preemptions;
+  };
+  std::vector<Run> runs;
+  auto& alloc = cuda::device_allocator();
+  if (!o.json) {
+    std::printf("opd bench rollout on %s\n", device.c_str());
+    std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
+                "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
+                "graphs %s\n",
+                (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
+                (long long)o.new_tokens, o.temperature, (long long)o.block_size,
+                (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on");
+  }
+  std::vector<RequestOutput> last;
+  for (int i = 0; i < o.warmup + o.runs; ++i) {
+    if (i == o.warmup) {
+      alloc.reset_peak();
+      reset_peak_memory(Device::CUDA);
+    }
+    last = engine.generate(reqs);
+    const EngineStats& st = engine.stats();
+    Run r{st.seconds, st.prefill_seconds, st.decode_forward_seconds, st.sample_seconds,
+          st.host_seconds, st.steps, st.decode_steps, st.graph_steps, st.graph_captures,
+          st.preemptions};
+    if (!o.json) {
+      std::printf("  run %d%s: %.3f s, %.0f tok/s (prefill %.3f s, decode forward %.3f s, sampling "
+                  "%.3f s, host %.3f s; %lld steps, %lld decode, %lld from graphs, %lld captures, "
+                  "%lld preemptions)\n",
+                  i, i < o.warmup ? " (warm-up)" : "", r.s, generated / r.s, r.prefill,
+                  r.decode_fwd, r.sample, r.host, (long long)r.steps, (long long)r.decode_steps,
+                  (long long)r.graph_steps, (long long)r.captures, (long long)r.preemptions);
+    }
+    if (i >= o.warmup) runs.push_back(r);
+  }
+  int64_t produced = 0;
+  for (const RequestOutput& ro : last)
+    for (const SampleOutput& so : ro.samples) produced += static_cast<int64_t>(so.ids.size());
+  OPD_CHECK(produced == generated, Internal, "bench rollout: ", produced, " tokens generated, expected ",
+            generated);
+  auto med = [&](double Run::*f) {
+    std::vector<double> v;
+    for (const Run& r : runs) v.push_back(r.*f);
+    return median(v);
+  };
+  const double s = med(&Run::s), prefill = med(&Run::prefill), fwd = med(&Run::decode_fwd),
+               smp = med(&Run::sample), host = med(&Run::host);
+  const int64_t decode_steps = runs.back().decode_steps;
+  const double step_ms = decode_steps > 0 ? (fwd + smp) / decode_steps * 1e3 : 0;
+  const double fwd_ms = decode_steps > 0 ? fwd / decode_steps * 1e3 : 0;
+  const double bytes = weight_bytes * static_cast<double>(decode_steps) + kv_bytes;
+  const double bw = fwd > 0 ? bytes / fwd : 0;
+  const double floor_s = bytes / kCopyCeiling;
+  const cuda::AllocatorStats as = alloc.stats();
+
+  nlohmann::json j;
+  j["bench"] = "rollout";
+  j["device"] = device;
+  j["layers"] = o.layers;
+  j["prompts"] = o.prompts;
+  j["prompt_len"] = o.prompt_len;
+  j["n"] = o.n;
+  j["new_tokens"] = o.new_tokens;
+  j["temperature"] = o.temperature;
+  j["graphs"] = !o.no_graphs;
+  j["params"] = params;
+  j["generated_tokens"] = generated;
+  j["seconds"] = s;
+  j["seconds_all"] = [&] {
+    std::vector<double> v;
+    for (const Run& r : runs) v.push_back(r.s);
+    return v;
+  }();
+  j["tokens_per_s"] = generated / s;
+  j["goal_tokens_per_s"] = 40000;
+  j["prefill_s"] = prefill;
+  j["decode_forward_s"] = fwd;
+  j["sampling_s"] = smp;
+  j["host_s"] = host;
+  j["decode_steps"] = decode_steps;
+  j["decode_step_ms"] = step_ms;
+  j["decode_forward_step_ms"] = fwd_ms;
+  j["sampling_step_ms"] = decode_steps > 0 ? smp / decode_steps * 1e3 : 0;
+  j["steps"] = runs.back().steps;
+  j["graph_steps"] = runs.back().graph_steps;
+  j["graph_captures"] = runs.back().captures;
+  j["preemptions"] = runs.back().preemptions;
+  j["decode_bytes"] = bytes;
+  j["weight_bytes_per_step"] = weight_bytes;
+  j["kv_bytes_per_step_avg"] = decode_steps > 0 ? kv_bytes / decode_steps : 0;
+  j["achieved_bytes_per_s"] = bw;
+  j["fraction_of_copy_ceiling"] = bw / kCopyCeiling;
+  j["decode_floor_s"] = floor_s;
+  j["peak_in_use_bytes"] = as.peak_in_use;
+  j["peak_reserved_bytes"] = as.peak_reserved;
+  if (!o.json) {
+    std::printf("\nopd: %.3f s (median of %d), %.0f tokens/s (goal >= 40,000)\n", s, o.runs,
+                generated / s);
+    std::printf("     split: prefill %.3f s, decode forward %.3f s, sampling %.3f s, host %.3f s\n",
+                prefill, fwd, smp, host);
+    std::printf("     decode step %.3f ms (forward %.3f ms + sampling %.3f ms) x %lld steps\n",
+                step_ms, fwd_ms, decode_steps > 0 ? smp / decode_steps * 1e3 : 0,
+                (long long)decode_steps);
+    std::printf("     decode reads %.2f GB/step (weights %.2f GB + KV %.2f GB avg): %.2f TB/s = %.0f%% "
+                "of the 4.15 TB/s copy ceiling (floor %.3f s)\n",
+                bytes / std::max<int64_t>(1, decode_steps) / 1e9, weight_bytes / 1e9,
+                kv_bytes / std::max<int64_t>(1, decode_steps) / 1e9, bw / 1e12,
+                100 * bw / kCopyCeiling, floor_s);
+    std::printf("     peak device memory: %.2f GiB in use, %.2f GiB reserved (allocator)\n",
+                as.peak_in_use / 1073741824.0, as.peak_reserved / 1073741824.0);
+  }
+  if (o.with_torch) {
+    cuda::device_allocator().empty_cache();  // the twin gets the memory back
+    nlohmann::json t = run_torch(o);
+    j["torch"] = t;
+    if (t.is_object()) {
+      for (const char* mode : {"eager", "compiled"}) {
+        if (!t.contains(mode) || !t[mode].is_object() || !t[mode].contains("seconds")) continue;
+        const double ts = t[mode]["seconds"].get<double>();
+        j[cat("speedup_vs_torch_", mode)] = ts / s;
+        if (!o.json)
+          std::printf("opd vs transformers generate (%s): %.3f s vs %.3f s, %.1fx\n", mode, s, ts,
+                      ts / s);
+      }
+    }
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+#else
+
+void run_bench_rollout(const BenchRolloutOptions&) {
+  OPD_FAIL(Unsupported, "opd bench rollout needs the CUDA backend (this build has none)");
+}
+
+#endif
+
+}  // namespace
+
+void register_bench_rollout(CLI::App& bench) {
+  auto o = std::make_shared<BenchRolloutOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "rollout", "W1 rollout phase (Qwen3-0.6B shape, bf16, 64 x 256-token prompts, 512 new "
+                 "tokens at T 1) through the rollout engine on CUDA");
+  cmd->add_option("--prompts", o->prompts, "prompts")->capture_default_str();
+  cmd->add_option("--prompt-len", o->prompt_len, "tokens per prompt (seeded random ids)")
+      ->capture_default_str();
+  cmd->add_option("--new-tokens", o->new_tokens, "tokens generated per sample (EOS ignored)")
+      ->capture_default_str();
+  cmd->add_option("--n", o->n, "samples per prompt")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "decoder layers (28 = Qwen3-0.6B)")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "sampling temperature (0 = greedy)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of weights, prompts and sampling")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed rollouts first")->capture_default_str();
+  cmd->add_option("--runs", o->runs, "timed rollouts (median reported)")->capture_default_str();
+  cmd->add_option("--kv-cache-gb", o->kv_cache_gb, "KV cache budget in GiB")->capture_default_str();
+  cmd->add_option("--block-size", o->block_size, "tokens per KV block")->capture_default_str();
+  cmd->add_option("--max-step-tokens", o->max_step_tokens, "tokens per step (prefill chunk budget)")
+      ->capture_default_str();
+  cmd->add_option("--max-running", o->max_running, "sequences in the running batch")
+      ->capture_default_str();
+  cmd->add_flag("--no-graphs", o->no_graphs, "run decode steps eagerly instead of from CUDA graphs (default off)");
+  cmd->add_flag("--json", o->json, "print only the JSON line (default off)");
+  cmd->add_flag("--with-torch", o->with_torch,
+                "also run the transformers twin (tools/bench_rollout_torch.py) and print the "
+                "ratios (default off)");
+  cmd->add_option("--python", o->python, "python interpreter for --with-torch")->capture_default_str();
+  cmd->add_option("--torch-script", o->torch_script,
+                  "the twin's path (relative paths resolve under $OPD_SOURCE_DIR when set)")
+      ->capture_default_str();
+  cmd->add_option("--torch-modes", o->torch_modes,
+                  "twin modes, comma-separated: eager (HF generate, dynamic cache), compiled "
+                  "(static cache + torch.compile)")
+      ->capture_default_str();
+  cmd->callback([o] { run_bench_rollout(*o); });
+}
+
+}  // namespace opd::cli
