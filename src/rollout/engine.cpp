@@ -268,16 +268,21 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
       budget -= end - s->computed;
       ++i;
     }
-    // 2. Admissions (none in a step that had to preempt: memory is short).
+    // 2. Admissions (none in a step that had to preempt: memory is short). The running set is
+    //    counted with the forks its prompts will create, so it stays <= max_running (or one
+    //    request's n when that alone is larger).
+    int64_t running_samples = 0;
+    for (const Sequence* s : running) running_samples += 1 + static_cast<int64_t>(s->pending_forks.size());
     while (!preempted && !waiting.empty() && budget > 0) {
       Sequence* s = waiting.front();
       const int64_t group = 1 + static_cast<int64_t>(s->pending_forks.size());
-      if (!running.empty() && static_cast<int64_t>(running.size()) + group > options_.max_running) break;
+      if (!running.empty() && running_samples + group > options_.max_running) break;
       const int64_t end = s->computed +
                           std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
       if (!reserve(*s, end)) break;
       waiting.pop_front();
       running.push_back(s);
+      running_samples += group;
       sched.push_back({s, end});
       budget -= end - s->computed;
     }

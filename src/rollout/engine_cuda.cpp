@@ -80,8 +80,8 @@ struct CudaStepRunner::Impl {
   KvCache& cache;
   CudaRunnerLimits limits;
   cudaStream_t stream;
-  int64_t vocab = 0, rows_cap = 0, tokens_cap = 0;
-  PagedWorkspace ws;
+  int64_t vocab = 0, rows_cap = 0, tokens_cap = 0, draws_cap = 0;
+  std::unique_ptr<PagedWorkspace> ws;
   Tensor io;      // device copy of the layout (i64 storage)
   Tensor logits;  // f32 [rows_cap, V]
   void* host = nullptr;  // pinned staging, io.nbytes()
@@ -90,22 +90,40 @@ struct CudaStepRunner::Impl {
   CudaStepTimes times;
 
   Impl(const PagedForward& f, KvCache& c, const CudaRunnerLimits& l, cudaStream_t s)
-      : forward(f), cache(c), limits(l), stream(s), vocab(f.model().config().vocab_size),
-        rows_cap(decode_bucket(std::max<int64_t>(1, l.max_rows))),
-        tokens_cap(std::max(l.max_tokens, rows_cap)),
-        ws(f.model().config(), f.model().dtype(), tokens_cap) {
+      : forward(f), cache(c), limits(l), stream(s), vocab(f.model().config().vocab_size) {
     OPD_CHECK(l.scratch_block >= 0 && l.scratch_block < c.num_blocks() &&
                   c.ref_count(l.scratch_block) > 0,
               Internal, "CudaStepRunner: scratch block ", l.scratch_block, " is not held");
-    const int64_t draws_cap = std::max(l.max_draws, rows_cap);
-    const Layout big = make_layout(tokens_cap, rows_cap, l.table_width, draws_cap);
-    io = Tensor::empty({static_cast<int64_t>((big.end + 7) / 8)}, DType::I64, Device::CUDA);
-    logits = Tensor::empty({rows_cap, vocab}, DType::F32, Device::CUDA);
-    OPD_CUDA_CHECK(cudaHostAlloc(&host, io.nbytes(), cudaHostAllocDefault));
+    OPD_CHECK(l.table_width >= 1 && l.max_seq_len >= 1, Internal, "CudaStepRunner: limits");
+    ensure(std::max<int64_t>(1, l.max_tokens), std::max<int64_t>(1, l.max_rows),
+           std::max<int64_t>(1, l.max_draws));
   }
   ~Impl() {
     for (auto& [b, g] : graphs) g.reset();
     if (host) (void)cudaFreeHost(host);
+  }
+
+  // Buffers for a step of T tokens, B rows and D draws: allocated at the limits the engine
+  // computed, grown (and every graph dropped: they hold the old addresses) if a step exceeds
+  // them. Called between steps only (the previous step has been synchronized).
+  void ensure(int64_t T, int64_t B, int64_t D) {
+    if (io.defined() && T <= tokens_cap && B <= rows_cap && D <= draws_cap) return;
+    for (auto& [b, g] : graphs) g.reset();
+    graphs.clear();
+    rows_cap = std::max(rows_cap, decode_bucket(B));
+    tokens_cap = std::max({tokens_cap, T, rows_cap});
+    draws_cap = std::max({draws_cap, D, rows_cap});
+    if (!ws || ws->max_tokens() < tokens_cap)
+      ws = std::make_unique<PagedWorkspace>(forward.model().config(), forward.model().dtype(),
+                                            tokens_cap);
+    const Layout big = make_layout(tokens_cap, rows_cap, limits.table_width, draws_cap);
+    io = Tensor();
+    logits = Tensor();
+    io = Tensor::empty({static_cast<int64_t>((big.end + 7) / 8)}, DType::I64, Device::CUDA);
+    logits = Tensor::empty({rows_cap, vocab}, DType::F32, Device::CUDA);
+    if (host) (void)cudaFreeHost(host);
+    host = nullptr;
+    OPD_CUDA_CHECK(cudaHostAlloc(&host, io.nbytes(), cudaHostAllocDefault));
   }
 
   template <typename T>
@@ -148,11 +166,10 @@ struct CudaStepRunner::Impl {
     // Decode steps: padded to the bucket, grid sized for the rollout's longest sequence.
     const int64_t Bn = decode ? decode_bucket(B) : B, Tn = decode ? Bn : T, Dn = decode ? Bn : D;
     const int64_t W = limits.table_width;
-    OPD_CHECK(Tn <= tokens_cap && Bn <= rows_cap && p.max_seq_len <= limits.max_seq_len &&
-                  (decode || D <= std::max(limits.max_draws, rows_cap)),
-              Internal, "CudaStepRunner: step of ", T, " tokens, ", B, " sequences, ", D,
-              " draws, longest ", p.max_seq_len, " exceeds the limits (", tokens_cap, ", ",
-              rows_cap, ", ", limits.max_draws, ", ", limits.max_seq_len, ")");
+    OPD_CHECK(p.max_seq_len <= limits.max_seq_len, Internal, "CudaStepRunner: a sequence of ",
+              p.max_seq_len, " tokens exceeds the rollout's longest, ", limits.max_seq_len);
+    ensure(Tn, Bn, Dn);
+    PagedWorkspace& ws = *this->ws;
     const Layout L = make_layout(Tn, Bn, W, Dn);
 
     // Staging: inputs, then the flags set to "none".
