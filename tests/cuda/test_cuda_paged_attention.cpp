@@ -1,7 +1,7 @@
 // CUDA paged KV cache ops (kernels/cuda/paged_attention.cu) against the CPU reference
 // (kernels/cpu/paged_attention.cpp, f64) on the same bf16/f32-representable inputs:
 // kv_cache_store bit-exact; paged attention over shuffled block tables for block sizes 1/4/16,
-// odd lengths, GQA ratios 1/2/4/8, head_dim 32/64/128, decode (1 query row), chunked prefill
+// odd lengths, GQA ratios 1/2/4/8, head_dim 8/16/32/64/128, decode (1 query row), chunked prefill
 // (query rows after a context), batches 1..64, the split-KV combine path forced and natural;
 // poisoned outputs; bad slots / block ids / lengths rejected with the CPU's messages and nothing
 // written; the raw (graph) API never faults on bad indices and reports them through its flag.
@@ -147,6 +147,9 @@ std::vector<Case> cases() {
   v.push_back({"mixed_decode_and_chunks", {1000, 2, 257, 640}, {1, 2, 31, 1}, 16, 8, 128, 16});
   v.push_back({"empty_query_rows", {12, 40}, {0, 3}, 4, 2, 64, 4});
   v.push_back({"gqa8_chunk_d128", {90, 45}, {9, 45}, 8, 1, 128, 1});
+  // The fixture models' small heads (qwen2: head_dim 8, the others 16): 1-2 lanes per token.
+  v.push_back({"small_heads_d8", {23, 1, 70}, {5, 1, 1}, 6, 2, 8, 4});
+  v.push_back({"small_heads_d16", {9, 130, 2}, {9, 1, 2}, 4, 1, 16, 16});
   return v;
 }
 

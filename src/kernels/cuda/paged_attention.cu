@@ -371,11 +371,14 @@ void launch_d(const Params& p, int rows, dim3 grid, cudaStream_t stream) {
 template <typename T>
 void launch_attention(const Params& p, int d, int rows, dim3 grid, cudaStream_t stream) {
   switch (d) {
+    // 8 and 16: the small test models (fixtures); one token row is read by 1-2 lanes.
+    case 8: launch_d<T, 8>(p, rows, grid, stream); break;
+    case 16: launch_d<T, 16>(p, rows, grid, stream); break;
     case 32: launch_d<T, 32>(p, rows, grid, stream); break;
     case 64: launch_d<T, 64>(p, rows, grid, stream); break;
     case 128: launch_d<T, 128>(p, rows, grid, stream); break;
     case 256: launch_d<T, 256>(p, rows, grid, stream); break;
-    default: OPD_FAIL(Unsupported, "paged_attention on CUDA: head_dim ", d, " (32, 64, 128 or 256)");
+    default: OPD_FAIL(Unsupported, "paged_attention on CUDA: head_dim ", d, " (8, 16, 32, 64, 128 or 256)");
   }
 }
 
@@ -383,7 +386,8 @@ void launch_attention(const Params& p, int d, int rows, dim3 grid, cudaStream_t 
 
 bool paged_attention_supports(DType dtype, int64_t head_dim) {
   return (dtype == DType::BF16 || dtype == DType::F32) &&
-         (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
+         (head_dim == 8 || head_dim == 16 || head_dim == 32 || head_dim == 64 ||
+          head_dim == 128 || head_dim == 256);
 }
 
 PagedAttentionLaunch paged_attention_launch(const PagedAttentionArgs& a) {
@@ -413,7 +417,7 @@ PagedAttentionLaunch paged_attention_launch(const PagedAttentionArgs& a) {
 void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t stream) {
   OPD_CHECK(paged_attention_supports(a.dtype, a.head_dim), Unsupported,
             "paged_attention on CUDA: dtype ", dtype_name(a.dtype), " head_dim ", a.head_dim,
-            " (bf16 or f32, head_dim 32/64/128/256)");
+            " (bf16 or f32, head_dim 8/16/32/64/128/256)");
   OPD_CHECK(a.hkv >= 1 && a.hq % a.hkv == 0, InvalidArgument, "paged_attention: query heads ",
             a.hq, " must be a multiple of kv heads ", a.hkv);
   OPD_CHECK(a.total_q < (int64_t{1} << 31) / std::max<int64_t>(1, a.hq) &&

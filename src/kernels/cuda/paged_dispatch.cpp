@@ -84,7 +84,7 @@ void paged_attention_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& 
   const int64_t num_blocks = k_cache.dim(0), bs = k_cache.dim(1), hkv = k_cache.dim(2);
   const int64_t batch = cu_seqlens_q.dim(0) - 1, max_blocks = block_tables.dim(1);
   OPD_CHECK(paged_attention_supports(dt, d), Unsupported, op, " on CUDA: head_dim ", d,
-            " (32, 64, 128 or 256)");
+            " (8, 16, 32, 64, 128 or 256)");
 
   const std::vector<int32_t> cu = host_ints(cu_seqlens_q), lens = host_ints(seq_lens),
                              tables = host_ints(block_tables);
