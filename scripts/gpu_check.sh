@@ -85,14 +85,15 @@ if [[ "$what" == racecheck-gen ]]; then
   done
 fi
 if [[ "$what" == rollout ]]; then
-  run cuda_rollout 150 $B/test_cuda --gtest_filter='CudaRollout*'
+  run cuda_rollout 150 $B/test_cuda --gtest_filter='CudaRollout*:CudaDecodeFused*:CudaPagedAttention.MatchesCpuReferenceAcrossShapes'
   run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:CudaRolloutFamilies.GreedyF32*/0'
   run bench_rollout 120 $B/opd bench rollout
   run bench_rollout_eager 90 $B/opd bench rollout --no-graphs --runs 1
+  run bench_rollout_unfused 90 $B/opd bench rollout --no-fused --runs 1
   run torch_rollout_eager 120 python3 tools/bench_rollout_torch.py --modes eager
   run torch_rollout_compiled 200 python3 tools/bench_rollout_torch.py --modes compiled
-  grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" 2>/dev/null
+  grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" "$OUT/bench_rollout_unfused.log" 2>/dev/null
   grep -h "^transformers generate" "$OUT"/torch_rollout_*.log 2>/dev/null
 fi
 if [[ "$what" == quick-tests ]]; then

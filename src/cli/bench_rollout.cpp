@@ -59,6 +59,7 @@ struct BenchRolloutOptions {
   int64_t max_step_tokens = 2048;
   int64_t max_running = 256;
   bool no_graphs = false;
+  bool no_fused = false;
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -181,6 +182,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.max_step_tokens = o.max_step_tokens;
   eo.max_running = o.max_running;
   eo.cuda_graphs = !o.no_graphs;
+  eo.cuda_fused = !o.no_fused;
   RolloutEngine engine(model, eo, {});
 
   // Floor bytes of the decode steps: every sequence in lockstep (EOS ignored, n samples share
@@ -203,10 +205,11 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s\n",
+                "graphs %s, fused layers %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
-                (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on");
+                (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
+                o.no_fused ? "off" : "on");
   }
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
@@ -259,6 +262,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["new_tokens"] = o.new_tokens;
   j["temperature"] = o.temperature;
   j["graphs"] = !o.no_graphs;
+  j["fused"] = !o.no_fused;
   j["params"] = params;
   j["generated_tokens"] = generated;
   j["seconds"] = s;
@@ -357,6 +361,8 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_option("--max-running", o->max_running, "sequences in the running batch")
       ->capture_default_str();
   cmd->add_flag("--no-graphs", o->no_graphs, "run decode steps eagerly instead of from CUDA graphs (default off)");
+  cmd->add_flag("--no-fused", o->no_fused,
+                "plain op sequence per layer (18 kernels) instead of the fused one (10) (default off)");
   cmd->add_flag("--json", o->json, "print only the JSON line (default off)");
   cmd->add_flag("--with-torch", o->with_torch,
                 "also run the transformers twin (tools/bench_rollout_torch.py) and print the "

@@ -23,9 +23,15 @@ void PagedStep::add(std::span<const int32_t> new_ids, int64_t context_len,
   block_tables.push_back(block_table);
 }
 
-PagedForward::PagedForward(const Transformer& model)
+PagedForward::PagedForward(const Transformer& model, bool fused)
     : model_(&model), inv_freq_(rope_inv_freq(model.config())) {
-  if (model.device() == Device::CUDA) inv_freq_device_ = inv_freq_.to(Device::CUDA);
+  if (model.device() == Device::CUDA) {
+    inv_freq_device_ = inv_freq_.to(Device::CUDA);
+#ifdef OPD_WITH_CUDA
+    if (fused) pack_weights();
+#endif
+  }
+  (void)fused;
 }
 
 PagedStepPlan plan_paged_step(const PagedStep& s, int64_t vocab, const KvCache& cache,

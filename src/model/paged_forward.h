@@ -89,6 +89,7 @@ class PagedWorkspace {
   friend class PagedForward;
   int64_t max_tokens_ = 0, generation_ = 0;
   Tensor x, x2, h, q, k, v, qn, kn, attn, o, gate, up, act, last;  // model dtype
+  Tensor qkv, gu;  // packed projections of the fused path: [T, (Hq + 2 Hkv) D], [T, 2 I]
   Tensor rstd, rstd_q, rstd_k;                                      // f32
   Tensor split;                                                     // split-KV partials (i64 storage)
 };
@@ -96,7 +97,12 @@ class PagedWorkspace {
 
 class PagedForward {
  public:
-  explicit PagedForward(const Transformer& model);
+  // fused (CUDA models): q/k/v as one GEMM over a packed weight, q/k norm + RoPE + the K/V store
+  // as one kernel, gate/up as one GEMM with SwiGLU over the packed output (decode_fused.cu):
+  // 10 kernels per layer instead of 18. The packed weights are copied from the model's at
+  // construction (per rollout, so they are the live weights): 2 x (Hq + 2 Hkv) D H + 2 x 2 I H
+  // bytes per layer in bf16 (W1: 577 MB). Ignored for CPU models.
+  explicit PagedForward(const Transformer& model, bool fused = true);
 
   // Runs one step: ids validated against the vocabulary (error names sequence, position, value
   // and limit), K/V stored into `cache` at their slots, returns logits f32 [B, V] of the last
@@ -121,10 +127,13 @@ class PagedForward {
  private:
 #ifdef OPD_WITH_CUDA
   Tensor step_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
+  void pack_weights();
 #endif
   const Transformer* model_;
   Tensor inv_freq_;         // f32, host
   Tensor inv_freq_device_;  // f32 on the device (CUDA models)
+  bool fused_ = false;      // CUDA models with packed weights below
+  std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
 };
 
 }  // namespace opd

@@ -46,6 +46,8 @@ PagedWorkspace::PagedWorkspace(const ModelConfig& c, DType dt, int64_t max_token
   gate = e(T * I, dt);
   up = e(T * I, dt);
   act = e(T * I, dt);
+  qkv = e(T * (Hq + 2 * Hkv) * D, dt);
+  gu = e(T * 2 * I, dt);
   rstd = e(T, DType::F32);
   rstd_q = e(T * Hq, DType::F32);
   rstd_k = e(T * Hkv, DType::F32);
@@ -60,6 +62,47 @@ void* PagedWorkspace::split_workspace(size_t bytes) {
     ++generation_;
   }
   return split.raw();
+}
+
+void PagedForward::pack_weights() {
+  const ModelConfig& c = model_->config();
+  const ModelWeights& W = model_->weights();
+  const DType dt = model_->dtype();
+  cudaStream_t stream = cuda::current_stream();
+  // Row-concatenation of [out_i, in] matrices (and [out_i] biases) = byte concatenation.
+  auto concat = [&](std::initializer_list<const Tensor*> parts, int64_t rows_total,
+                    int64_t cols) -> Tensor {
+    Tensor out = cols > 0 ? Tensor::empty({rows_total, cols}, dt, Device::CUDA)
+                          : Tensor::empty({rows_total}, dt, Device::CUDA);
+    size_t at = 0;
+    for (const Tensor* p : parts) {
+      OPD_CHECK(p->dtype() == dt && p->device() == Device::CUDA, Internal,
+                "PagedForward: packing ", p->describe());
+      if (p->nbytes() > 0)
+        OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.raw()) + at, p->raw(), p->nbytes(),
+                                       cudaMemcpyDeviceToDevice, stream));
+      at += p->nbytes();
+    }
+    OPD_CHECK(at == out.nbytes(), Internal, "PagedForward: packed ", at, " of ", out.nbytes(), " bytes");
+    return out;
+  };
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, R = (Hq + 2 * Hkv) * D;
+  for (const LayerWeights& L : W.layers) {
+    qkv_w_.push_back(concat({&L.q_proj, &L.k_proj, &L.v_proj}, R, H));
+    if (L.q_bias.defined() || L.k_bias.defined() || L.v_bias.defined()) {
+      // A missing bias among present ones is zeros (the GEMM epilogue adds one vector).
+      Tensor zq = Tensor::zeros({Hq * D}, dt, Device::CUDA), zk = Tensor::zeros({Hkv * D}, dt, Device::CUDA);
+      const Tensor& bq = L.q_bias.defined() ? L.q_bias : zq;
+      const Tensor& bk = L.k_bias.defined() ? L.k_bias : zk;
+      const Tensor& bv = L.v_bias.defined() ? L.v_bias : zk;
+      qkv_b_.push_back(concat({&bq, &bk, &bv}, R, 0));
+    } else {
+      qkv_b_.push_back(Tensor());
+    }
+    gu_w_.push_back(concat({&L.gate_proj, &L.up_proj}, 2 * I, H));
+  }
+  fused_ = true;
 }
 
 void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws,
@@ -94,8 +137,75 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
                           ws.rstd.data<float>(), stream);
   }
   auto bias = [](const Tensor& b) -> const void* { return b.defined() ? b.raw() : nullptr; };
+  // Paged attention of this step's queries q [T, Hq, D] over layer li's cache -> ws.attn.
+  auto attend = [&](size_t li, const void* q) {
+    cuda::PagedAttentionArgs a;
+    a.q = q;
+    a.k_cache = cache.k(static_cast<int64_t>(li)).raw();
+    a.v_cache = cache.v(static_cast<int64_t>(li)).raw();
+    a.out = ws.attn.raw();
+    a.cu_seqlens_q = s.cu_seqlens;
+    a.seq_lens = s.seq_lens;
+    a.block_tables = s.block_tables;
+    a.batch = B;
+    a.total_q = T;
+    a.hq = Hq;
+    a.hkv = Hkv;
+    a.head_dim = D;
+    a.num_blocks = num_blocks;
+    a.block_size = bs;
+    a.max_blocks = s.width;
+    a.max_q_len = s.max_q_len;
+    a.max_seq_len = s.max_seq_len;
+    a.scale = scale;
+    a.dtype = dt;
+    a.error_flag = s.error_flag;
+    const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
+    cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
+  };
+
   for (size_t li = 0; li < W.layers.size(); ++li) {
     const LayerWeights& L = W.layers[li];
+    if (fused_) {  // 10 kernels per layer (decode_fused.cu)
+      const int64_t R = (Hq + 2 * Hkv) * D;
+      cuda::linear_forward(h, qkv_w_[li].raw(), bias(qkv_b_[li]), T, H, R, dt, dt, ws.qkv.raw(),
+                           stream);
+      cuda::QkvNormRopeStoreArgs f;
+      f.q = ws.qkv.raw();
+      f.k = static_cast<const char*>(ws.qkv.raw()) + Hq * D * dtype_size(dt);
+      f.v = static_cast<const char*>(ws.qkv.raw()) + (Hq + Hkv) * D * dtype_size(dt);
+      f.q_stride = f.k_stride = f.v_stride = R;
+      f.q_norm = c.qk_norm ? L.q_norm.raw() : nullptr;
+      f.k_norm = c.qk_norm ? L.k_norm.raw() : nullptr;
+      f.eps = static_cast<float>(eps);
+      f.positions = s.positions;
+      f.inv_freq = inv_freq;
+      f.slot_mapping = s.slots;
+      f.n = T;
+      f.hq = Hq;
+      f.hkv = Hkv;
+      f.head_dim = D;
+      f.num_slots = num_blocks * bs;
+      f.dtype = dt;
+      f.q_out = ws.qn.raw();
+      f.k_cache = cache.k(static_cast<int64_t>(li)).raw();
+      f.v_cache = cache.v(static_cast<int64_t>(li)).raw();
+      f.error_flag = s.error_flag;
+      cuda::qkv_norm_rope_store(f, stream);
+      attend(li, ws.qn.raw());
+      cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
+                           ws.o.raw(), stream);
+      cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
+                                     ws.rstd.data<float>(), stream);
+      cuda::linear_forward(h, gu_w_[li].raw(), nullptr, T, H, 2 * I, dt, dt, ws.gu.raw(), stream);
+      cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream);
+      cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
+                           stream);
+      const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
+      cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
+                                     ws.rstd.data<float>(), stream);
+      continue;
+    }
     cuda::linear_forward(h, L.q_proj.raw(), bias(L.q_bias), T, H, Hq * D, dt, dt, ws.q.raw(), stream);
     cuda::linear_forward(h, L.k_proj.raw(), bias(L.k_bias), T, H, Hkv * D, dt, dt, ws.k.raw(), stream);
     cuda::linear_forward(h, L.v_proj.raw(), bias(L.v_bias), T, H, Hkv * D, dt, dt, ws.v.raw(), stream);
@@ -127,29 +237,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     st.error_flag = s.error_flag;
     cuda::kv_cache_store(st, stream);
 
-    cuda::PagedAttentionArgs a;
-    a.q = q;
-    a.k_cache = st.k_cache;
-    a.v_cache = st.v_cache;
-    a.out = ws.attn.raw();
-    a.cu_seqlens_q = s.cu_seqlens;
-    a.seq_lens = s.seq_lens;
-    a.block_tables = s.block_tables;
-    a.batch = B;
-    a.total_q = T;
-    a.hq = Hq;
-    a.hkv = Hkv;
-    a.head_dim = D;
-    a.num_blocks = num_blocks;
-    a.block_size = bs;
-    a.max_blocks = s.width;
-    a.max_q_len = s.max_q_len;
-    a.max_seq_len = s.max_seq_len;
-    a.scale = scale;
-    a.dtype = dt;
-    a.error_flag = s.error_flag;
-    const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
-    cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
+    attend(li, q);
 
     cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
                          ws.o.raw(), stream);

@@ -160,7 +160,7 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   // buckets write there (rollout/engine_cuda.h).
   KvCache cache(cfg, bs, num_blocks + (on_cuda ? 1 : 0), dtype, model_->weights().embed_tokens.device());
   const int32_t scratch_block = on_cuda ? cache.allocate() : -1;
-  PagedForward forward(*model_);
+  PagedForward forward(*model_, options_.cuda_fused);
 #ifdef OPD_WITH_CUDA
   std::unique_ptr<CudaStepRunner> runner;
   if (on_cuda) {

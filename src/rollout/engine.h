@@ -73,6 +73,10 @@ struct EngineOptions {
   // CUDA models: capture decode steps in CUDA graphs per batch-size bucket (rollout/engine_cuda.h);
   // false runs the same padded decode steps eagerly (same results, for tests and timing).
   bool cuda_graphs = true;
+  // CUDA models: the fused layer path of PagedForward (packed q/k/v and gate/up GEMMs, one
+  // norm + RoPE + K/V-store kernel: 10 kernels per layer instead of 18); false runs the plain
+  // op sequence (the reference the fused path is tested against).
+  bool cuda_fused = true;
   // Polled once per step: returning true stops generate() with a Cancelled error (a training
   // run's stop signal must not wait for a long rollout to finish).
   std::function<bool()> should_cancel;

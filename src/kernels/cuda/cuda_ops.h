@@ -233,6 +233,34 @@ void paged_attention_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& 
                           const Tensor& cu_seqlens_q, const Tensor& seq_lens,
                           const Tensor& block_tables, double scale, Tensor& out);
 
+// ---- decode_fused.cu ---- kernels that merge ops of the incremental forward (formulas there).
+// q/k/v: row-strided views of T tokens (q [T, q_stride] holding Hq heads of head_dim, etc.);
+// q_norm/k_norm: [head_dim] in dtype, or null (no q/k norm); q_out [T, Hq, head_dim]; k/v go to
+// the caches [num_blocks * block_size = num_slots, Hkv, head_dim] at slot_mapping[t]; a bad slot
+// is skipped and reported through error_flag (optional). positions validated (>= 0).
+struct QkvNormRopeStoreArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;  // elements between token rows
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;  // [head_dim / 2], f32
+  const int32_t* slot_mapping = nullptr;
+  int64_t n = 0, hq = 0, hkv = 0, head_dim = 0, num_slots = 0;
+  DType dtype = DType::BF16;
+  void* q_out = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  unsigned* error_flag = nullptr;
+};
+void qkv_norm_rope_store(const QkvNormRopeStoreArgs& args, cudaStream_t stream);
+// out [n, inter] = silu(gu[:, :inter]) * gu[:, inter:] for gu [n, 2 inter] (one gate|up GEMM).
+void swiglu_packed_forward(const void* gu, int64_t n, int64_t inter, DType dtype, void* out,
+                           cudaStream_t stream);
+
 // ---- bench_util.cu ---- uniform [lo, hi) fill in f32 or bf16, ints in [lo, hi), and a
 // kernel that occupies `stream` for the given time (timed loops queue up behind it).
 void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, float hi,

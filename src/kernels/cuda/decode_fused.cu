@@ -1,0 +1,162 @@
+// Fused kernels of the incremental (paged) forward on CUDA, to cut the kernels per layer of a
+// decode step (model/paged_forward_cuda.cpp); their reference is the composition of the plain
+// ops they replace (kernels/ops.h formulas), tests/cuda/test_cuda_decode_fused.cpp:
+//
+// qkv_norm_rope_store: from the q, k, v projections of T tokens (row-strided views, e.g. the
+//   packed [T, (Hq + 2 Hkv) D] output of one GEMM), per head
+//     q' = RoPE(RMSNorm_head(q) * w_q) -> q_out [T, Hq, D] (contiguous),
+//     k' = RoPE(RMSNorm_head(k) * w_k) -> k_cache[slot[t]],   v -> v_cache[slot[t]],
+//   with RMSNorm skipped when the weight is null (models without q/k norm). Same arithmetic as
+//   rmsnorm_forward then rope then kv_cache_store: the normed value is rounded to the storage
+//   dtype before RoPE (as the separate kernels store it), rstd = rsqrtf(mean(x^2) + eps),
+//   angle = (float)pos * inv_freq[i] with sincosf, f32 arithmetic, one rounding per store.
+//   Replaces 5 kernels (2 norms, 2 RoPEs, the store) by one. A slot outside [0, num_slots)
+//   is skipped and its token atomicMin-ed into error_flag (never dereferenced).
+// swiglu_packed: out[t, i] = silu(gu[t, i]) * gu[t, I + i] for the packed [T, 2I] output of one
+//   gate|up GEMM (replaces a GEMM launch and reads the two halves in one pass).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "core/cuda/stream.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace opd::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps: one (token, head) row per warp
+
+// One warp per (token t, head slot j): j < Hq are query heads, then Hkv key heads, then Hkv
+// value heads. Lane l owns the rotate-half pairs (i, i + D/2) for i = l, l + 32, ... < D/2.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    qkv_norm_rope_store_kernel(QkvNormRopeStoreArgs a) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t slots_per_token = a.hq + 2 * a.hkv;
+  if (warp >= a.n * slots_per_token) return;  // whole warps exit together
+  const int64_t t = warp / slots_per_token;
+  const int64_t j = warp % slots_per_token;
+  const int64_t D = a.head_dim, half = D / 2;
+  const bool is_q = j < a.hq, is_k = !is_q && j < a.hq + a.hkv;
+
+  if (!is_q) {  // k and v go to the cache: check the slot first
+    const int32_t slot = a.slot_mapping[t];
+    if (slot < 0 || static_cast<int64_t>(slot) >= a.num_slots) {
+      if (lane == 0 && j == a.hq && a.error_flag) atomicMin(a.error_flag, static_cast<unsigned>(t));
+      return;
+    }
+    const int64_t g = is_k ? j - a.hq : j - a.hq - a.hkv;
+    T* dst = static_cast<T*>(is_k ? a.k_cache : a.v_cache) +
+             (static_cast<int64_t>(slot) * a.hkv + g) * D;
+    if (!is_k) {  // v: a copy
+      const T* src = static_cast<const T*>(a.v) + t * a.v_stride + g * D;
+      for (int64_t i = lane; i < D; i += 32) dst[i] = src[i];
+      return;
+    }
+    const T* src = static_cast<const T*>(a.k) + t * a.k_stride + g * D;
+    const T* w = static_cast<const T*>(a.k_norm);
+    float ss = 0.f;
+    for (int64_t i = lane; i < D; i += 32) {
+      const float x = dev::to_f32(src[i]);
+      ss += x * x;
+    }
+    const float rs = w ? rsqrtf(dev::warp_sum(ss) / static_cast<float>(D) + a.eps) : 1.f;
+    const float pos = static_cast<float>(a.positions[t]);
+    for (int64_t i = lane; i < half; i += 32) {
+      float x0 = dev::to_f32(src[i]), x1 = dev::to_f32(src[i + half]);
+      if (w) {  // the normed value as rmsnorm_forward stores it
+        x0 = dev::to_f32(dev::from_f32<T>(x0 * rs * dev::to_f32(w[i])));
+        x1 = dev::to_f32(dev::from_f32<T>(x1 * rs * dev::to_f32(w[i + half])));
+      }
+      float sn, cs;
+      sincosf(pos * a.inv_freq[i], &sn, &cs);
+      dst[i] = dev::from_f32<T>(x0 * cs - x1 * sn);
+      dst[i + half] = dev::from_f32<T>(x1 * cs + x0 * sn);
+    }
+    return;
+  }
+  const T* src = static_cast<const T*>(a.q) + t * a.q_stride + j * D;
+  T* dst = static_cast<T*>(a.q_out) + (t * a.hq + j) * D;
+  const T* w = static_cast<const T*>(a.q_norm);
+  float ss = 0.f;
+  for (int64_t i = lane; i < D; i += 32) {
+    const float x = dev::to_f32(src[i]);
+    ss += x * x;
+  }
+  const float rs = w ? rsqrtf(dev::warp_sum(ss) / static_cast<float>(D) + a.eps) : 1.f;
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int64_t i = lane; i < half; i += 32) {
+    float x0 = dev::to_f32(src[i]), x1 = dev::to_f32(src[i + half]);
+    if (w) {
+      x0 = dev::to_f32(dev::from_f32<T>(x0 * rs * dev::to_f32(w[i])));
+      x1 = dev::to_f32(dev::from_f32<T>(x1 * rs * dev::to_f32(w[i + half])));
+    }
+    float sn, cs;
+    sincosf(pos * a.inv_freq[i], &sn, &cs);
+    dst[i] = dev::from_f32<T>(x0 * cs - x1 * sn);
+    dst[i + half] = dev::from_f32<T>(x1 * cs + x0 * sn);
+  }
+}
+
+// expf (not __expf), as swiglu.cu: the f32 path is compared with the CPU at 1e-5.
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <typename T>
+__global__ void swiglu_packed_kernel(const T* __restrict__ gu, int64_t n, int64_t inter,
+                                     T* __restrict__ out) {
+  const int64_t total = n * inter;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t t = e / inter, i = e % inter;
+    const float g = dev::to_f32(gu[t * 2 * inter + i]);
+    const float u = dev::to_f32(gu[t * 2 * inter + inter + i]);
+    out[e] = dev::from_f32<T>(g * sigmoid(g) * u);
+  }
+}
+
+}  // namespace
+
+void qkv_norm_rope_store(const QkvNormRopeStoreArgs& a, cudaStream_t stream) {
+  OPD_CHECK(a.head_dim >= 2 && a.head_dim % 2 == 0 && a.hq >= 1 && a.hkv >= 1 &&
+                a.q_stride >= a.hq * a.head_dim && a.k_stride >= a.hkv * a.head_dim &&
+                a.v_stride >= a.hkv * a.head_dim && a.num_slots >= 0,
+            InvalidArgument, "qkv_norm_rope_store: head_dim ", a.head_dim, ", heads ", a.hq, "/",
+            a.hkv, ", strides ", a.q_stride, "/", a.k_stride, "/", a.v_stride);
+  if (a.n == 0) return;
+  const int64_t warps = a.n * (a.hq + 2 * a.hkv);
+  const int64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
+  OPD_CHECK(blocks < (int64_t{1} << 31), Unsupported, "qkv_norm_rope_store: grid too large");
+  switch (a.dtype) {
+    case DType::F32:
+      qkv_norm_rope_store_kernel<float><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+      break;
+    case DType::BF16:
+      qkv_norm_rope_store_kernel<__nv_bfloat16>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+      break;
+    default: OPD_FAIL(Unsupported, "qkv_norm_rope_store: dtype ", dtype_name(a.dtype));
+  }
+  check_launch("qkv_norm_rope_store_kernel");
+}
+
+void swiglu_packed_forward(const void* gu, int64_t n, int64_t inter, DType dtype, void* out,
+                           cudaStream_t stream) {
+  if (n == 0 || inter == 0) return;
+  const unsigned grid = grid_for(n * inter, kThreads);
+  switch (dtype) {
+    case DType::F32:
+      swiglu_packed_kernel<float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(gu), n,
+                                                                inter, static_cast<float*>(out));
+      break;
+    case DType::BF16:
+      swiglu_packed_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(gu), n, inter, static_cast<__nv_bfloat16*>(out));
+      break;
+    default: OPD_FAIL(Unsupported, "swiglu_packed_forward: dtype ", dtype_name(dtype));
+  }
+  check_launch("swiglu_packed_kernel");
+}
+
+}  // namespace opd::cuda

@@ -1,0 +1,184 @@
+// The fused kernels of the incremental forward (kernels/cuda/decode_fused.cu) against the
+// composition of the CPU ops they replace: per-head RMSNorm (rounded to the storage dtype, as the
+// separate kernel stores it), RoPE, the K/V scatter into cache slots; SwiGLU over a packed
+// gate|up row. Head dims 8/16/128, with and without q/k norm, row strides wider than the heads
+// (the packed q|k|v GEMM output), f32 and bf16; a bad slot is skipped and reported through the
+// flag; and the engine with fused layers gives the plain path's tokens (f32). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
+#include "rollout/engine.h"
+#include "rollout/rollout_test_util.h"
+
+namespace opd::test {
+namespace {
+
+struct FusedCase {
+  int64_t n, hq, hkv, d;
+  bool norm;
+};
+
+TEST(CudaDecodeFused, QkvNormRopeStoreMatchesTheCpuComposition) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (const FusedCase& fc : {FusedCase{7, 4, 2, 16, true}, FusedCase{5, 6, 2, 8, false},
+                                FusedCase{3, 16, 8, 128, true}, FusedCase{64, 16, 8, 128, false}}) {
+      SCOPED_TRACE(cat(dtype_label(dt), " n ", fc.n, " heads ", fc.hq, "/", fc.hkv, " d ", fc.d,
+                       fc.norm ? " norm" : ""));
+      const int64_t n = fc.n, hq = fc.hq, hkv = fc.hkv, d = fc.d;
+      const int64_t R = (hq + 2 * hkv) * d + 8;  // a row stride wider than the heads
+      const int64_t bs = 4, blocks = (n + bs - 1) / bs + 2, slots_n = blocks * bs;
+      Tensor qkv = rand_in({n, R}, dt, seed++);
+      Tensor wq = rand_in({d}, dt, seed++, 0.5, 1.5), wk = rand_in({d}, dt, seed++, 0.5, 1.5);
+      std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) {
+        pos[t] = static_cast<int32_t>(3 + 37 * t);
+        slots[t] = static_cast<int32_t>((t * 5 + 3) % slots_n);  // distinct: 5 is coprime
+      }
+      ASSERT_EQ(std::gcd<int64_t>(5, slots_n), 1) << "slots must be distinct";
+      Tensor inv = Tensor::empty({d / 2}, DType::F32);
+      for (int64_t i = 0; i < d / 2; ++i)
+        inv.data<float>()[i] = static_cast<float>(1.0 / std::pow(1e4, 2.0 * i / d));
+      const double eps = 1e-6;
+
+      // CPU reference: split the packed rows, norm (rounded to dt), RoPE, scatter.
+      auto heads = [&](int64_t off, int64_t h) {
+        Tensor out = Tensor::empty({n, h, d}, DType::F32);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t e = 0; e < h * d; ++e)
+            out.data<float>()[t * h * d + e] = qkv.data<float>()[t * R + off + e];
+        return out;
+      };
+      Tensor q = heads(0, hq), k = heads(hq * d, hkv), v = heads((hq + hkv) * d, hkv);
+      auto norm_rope = [&](Tensor x, const Tensor& w, int64_t h) {
+        if (fc.norm) {
+          Tensor y = Tensor::empty({n * h, d}, DType::F32), r = Tensor::empty({n * h}, DType::F32);
+          ops::rmsnorm_forward(x.reshape({n * h, d}), w, eps, y, r);
+          x = round_through(y, dt).reshape({n, h, d});
+        }
+        ops::rope_forward(x, Tensor::from_vector(pos, {n}), inv);
+        return x;
+      };
+      Tensor q_ref = norm_rope(q, wq, hq), k_ref = norm_rope(k, wk, hkv);
+
+      Tensor qkv_d = dev(qkv, dt), wq_d = dev(wq, dt), wk_d = dev(wk, dt);
+      Tensor pos_d = Tensor::from_vector(pos, {n}).to(Device::CUDA);
+      Tensor slots_d = Tensor::from_vector(slots, {n}).to(Device::CUDA);
+      Tensor inv_d = inv.to(Device::CUDA);
+      Tensor q_out = dev_poison({n, hq, d}, dt);
+      Tensor kc = dev_poison({blocks, bs, hkv, d}, dt), vc = dev_poison({blocks, bs, hkv, d}, dt);
+      Tensor flag = Tensor::from_vector(std::vector<int32_t>{-1}, {1}).to(Device::CUDA);
+      cuda::QkvNormRopeStoreArgs a;
+      const size_t es = dtype_size(dt);
+      a.q = qkv_d.raw();
+      a.k = static_cast<const char*>(qkv_d.raw()) + hq * d * es;
+      a.v = static_cast<const char*>(qkv_d.raw()) + (hq + hkv) * d * es;
+      a.q_stride = a.k_stride = a.v_stride = R;
+      a.q_norm = fc.norm ? wq_d.raw() : nullptr;
+      a.k_norm = fc.norm ? wk_d.raw() : nullptr;
+      a.eps = static_cast<float>(eps);
+      a.positions = pos_d.data<int32_t>();
+      a.inv_freq = inv_d.data<float>();
+      a.slot_mapping = slots_d.data<int32_t>();
+      a.n = n;
+      a.hq = hq;
+      a.hkv = hkv;
+      a.head_dim = d;
+      a.num_slots = slots_n;
+      a.dtype = dt;
+      a.q_out = q_out.raw();
+      a.k_cache = kc.raw();
+      a.v_cache = vc.raw();
+      a.error_flag = reinterpret_cast<unsigned*>(flag.raw());
+      cuda::qkv_norm_rope_store(a, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(flag.to(Device::CPU).data<int32_t>()[0], -1);
+      EXPECT_TRUE(close_as(host(q_out), q_ref, dt));
+      // The cache rows at the slots: k rotated, v copied exactly.
+      Tensor kh = host(kc), vh = host(vc);
+      Tensor k_got = Tensor::empty({n, hkv, d}, DType::F32), v_got = Tensor::empty({n, hkv, d}, DType::F32);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t e = 0; e < hkv * d; ++e) {
+          k_got.data<float>()[t * hkv * d + e] = kh.data<float>()[slots[t] * hkv * d + e];
+          v_got.data<float>()[t * hkv * d + e] = vh.data<float>()[slots[t] * hkv * d + e];
+        }
+      EXPECT_TRUE(close_as(k_got, k_ref, dt));
+      EXPECT_TRUE(close(v_got, v, 0, 0, 0));
+
+      // A bad slot: that token's k/v are skipped and it is reported; the others are written.
+      std::vector<int32_t> bad = slots;
+      bad[n / 2] = static_cast<int32_t>(slots_n);
+      Tensor bad_d = Tensor::from_vector(bad, {n}).to(Device::CUDA);
+      Tensor kc2 = dev_poison({blocks, bs, hkv, d}, dt), vc2 = dev_poison({blocks, bs, hkv, d}, dt);
+      a.slot_mapping = bad_d.data<int32_t>();
+      a.k_cache = kc2.raw();
+      a.v_cache = vc2.raw();
+      cuda::qkv_norm_rope_store(a, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(flag.to(Device::CPU).data<int32_t>()[0], n / 2);
+      Tensor vh2 = host(vc2);
+      EXPECT_EQ(vh2.data<float>()[slots[0] * hkv * d], v.data<float>()[0]);
+    }
+  }
+}
+
+TEST(CudaDecodeFused, SwigluPackedMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const int64_t n = 13, inter = 40;
+    Tensor gu = rand_in({n, 2 * inter}, dt, 77, -4, 4);
+    Tensor g = Tensor::empty({n, inter}, DType::F32), u = Tensor::empty({n, inter}, DType::F32);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < inter; ++i) {
+        g.data<float>()[t * inter + i] = gu.data<float>()[t * 2 * inter + i];
+        u.data<float>()[t * inter + i] = gu.data<float>()[t * 2 * inter + inter + i];
+      }
+    Tensor ref = Tensor::empty({n, inter}, DType::F32);
+    ops::swiglu_forward(g, u, ref);
+    Tensor gu_d = dev(gu, dt), out = dev_poison({n, inter}, dt);
+    cuda::swiglu_packed_forward(gu_d.raw(), n, inter, dt, out.raw(), nullptr);
+    EXPECT_TRUE(close_as(host(out), ref, dt)) << dtype_label(dt);
+  }
+}
+
+// The engine with fused layers gives the plain path's tokens on every fixture family (f32:
+// the two differ by summation order only); greedy and sampled, n = 2, chunked prefill.
+TEST(CudaDecodeFused, EngineFusedLayersGiveThePlainPathsTokens) {
+  REQUIRE_GPU();
+  for (const char* family : families()) {
+    Transformer gpu = Transformer::load(model_dir(family)).to(Device::CUDA, DType::F32);
+    const int64_t V = gpu.config().vocab_size;
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest r = request(seeded_prompt(90 + i, 3 + 5 * i, V), 16, i % 2 ? 1.0 : 0.0, 7 + i, 2);
+      r.ignore_eos = true;
+      reqs.push_back(r);
+    }
+    EngineOptions plain;
+    plain.cuda_fused = false;
+    plain.max_step_tokens = 9;
+    plain.block_size = 4;
+    EngineOptions fused = plain;
+    fused.cuda_fused = true;
+    auto want = RolloutEngine(gpu, plain, {}).generate(reqs);
+    auto got = RolloutEngine(gpu, fused, {}).generate(reqs);
+    for (size_t r = 0; r < reqs.size(); ++r)
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ(got[r].samples[k].ids, want[r].samples[k].ids) << family << " request " << r;
+        for (size_t t = 0; t < std::min(got[r].samples[k].ids.size(), want[r].samples[k].ids.size()); ++t)
+          EXPECT_NEAR(got[r].samples[k].model_logprobs[t], want[r].samples[k].model_logprobs[t], 1e-4);
+      }
+  }
+}
+
+}  // namespace
+}  // namespace opd::test
