@@ -91,6 +91,9 @@ if [[ "$what" == rollout ]]; then
   run bench_rollout 120 $B/opd bench rollout
   run bench_rollout_eager 90 $B/opd bench rollout --no-graphs --runs 1
   run bench_rollout_unfused 90 $B/opd bench rollout --no-fused --runs 1
+  # The two kernels the decode step's time is predicted from (docs/rollout.md).
+  run bench_paged_attention 60 $B/opd bench kernels --filter paged_attention
+  run bench_sample 60 $B/opd bench kernels --filter sample.t1
   run torch_rollout_eager 120 python3 tools/bench_rollout_torch.py --modes eager
   run torch_rollout_compiled 200 python3 tools/bench_rollout_torch.py --modes compiled
   grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" "$OUT/bench_rollout_unfused.log" 2>/dev/null
