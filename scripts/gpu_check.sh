@@ -7,7 +7,8 @@
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
-# with and without CUDA graphs, and the transformers twin (eager, then compiled), ~4-6 minutes.
+# (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
+# transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
 # generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
 # their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a

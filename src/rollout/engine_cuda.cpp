@@ -14,6 +14,7 @@
 #include "core/cuda/allocator.h"
 #include "core/cuda/stream.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace opd {
 
@@ -66,6 +67,7 @@ struct Graph {
   cudaGraphExec_t forward = nullptr, sample = nullptr;
   int64_t generation = -1;  // PagedWorkspace::generation() at capture
   int64_t eager_runs = 0;
+  bool failed = false;      // capture failed once: this bucket stays eager
   void reset() {
     if (forward) (void)cudaGraphExecDestroy(forward);
     if (sample) (void)cudaGraphExecDestroy(sample);
@@ -236,13 +238,24 @@ struct CudaStepRunner::Impl {
     if (decode && limits.use_graphs) {
       Graph& g = graphs[Bn];
       if (g.forward && g.generation != ws.generation()) g.reset();  // the workspace moved
-      if (!g.forward && g.eager_runs >= 1) {  // warm: GEMM plans and workspaces exist
+      if (!g.forward && !g.failed && g.eager_runs >= 1) {  // warm: GEMM plans, workspaces exist
         const int64_t gen = ws.generation();
-        g.forward = capture(run_forward);
-        g.sample = capture(run_sample);
-        OPD_CHECK(ws.generation() == gen, Internal, "CudaStepRunner: the workspace moved during a capture");
-        g.generation = gen;
-        times.graph_captures += 1;
+        try {
+          g.forward = capture(run_forward);
+          g.sample = capture(run_sample);
+          OPD_CHECK(ws.generation() == gen, Internal,
+                    "CudaStepRunner: the workspace moved during a capture");
+          g.generation = gen;
+          times.graph_captures += 1;
+        } catch (const Error& e) {
+          // A capture that fails (a library call that cannot be captured) leaves this bucket
+          // eager: slower, same results. Nothing of the failed capture ran.
+          (void)cudaGetLastError();
+          g.reset();
+          g.failed = true;
+          log_warn("rollout: CUDA graph capture for decode batch ", Bn, " failed (", e.what(),
+                   "); running it eagerly");
+        }
       }
       if (g.forward) {
         OPD_CUDA_CHECK(cudaGraphLaunch(g.forward, stream));
