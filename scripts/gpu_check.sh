@@ -86,9 +86,9 @@ if [[ "$what" == racecheck-gen ]]; then
   done
 fi
 if [[ "$what" == rollout ]]; then
-  run cuda_rollout 150 $B/test_cuda --gtest_filter='CudaRollout*:CudaDecodeFused*:CudaPagedAttention.MatchesCpuReferenceAcrossShapes'
+  run cuda_rollout 150 $B/test_cuda --gtest_filter='*CudaRollout*:CudaDecodeFused*:CudaPagedAttention.MatchesCpuReferenceAcrossShapes'
   run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:CudaRolloutFamilies.GreedyF32*/0'
+      --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:*CudaRolloutFamilies.GreedyF32*/0'
   run bench_rollout 120 $B/opd bench rollout
   run bench_rollout_eager 90 $B/opd bench rollout --no-graphs --runs 1
   run bench_rollout_unfused 90 $B/opd bench rollout --no-fused --runs 1
@@ -107,7 +107,7 @@ if [[ "$what" == quick-tests ]]; then
   run memcheck_gen 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaTopKLmHead.RowKernels*:CudaScorer.*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
   run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:CudaRolloutFamilies.GreedyF32*/0'
+      --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:*CudaRolloutFamilies.GreedyF32*/0'
 fi
 if [[ "$what" == quick-bench ]]; then
   run bench_train 300 $B/opd bench train --with-torch
