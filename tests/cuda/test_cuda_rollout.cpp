@@ -78,7 +78,11 @@ TEST_P(CudaRolloutFamilies, GreedyF32EqualsTheCpuEngineTokenForToken) {
 // generated tokens, up to near-ties: the two paths round differently (paged vs flash attention,
 // GEMMs of different shapes), ~1% of a logit. A pick whose full-forward logit is below the max
 // by more than 0.05 + 2% of the max |logit| fails; exact argmax agreement is counted and must
-// hold for >= 90% of the steps.
+// hold for >= 80% of the steps. Why these numbers: the fixture logits reach |z| 1.8-3.4 and the
+// two bf16 paths differ by ~1% of that (0.02-0.04), while 10% of the top-1/top-2 gaps are below
+// 0.03-0.04 (measured on the CPU model: p5 0.010-0.028, p10 0.032-0.043, median 0.17-0.23), so
+// ~5-10% of exact disagreements are expected near-ties; a wrong index or a dropped term picks a
+// token ~1-3 below the max and fails the bound.
 TEST_P(CudaRolloutFamilies, GreedyBf16IsTheFullForwardArgmaxAtEveryStep) {
   REQUIRE_GPU();
   Transformer gpu = Transformer::load(model_dir(GetParam())).to(Device::CUDA, DType::BF16);
@@ -110,7 +114,7 @@ TEST_P(CudaRolloutFamilies, GreedyBf16IsTheFullForwardArgmaxAtEveryStep) {
   }
   std::printf("%s bf16: %lld of %lld greedy picks equal the full-forward argmax\n", GetParam(),
               (long long)exact, (long long)steps);
-  EXPECT_GE(exact * 10, steps * 9);
+  EXPECT_GE(exact * 10, steps * 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaRolloutFamilies,
