@@ -94,6 +94,7 @@ if [[ "$what" == rollout ]]; then
   run bench_rollout_unfused 90 $B/opd bench rollout --no-fused --runs 1
   # The two kernels the decode step's time is predicted from (docs/rollout.md).
   run bench_paged_attention 60 $B/opd bench kernels --filter paged_attention
+  run bench_paged_splits 60 $B/opd bench kernels --filter paged_splits
   run bench_sample 60 $B/opd bench kernels --filter sample.t1
   run torch_rollout_eager 120 python3 tools/bench_rollout_torch.py --modes eager
   run torch_rollout_compiled 200 python3 tools/bench_rollout_torch.py --modes compiled

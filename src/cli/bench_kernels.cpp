@@ -16,6 +16,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/commands.h"
@@ -200,7 +201,14 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
 //   [R, V] f32 buffer (what a dense scorer does before its softmax/top-k).
 void add_generation_cases(std::vector<Case>& cases) {
   const DType bf = DType::BF16;
-  for (int64_t ctx : {256, 512, 768}) {
+  // (context, forced splits, name): the W1 contexts with the launch heuristic's splits, then a
+  // sweep of split counts at the average W1 context (paged_splits.*: is the heuristic's choice
+  // the fastest? docs/rollout.md, what remains).
+  std::vector<std::tuple<int64_t, int, std::string>> configs;
+  for (int64_t ctx : {256, 512, 768}) configs.emplace_back(ctx, 0, cat("paged_attention.decode_ctx", ctx));
+  for (int sp : {1, 2, 3, 4, 6, 8, 12, 16})
+    configs.emplace_back(512, sp, cat("paged_splits.decode_ctx512_splits", sp));
+  for (const auto& [ctx, force, name] : configs) {
     const int64_t B = 64, hq = kHeads, hkv = kKvHeads, d = kHeadDim, bs = 16;
     const int64_t per_seq = (ctx + bs - 1) / bs, num_blocks = B * per_seq;
     const double kv_bytes = 2.0 * B * ctx * hkv * d * 2;
@@ -213,7 +221,7 @@ void add_generation_cases(std::vector<Case>& cases) {
     };
     auto sets = std::make_shared<std::vector<Set>>();
     cases.push_back(
-        {cat("paged_attention.decode_ctx", ctx), cat(B, "x", hq, "/", hkv, "x", d, " bs16"), false,
+        {name, cat(B, "x", hq, "/", hkv, "x", d, " bs16"), false,
          bytes, bytes,
          [=](int n) {
            if (!sets->empty()) return;
@@ -249,6 +257,7 @@ void add_generation_cases(std::vector<Case>& cases) {
              a.max_seq_len = ctx;
              a.scale = 1.0 / std::sqrt(static_cast<double>(d));
              a.dtype = bf;
+             a.force_splits = force;
              const cuda::PagedAttentionLaunch l = cuda::paged_attention_launch(a);
              set.ws = Tensor::empty({static_cast<int64_t>(l.workspace_bytes / 4) + 1}, DType::I32,
                                     Device::CUDA);
