@@ -116,6 +116,16 @@ if [[ "$what" == quick-bench ]]; then
   run bench_kernels 120 $B/opd bench kernels
   run torch_kernels 120 python3 tools/bench_kernels_torch.py --opd "$OUT/bench_kernels.log"
 fi
+if [[ "$what" == product ]]; then
+  # One 10-minute call, most important first: the whole GPU suite (trainer, rollout, scorer and
+  # every op), the W1 step through opd train and its HF anchor, then the rollout and scoring
+  # benches. At most 8 logs come back from a device call: keep this list short.
+  run cuda 240 $B/test_cuda
+  run bench_w1 240 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run torch_w1 150 python3 tools/bench_w1_torch.py
+  run bench_rollout 90 $B/opd bench rollout
+  run bench_score 90 $B/opd bench score
+fi
 if [[ "$what" == w1 || "$what" == all ]]; then
   # The GPU training loop against the CPU backend, then the whole W1 step through `opd train`
   # (random Qwen3-0.6B student / 1.7B teacher written to $OUT-local disk) and the HF anchor.
