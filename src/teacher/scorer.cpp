@@ -250,10 +250,13 @@ std::vector<NextToken> CpuScorer::next_tokens(const NextTokenRequest& req) {
   return out;
 }
 
-std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device) {
+std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device,
+                                          DType cuda_dtype) {
   if (device == Device::CPU) return std::make_unique<CpuScorer>(model_dir);
   // CudaScorer throws Unsupported in builds without CUDA.
-  return std::make_unique<CudaScorer>(model_dir);
+  CudaScorer::Options o;
+  o.dtype = cuda_dtype;
+  return std::make_unique<CudaScorer>(model_dir, o);
 }
 
 }  // namespace opd

@@ -155,7 +155,9 @@ class CpuScorer : public Scorer {
 };
 
 // The in-process scorer of a model directory on `device`: CpuScorer on the CPU, CudaScorer
-// (teacher/cuda_scorer.h, bf16) on CUDA; Unsupported for CUDA in builds without CUDA.
-std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device);
+// (teacher/cuda_scorer.h, in `cuda_dtype`: bf16 or f32) on CUDA; Unsupported for CUDA in builds
+// without CUDA.
+std::unique_ptr<Scorer> make_local_scorer(const std::string& model_dir, Device device,
+                                          DType cuda_dtype = DType::BF16);
 
 }  // namespace opd

@@ -430,7 +430,7 @@ void Trainer::setup_teacher() {
   const TokenizerFingerprint sfp = tokenizer_fingerprint(o_.student, sc.vocab_size);
   if (!o_.teacher.empty()) {
     log_info("loading teacher ", o_.teacher, " (in-process)");
-    scorer_ = make_local_scorer(o_.teacher, device_);
+    scorer_ = make_local_scorer(o_.teacher, device_, compute_dtype_);
     run_doctor_checks(describe_model_dir(o_.teacher));
     if (o_.seq_kd || loss_.mode == SupportMode::Full) {
       teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
