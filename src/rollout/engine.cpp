@@ -98,12 +98,11 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& cfg = model_->config();
   const int64_t V = cfg.vocab_size, bs = options_.block_size;
-  const int64_t num_blocks = this->num_blocks();
+  const int64_t budget_blocks = this->num_blocks();
   const DType dtype = model_->weights().embed_tokens.dtype();
   const int64_t block_bytes = KvCache::block_bytes(cfg, bs, dtype);
   stats_ = EngineStats{};
-  stats_.num_blocks = num_blocks;
-  OPD_CHECK(num_blocks >= 1, OutOfMemory, "kv_cache_bytes ", options_.kv_cache_bytes,
+  OPD_CHECK(budget_blocks >= 1, OutOfMemory, "kv_cache_bytes ", options_.kv_cache_bytes,
             " is less than one KV block (", block_bytes, " bytes = 2 x ", cfg.num_hidden_layers,
             " layers x ", bs, " tokens x ", cfg.num_key_value_heads, " kv heads x ", cfg.head_dim,
             " x ", dtype_size(dtype), " bytes)");
@@ -136,13 +135,20 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     OPD_CHECK(kv_tokens <= INT32_MAX, InvalidArgument, "request ", r, ": prompt + max_new_tokens = ",
               kv_tokens + 1, " exceeds 2^31");
     const int64_t need = (kv_tokens + bs - 1) / bs;
-    OPD_CHECK(need <= num_blocks, OutOfMemory, "request ", r, ": a sample of ", q.prompt.size(),
+    OPD_CHECK(need <= budget_blocks, OutOfMemory, "request ", r, ": a sample of ", q.prompt.size(),
               " prompt tokens + max_new_tokens ", q.max_new_tokens, " needs K/V for ", kv_tokens,
               " tokens = ", need, " blocks of ", bs, " tokens (", need * block_bytes,
-              " bytes), but kv_cache_bytes ", options_.kv_cache_bytes, " holds only ", num_blocks,
+              " bytes), but kv_cache_bytes ", options_.kv_cache_bytes, " holds only ", budget_blocks,
               " blocks; raise the KV cache budget or lower max_new_tokens");
   }
 
+  // The cache holds what the requests can use at most (every sample at full length, no block
+  // shared), capped by the budget: a small rollout does not reserve the whole budget.
+  int64_t most_blocks = 0;
+  for (const GenerationRequest& q : requests)
+    most_blocks += q.n * ((static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens - 1 + bs - 1) / bs);
+  const int64_t num_blocks = std::max<int64_t>(1, std::min(budget_blocks, most_blocks));
+  stats_.num_blocks = num_blocks;
   const bool on_cuda = model_->device() == Device::CUDA;
   std::vector<RequestOutput> outputs(requests.size());
 #ifdef OPD_WITH_CUDA

@@ -86,6 +86,7 @@ struct EngineOptions {
 struct EngineStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
   int64_t preemptions = 0, recomputed_tokens = 0;
+  // num_blocks: KV blocks allocated (the budget, or less when the requests cannot use it all).
   int64_t num_blocks = 0, peak_blocks_used = 0, max_batch = 0;
   double seconds = 0;
   // Where the time went. CUDA models: device time from CUDA events around each step; CPU: wall

@@ -160,6 +160,18 @@ TEST(Engine, SampleDoesNotDependOnBatchNChunkingOrBlockSize) {
   EXPECT_NE(out[0].samples[0].ids, out[3].samples[0].ids);
 }
 
+TEST(Engine, AllocatesOnlyTheBlocksTheRequestsCanUse) {
+  Transformer model = Transformer::load(test::model_dir("qwen3"));
+  const int64_t V = model.config().vocab_size;
+  EngineOptions o;
+  o.block_size = 4;  // the default budget (1 GiB) buys far more blocks than these need
+  RolloutEngine engine(model, o, {});
+  // 5 + 9 - 1 = 13 tokens -> 4 blocks, x 2 samples; 2 + 3 - 1 = 4 tokens -> 1 block.
+  engine.generate({request(seeded_prompt(1, 5, V), 9, 0.0, 0, 2), request(seeded_prompt(2, 2, V), 3)});
+  EXPECT_GT(engine.num_blocks(), 9);
+  EXPECT_EQ(engine.stats().num_blocks, 9);
+}
+
 TEST(Engine, PreemptionUnderATinyBudgetGivesTheSameOutputs) {
   for (const char* family : {"qwen3", "llama"}) {
     Transformer model = Transformer::load(test::model_dir(family));
