@@ -167,7 +167,7 @@ TEST(Engine, AllocatesOnlyTheBlocksTheRequestsCanUse) {
   o.block_size = 4;  // the default budget (1 GiB) buys far more blocks than these need
   RolloutEngine engine(model, o, {});
   // 5 + 9 - 1 = 13 tokens -> 4 blocks, x 2 samples; 2 + 3 - 1 = 4 tokens -> 1 block.
-  engine.generate({request(seeded_prompt(1, 5, V), 9, 0.0, 0, 2), request(seeded_prompt(2, 2, V), 3)});
+  engine.generate({request(seeded_prompt(1, 5, V), 9, 0.0, 0, 2), request(seeded_prompt(2, 2, V), 3, 0.0, 0, 1)});
   EXPECT_GT(engine.num_blocks(), 9);
   EXPECT_EQ(engine.stats().num_blocks, 9);
 }
