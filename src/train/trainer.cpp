@@ -832,15 +832,43 @@ TrainResult Trainer::run_steps() {
     double rollout_s = 0, score_s = 0, train_s = 0;
     std::vector<Sequence> seqs;
     bool cancelled = false;
+    std::string rollout_error;
     try {
       seqs = make_sequences(source, picks, global_index, step, &rollout_s);
     } catch (const Error& e) {
-      if (e.kind() != ErrorKind::Cancelled) throw;
-      cancelled = true;  // the step is abandoned: nothing of it was applied
+      if (e.kind() == ErrorKind::Cancelled) {
+        cancelled = true;  // the step is abandoned: nothing of it was applied
+      } else if (e.kind() == ErrorKind::InvalidData && source != Source::Dataset) {
+        // The prompts' ids were checked when the data loaded, so this is the model's output
+        // (non-finite logits): a bad step like a non-finite loss, not the end of the run.
+        rollout_error = e.what();
+      } else {
+        throw;
+      }
     }
     if (any_rank(cancelled || stop_requested() != StopRequest::None, "stop after rollout?")) {
       result_.stopped_by_signal = true;
       break;
+    }
+    if (any_rank(!rollout_error.empty(), "rollout failed?")) {
+      ++bad_steps_;
+      std::vector<Sequence> prompts;
+      for (uint64_t p : picks) {
+        Sequence q;
+        q.ids = (*data_)[p].prompt_ids;
+        q.prompt_len = static_cast<int64_t>(q.ids.size());
+        q.source = (*data_)[p].source;
+        prompts.push_back(std::move(q));
+      }
+      save_bad_batch(step, prompts, rollout_error.empty() ? "another rank's rollout failed"
+                                                          : "rollout failed: " + rollout_error);
+      OPD_CHECK(bad_steps_ <= o_.max_bad_steps, InvalidData, bad_steps_,
+                " bad steps (more than --max-bad-steps ", o_.max_bad_steps, "); the last: ",
+                rollout_error.empty() ? "another rank's rollout failed" : rollout_error);
+      if (metrics_) metrics_->write(step + 1, {{"skipped", 1}, {"bad_steps", bad_steps_}});
+      *sampler_ = sampler;
+      ++step_;
+      continue;
     }
     std::erase_if(seqs, [](const Sequence& s) { return s.completion_len() == 0; });
     int64_t n_local = 0, truncated = 0;

@@ -295,6 +295,35 @@ TEST_F(TrainerTest, NonFiniteStepsAreSkippedSavedAndBounded) {
   EXPECT_TRUE(list_checkpoints(o.out + "/checkpoints").empty());
 }
 
+TEST_F(TrainerTest, ANonFiniteRolloutIsABadStepToo) {
+  // On-policy, the NaN student cannot sample: each such step is skipped, counted and its
+  // prompts saved, and the run stops after --max-bad-steps (not at the first one).
+  ModelConfig c = test::tiny_demo_config(32, 1);
+  ModelWeights w = init_weights(c, 1);
+  w.final_norm.data<float>()[3] = std::nanf("");
+  save_model_dir(path("nan_student"), c, w, test::source_dir() + "/demo/tokenizer");
+  TrainOptions o = base("nan_rollout");
+  o.student = path("nan_student");
+  o.lmbda = 1;
+  o.max_bad_steps = 2;
+  try {
+    train(o);
+    FAIL() << "a run whose every rollout fails must stop";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
+    EXPECT_NE(std::string(e.what()).find("--max-bad-steps"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not finite"), std::string::npos) << e.what();
+  }
+  for (int step : {0, 1, 2}) {
+    const std::string f = o.out + "/bad_batches/step-" + std::to_string(step) + ".json";
+    ASSERT_TRUE(fs::exists(f)) << f;
+    auto bad = nlohmann::json::parse(std::ifstream(f));
+    EXPECT_EQ(bad["sequences"].size(), 4u);
+    EXPECT_NE(bad["reason"].get<std::string>().find("rollout failed"), std::string::npos);
+  }
+  EXPECT_TRUE(list_checkpoints(o.out + "/checkpoints").empty());
+}
+
 TEST_F(TrainerTest, BadOptionsAreNamed) {
   auto expect_msg = [&](TrainOptions o, const std::string& needle) {
     try {
