@@ -116,6 +116,14 @@ if [[ "$what" == quick-bench ]]; then
   run bench_kernels 120 $B/opd bench kernels
   run torch_kernels 120 python3 tools/bench_kernels_torch.py --opd "$OUT/bench_kernels.log"
 fi
+if [[ "$what" == pair ]]; then
+  # On a 2-GPU machine, one call: the trainer and rollout GPU tests, the trainer data parallel
+  # over NCCL (2 ranks == 1 rank), and W2 against W1 (bench w2 runs W1 on one GPU first).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run cuda_train_roll 150 $B/test_cuda --gtest_filter='CudaTrainer*:*CudaRollout*:CudaScorer*'
+  [[ -x $B/test_cli ]] && run train_dist_gpu 150 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  run bench_w2 330 $B/opd bench w2 --nproc 2
+fi
 if [[ "$what" == product ]]; then
   # One 10-minute call, most important first: the whole GPU suite (trainer, rollout, scorer and
   # every op), the W1 step through opd train and its HF anchor, then the rollout and scoring
