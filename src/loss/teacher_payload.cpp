@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <utility>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace opd {
 
@@ -127,11 +130,22 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
   stats.rows = rows;
   const double max_sum = 1.0 + config.payload_sum_tolerance;
   const double max_logprob = std::log1p(config.payload_sum_tolerance);
-  std::vector<std::pair<int64_t, int64_t>> sorted;  // (id, entry index) of one row
-  std::vector<double> kept(static_cast<size_t>(k));
-
-  for (size_t s = 0; s < num_seqs; ++s) {
-    for (int64_t r = pl.seq_row_offsets[s]; r < pl.seq_row_offsets[s + 1]; ++r) {
+  // Rows are independent: they are checked and written in parallel (a W1 payload is 32,768 rows
+  // x 64 entries). Each chunk keeps its own statistics and its first error; the error reported
+  // is the one of the lowest row, as a sequential pass would report it.
+  std::vector<int32_t> row_seq(static_cast<size_t>(rows));
+  for (size_t s = 0; s < num_seqs; ++s)
+    for (int64_t r = pl.seq_row_offsets[s]; r < pl.seq_row_offsets[s + 1]; ++r)
+      row_seq[static_cast<size_t>(r)] = static_cast<int32_t>(s);
+  std::mutex merge_mu;
+  int64_t error_row = rows;
+  std::exception_ptr error;
+  auto check_rows = [&](int64_t r0, int64_t r1) {
+    PayloadStats local;
+    std::vector<std::pair<int64_t, int64_t>> sorted;  // (id, entry index) of one row
+    try {
+    for (int64_t r = r0; r < r1; ++r) {
+      const size_t s = static_cast<size_t>(row_seq[static_cast<size_t>(r)]);
       const int64_t pos = pl.seq_first_position[s] + (r - pl.seq_row_offsets[s]);
       const bool padding = !layout.padding.empty() && layout.padding[r] != 0;
       const int64_t begin = pl.entry_offsets[r], count = pl.entry_offsets[r + 1] - begin;
@@ -175,7 +189,7 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
                 kWhat, ": ", where(s, pos, r), ": actual-token logprob ", ay,
                 " is not a number <= ", max_logprob);
       if (padding) {
-        ++stats.padding_rows;
+        ++local.padding_rows;
         o_valid[r] = 0;
         for (int64_t j = 0; j < k; ++j) {
           o_ids[r * k + j] = kEmptySlot;
@@ -209,9 +223,9 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
                   ": clip-to-student drops probability mass ", dropped,
                   " (limit 1 - 1e-6), nothing left to renormalize");
         shift = std::log1p(-dropped);
-        ++stats.clipped_rows;
-        stats.clipped_ids += n_dropped;
-        stats.max_clipped_mass = std::max(stats.max_clipped_mass, dropped);
+        ++local.clipped_rows;
+        local.clipped_ids += n_dropped;
+        local.max_clipped_mass = std::max(local.max_clipped_mass, dropped);
       }
       o_valid[r] = 1;
       for (int64_t j = 0; j < k; ++j) {
@@ -226,7 +240,24 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
       }
       put(out.actual_logprobs, r, (ay - shift) * rescale);
     }
-  }
+    } catch (const Error&) {
+      // Rows before the failing one in this chunk passed; chunks are disjoint and ordered, so
+      // the lowest failing chunk holds the lowest failing row.
+      std::lock_guard<std::mutex> lock(merge_mu);
+      if (r0 < error_row) {
+        error_row = r0;
+        error = std::current_exception();
+      }
+      return;
+    }
+    std::lock_guard<std::mutex> lock(merge_mu);
+    stats.padding_rows += local.padding_rows;
+    stats.clipped_rows += local.clipped_rows;
+    stats.clipped_ids += local.clipped_ids;
+    stats.max_clipped_mass = std::max(stats.max_clipped_mass, local.max_clipped_mass);
+  };
+  parallel_for(rows, check_rows, 256);
+  if (error) std::rethrow_exception(error);
   if (stats_out) *stats_out = stats;
   return out;
 }

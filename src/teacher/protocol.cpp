@@ -20,22 +20,38 @@ static_assert(std::endian::native == std::endian::little,
 // --- CRC-32 -----------------------------------------------------------------------------------
 
 namespace {
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
+// Slicing-by-8 (Kounavis & Berry, "A Systematic Approach to Building High Performance
+// Software-based CRC Generators", 2005): t[k][i] is the CRC of byte i followed by k zero bytes,
+// so 8 input bytes fold in with 8 lookups instead of 8 dependent steps (~8x the bytewise loop;
+// a W1 response is 17 MB). Same reflected IEEE polynomial, same value as the bytewise form.
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+CrcTables make_crc_tables() {
+  CrcTables t{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
     for (int b = 0; b < 8; ++b) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    t[0][i] = c;
   }
+  for (int k = 1; k < 8; ++k)
+    for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   return t;
 }
 }  // namespace
 
 uint32_t crc32(const void* data, size_t bytes) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
+  static_assert(std::endian::native == std::endian::little, "the 8-byte fold reads little-endian");
+  static const CrcTables t = make_crc_tables();
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < bytes; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;
+    c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+  }
+  for (; bytes > 0; --bytes, ++p) c = t[0][(c ^ *p) & 0xFFu] ^ (c >> 8);
   return c ^ 0xFFFFFFFFu;
 }
 
@@ -55,27 +71,27 @@ class Writer {
     out_.resize(at + v.size() * sizeof(T));
     if (!v.empty()) std::memcpy(out_.data() + at, v.data(), v.size() * sizeof(T));
   }
+  void reserve(size_t body_bytes) { out_.reserve(kTeacherHeaderBytes + body_bytes); }
   void put_bytes(const std::string& s) {
     out_.append(s);
   }
-  // Header + body: the body is everything written so far.
+  // Header + body: the body is everything written after the header's place (no copy of it).
   std::string finish(MessageKind kind) {
-    std::string msg(kTeacherHeaderBytes, '\0');
-    std::memcpy(msg.data(), "OPDT", 4);
+    char* msg = out_.data();
+    std::memcpy(msg, "OPDT", 4);
     const uint16_t version = kTeacherProtocolVersion, k = static_cast<uint16_t>(kind);
-    const uint64_t body = out_.size();
-    const uint32_t crc = crc32(out_.data(), out_.size()), reserved = 0;
-    std::memcpy(msg.data() + 4, &version, 2);
-    std::memcpy(msg.data() + 6, &k, 2);
-    std::memcpy(msg.data() + 8, &body, 8);
-    std::memcpy(msg.data() + 16, &crc, 4);
-    std::memcpy(msg.data() + 20, &reserved, 4);
-    msg.append(out_);
-    return msg;
+    const uint64_t body = out_.size() - kTeacherHeaderBytes;
+    const uint32_t crc = crc32(msg + kTeacherHeaderBytes, body), reserved = 0;
+    std::memcpy(msg + 4, &version, 2);
+    std::memcpy(msg + 6, &k, 2);
+    std::memcpy(msg + 8, &body, 8);
+    std::memcpy(msg + 16, &crc, 4);
+    std::memcpy(msg + 20, &reserved, 4);
+    return std::move(out_);
   }
 
  private:
-  std::string out_;
+  std::string out_ = std::string(kTeacherHeaderBytes, '\0');  // the header's place
 };
 
 class Reader {
@@ -207,6 +223,7 @@ std::string encode_score_response(const ScoreResponse& p) {
   const size_t n = p.seq_begin.size();
   OPD_CHECK(p.row_offsets.size() == n + 1, InvalidArgument, "encode: ", p.row_offsets.size(),
             " row offsets for ", n, " sequences");
+  w.reserve(24 + 8 * n + 4 * p.ids.size() + 4 * p.logprobs.size() + 4 * p.actual_logprobs.size());
   w.put<uint32_t>(to_u32(static_cast<int64_t>(n), "sequence count"));
   w.put<int32_t>(static_cast<int32_t>(p.k));
   w.put<double>(p.temperature);

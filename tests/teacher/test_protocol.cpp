@@ -69,6 +69,24 @@ TEST(Protocol, Crc32CheckValue) {
   EXPECT_EQ(crc32("", 0), 0u);
 }
 
+TEST(Protocol, Crc32EqualsTheBytewiseDefinitionAtEveryLengthAndAlignment) {
+  // The 8-byte fold against the one-bit-at-a-time definition (reflected 0xEDB88320).
+  auto reference = [](const unsigned char* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; ++i) {
+      c ^= p[i];
+      for (int b = 0; b < 8; ++b) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return c ^ 0xFFFFFFFFu;
+  };
+  std::vector<unsigned char> buf(300);
+  uint32_t x = 12345;
+  for (auto& v : buf) v = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 16);
+  for (size_t offset = 0; offset < 8; ++offset)
+    for (size_t n = 0; n + offset <= buf.size(); n += 7)
+      EXPECT_EQ(crc32(buf.data() + offset, n), reference(buf.data() + offset, n)) << offset << " " << n;
+}
+
 TEST(Protocol, BinaryLayoutIsTheDocumentedOne) {
   // Header bytes written out by hand from docs/teacher_protocol.md.
   ScoreRequest q;
