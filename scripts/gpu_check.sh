@@ -54,7 +54,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
   for k in paged_attention topk_ sample_kernel; do  # kns = kernel-name substring
     run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         --kernel-name "kns=$k" $B/test_cuda \
-        --gtest_filter="CudaPagedAttention.RawApiForcedSplitsAndBatches:$RACE_TOPK:CudaSampler.ChiSquare*"
+        --gtest_filter="CudaPagedAttention.RawApi*:$RACE_TOPK:CudaSampler.ChiSquare*"
   done
   # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards
   # inside cuBLAS's split-K kernels (nvjet_*_splitK), which are not ours.
@@ -82,11 +82,17 @@ if [[ "$what" == racecheck-gen ]]; then
   for k in paged_attention topk_ sample_kernel; do
     run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         --kernel-name "kns=$k" $B/test_cuda \
-        --gtest_filter="CudaPagedAttention.RawApiForcedSplitsAndBatches:$RACE_TOPK:CudaSampler.ChiSquare*"
+        --gtest_filter="CudaPagedAttention.RawApi*:$RACE_TOPK:CudaSampler.ChiSquare*"
   done
 fi
 if [[ "$what" == rollout ]]; then
-  run cuda_rollout 150 $B/test_cuda --gtest_filter='*CudaRollout*:CudaDecodeFused*:CudaPagedAttention.MatchesCpuReferenceAcrossShapes'
+  run cuda_rollout 200 $B/test_cuda --gtest_filter='*CudaRollout*:CudaDecodeFused*:CudaPagedAttention.*'
+  # The decode-only paged kernel (issue 6): memcheck and racecheck on the small shapes (all head
+  # dims, forced splits, bad indices through the raw API's error flag).
+  run memcheck_paged 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.BadIndices*'
+  run racecheck_paged 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name "kns=paged_attention" $B/test_cuda --gtest_filter='CudaPagedAttention.RawApi*'
   run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:*CudaRolloutFamilies.GreedyF32*/0'
   run bench_rollout 120 $B/opd bench rollout

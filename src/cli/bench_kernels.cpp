@@ -201,14 +201,17 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
 //   [R, V] f32 buffer (what a dense scorer does before its softmax/top-k).
 void add_generation_cases(std::vector<Case>& cases) {
   const DType bf = DType::BF16;
-  // (context, forced splits, name): the W1 contexts with the launch heuristic's splits, then a
-  // sweep of split counts at the average W1 context (paged_splits.*: is the heuristic's choice
-  // the fastest? docs/rollout.md, what remains).
-  std::vector<std::tuple<int64_t, int, std::string>> configs;
-  for (int64_t ctx : {256, 512, 768}) configs.emplace_back(ctx, 0, cat("paged_attention.decode_ctx", ctx));
+  // (context, grid bound max_seq_len, forced splits, name): the W1 contexts with the launch
+  // heuristic's splits (max_q_len 1: the decode kernel), the grid sized as the rollout's graphs
+  // size it (max_seq_len 767 at context 256 and 512), then a sweep of split counts at the
+  // average W1 context (paged_splits.*: is the heuristic's choice the fastest?).
+  std::vector<std::tuple<int64_t, int64_t, int, std::string>> configs;
+  for (int64_t ctx : {256, 512, 768}) configs.emplace_back(ctx, ctx, 0, cat("paged_attention.decode_ctx", ctx));
+  for (int64_t ctx : {256, 512})
+    configs.emplace_back(ctx, 767, 0, cat("paged_attention.decode_ctx", ctx, "_bound767"));
   for (int sp : {1, 2, 3, 4, 6, 8, 12, 16})
-    configs.emplace_back(512, sp, cat("paged_splits.decode_ctx512_splits", sp));
-  for (const auto& [ctx, force, name] : configs) {
+    configs.emplace_back(512, 512, sp, cat("paged_splits.decode_ctx512_splits", sp));
+  for (const auto& [ctx, bound, force, name] : configs) {
     const int64_t B = 64, hq = kHeads, hkv = kKvHeads, d = kHeadDim, bs = 16;
     const int64_t per_seq = (ctx + bs - 1) / bs, num_blocks = B * per_seq;
     const double kv_bytes = 2.0 * B * ctx * hkv * d * 2;
@@ -254,7 +257,7 @@ void add_generation_cases(std::vector<Case>& cases) {
              a.block_size = bs;
              a.max_blocks = per_seq;
              a.max_q_len = 1;
-             a.max_seq_len = ctx;
+             a.max_seq_len = bound;
              a.scale = 1.0 / std::sqrt(static_cast<double>(d));
              a.dtype = bf;
              a.force_splits = force;
@@ -262,8 +265,12 @@ void add_generation_cases(std::vector<Case>& cases) {
              set.ws = Tensor::empty({static_cast<int64_t>(l.workspace_bytes / 4) + 1}, DType::I32,
                                     Device::CUDA);
              if (s == 0)
-               std::fprintf(stderr, "  paged_attention ctx %lld: %d splits of %d positions, %d rows/CTA\n",
-                            static_cast<long long>(ctx), l.num_splits, l.split_tokens, l.rows_per_cta);
+               std::fprintf(stderr,
+                            "  paged_attention ctx %lld (grid bound %lld): %s kernel, %d splits of "
+                            "%d positions, %d rows/CTA\n",
+                            static_cast<long long>(ctx), static_cast<long long>(bound),
+                            l.decode ? "decode" : "general", l.num_splits, l.split_tokens,
+                            l.rows_per_cta);
              sets->push_back(std::move(set));
            }
          },

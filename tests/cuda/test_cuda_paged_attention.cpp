@@ -1,8 +1,10 @@
 // CUDA paged KV cache ops (kernels/cuda/paged_attention.cu) against the CPU reference
 // (kernels/cpu/paged_attention.cpp, f64) on the same bf16/f32-representable inputs:
 // kv_cache_store bit-exact; paged attention over shuffled block tables for block sizes 1/4/16,
-// odd lengths, GQA ratios 1/2/4/8, head_dim 8/16/32/64/128, decode (1 query row), chunked prefill
-// (query rows after a context), batches 1..64, the split-KV combine path forced and natural;
+// odd lengths, GQA ratios 1/2/3/4/8/12, head_dim 8/16/32/64/128/256, decode (1 query row: the
+// decode-only kernel, also against the general kernel at the W1 shape with unequal lengths),
+// chunked prefill (query rows after a context), batches 1..64, the split-KV combine path forced
+// and natural;
 // poisoned outputs; bad slots / block ids / lengths rejected with the CPU's messages and nothing
 // written; the raw (graph) API never faults on bad indices and reports them through its flag.
 // GPU only: every test skips cleanly without a device.
@@ -150,6 +152,16 @@ std::vector<Case> cases() {
   // The fixture models' small heads (qwen2: head_dim 8, the others 16): 1-2 lanes per token.
   v.push_back({"small_heads_d8", {23, 1, 70}, {5, 1, 1}, 6, 2, 8, 4});
   v.push_back({"small_heads_d16", {9, 130, 2}, {9, 1, 2}, 4, 1, 16, 16});
+  // Decode-only kernel (every q_len <= 1): head_dim 256, a group that is not a power of two (3:
+  // a tile of 4 heads with one unused), a group of 12 (two tiles of 8), sequences without a
+  // query row, and block size 1 with more blocks than one CTA stages (1023 positions per split
+  // at most: forced splits).
+  v.push_back({"decode_d256", {300, 17, 1}, {1, 1, 1}, 8, 2, 256, 16});
+  v.push_back({"decode_gqa3_partial_tile", {65, 130}, {1, 1}, 6, 2, 64, 16});
+  v.push_back({"decode_gqa12_two_tiles", {70, 33}, {1, 1}, 12, 1, 128, 4});
+  v.push_back({"decode_no_query_rows", {12, 40, 5}, {0, 1, 1}, 4, 2, 128, 16});
+  v.push_back({"decode_bs1_beyond_staged_table", {2500, 3}, {1, 1}, 4, 2, 64, 1});
+  v.push_back({"chunk_d256", {40, 20}, {5, 20}, 4, 2, 256, 16});
   return v;
 }
 
@@ -169,7 +181,7 @@ TEST(CudaPagedAttention, MatchesCpuReferenceAcrossShapes) {
 }
 
 // The W1 decode shape (64 sequences x 8 kv heads, 16 query heads, head_dim 128, blocks of 16)
-// at contexts 256..768, where the split-KV path is taken naturally.
+// at contexts 256..768 through the Tensor-level op (the decode kernel, one split on an H200).
 TEST(CudaPagedAttention, W1DecodeBatch64) {
   REQUIRE_GPU();
   for (int32_t base : {256, 511, 768}) {
@@ -186,13 +198,120 @@ TEST(CudaPagedAttention, W1DecodeBatch64) {
     a.hq = 16;
     a.hkv = 8;
     a.head_dim = 128;
+    a.block_size = 16;
     a.max_q_len = 1;
     a.max_seq_len = base;
     a.dtype = DType::BF16;
-    EXPECT_GT(cuda::paged_attention_launch(a).num_splits, 1) << "W1 should use split-KV";
+    EXPECT_TRUE(cuda::paged_attention_launch(a).decode) << "decode rows take the decode kernel";
     EXPECT_TRUE(matches(run_gpu(s, DType::BF16, gpu_cache(s, DType::BF16), true), reference(s),
                         DType::BF16));
   }
+}
+
+// One raw-API call on a setup (indices on the device): the output as f64 on the host.
+struct RawRun {
+  Tensor out;
+  cuda::PagedAttentionLaunch launch;
+};
+RawRun run_raw(const PagedSetup& s, const GpuCache& c, DType dt, int64_t max_q_len,
+               int64_t max_seq_len, int force_splits, int sm_count = 0) {
+  Tensor q = dev(s.q.to_dtype(DType::F32), dt);
+  Tensor cu = dev_i32(i32(s.cu, {s.B + 1})), lens = dev_i32(i32(s.lens, {s.B})),
+         table = dev_i32(i32(s.table, {s.B, s.max_blocks}));
+  Tensor out = dev_poison({s.T, s.hq, s.d}, dt);
+  Tensor flag = dev_i32(i32({-1}, {1}));
+  cuda::PagedAttentionArgs a;
+  a.q = q.raw();
+  a.k_cache = c.kc.raw();
+  a.v_cache = c.vc.raw();
+  a.out = out.raw();
+  a.cu_seqlens_q = cu.data<int32_t>();
+  a.seq_lens = lens.data<int32_t>();
+  a.block_tables = table.data<int32_t>();
+  a.batch = s.B;
+  a.total_q = s.T;
+  a.hq = s.hq;
+  a.hkv = s.hkv;
+  a.head_dim = s.d;
+  a.num_blocks = s.num_blocks;
+  a.block_size = s.bs;
+  a.max_blocks = s.max_blocks;
+  a.max_q_len = max_q_len;
+  a.max_seq_len = max_seq_len;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  a.dtype = dt;
+  a.error_flag = reinterpret_cast<unsigned*>(flag.data<int32_t>());
+  a.sm_count = sm_count;
+  a.force_splits = force_splits;
+  RawRun r;
+  r.launch = cuda::paged_attention_launch(a);
+  cuda::DeviceBuffer ws(r.launch.workspace_bytes, nullptr);
+  cuda::paged_attention(a, r.launch.workspace_bytes ? ws.get() : nullptr, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(flag.to(Device::CPU).data<int32_t>()[0], -1) << "no index was bad";
+  r.out = host(out).to_dtype(DType::F64);
+  return r;
+}
+
+// The decode kernel at the W1 shape with unequal context lengths (spread over 200 positions),
+// the grid sized as the rollout's graphs size it (max_seq_len = 256 + 512 - 1 = 767, far above
+// most lengths) and as tight as possible: against the CPU, against the general kernel on the
+// same inputs (max_q_len 2 routes there), bit-identical on a second run, with forced splits,
+// and with the splits it picks on its own when the batch is too small to fill 132 SMs.
+TEST(CudaPagedAttention, DecodeKernelW1ShapeUnequalLengths) {
+  REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  for (int32_t base : {256, 512, 767}) {
+    std::vector<int32_t> lens, q_lens;
+    for (int b = 0; b < 64; ++b) {
+      lens.push_back(std::max(1, base - (b * 37) % 200));
+      q_lens.push_back(1);
+    }
+    PagedSetup s = make_setup(lens, q_lens, 16, 8, 128, 16, dt, 40 + base);
+    Tensor ref = reference(s);
+    GpuCache c = gpu_cache(s, dt);
+    for (int64_t bound : {int64_t{767}, static_cast<int64_t>(base)}) {
+      SCOPED_TRACE(cat("base ", base, " max_seq_len ", bound));
+      RawRun fast = run_raw(s, c, dt, 1, bound, 0, 132);
+      EXPECT_TRUE(fast.launch.decode);
+      EXPECT_EQ(fast.launch.num_splits, 1) << "64 x 8 CTAs fill 132 SMs x 4";
+      EXPECT_EQ(fast.launch.rows_per_cta, 2) << "both query heads of a kv head in one CTA";
+      EXPECT_TRUE(matches(fast.out, ref, dt));
+      RawRun again = run_raw(s, c, dt, 1, bound, 0, 132);
+      EXPECT_TRUE(same_bits(again.out, fast.out)) << "deterministic";
+      RawRun general = run_raw(s, c, dt, 2, bound, 0, 132);
+      EXPECT_FALSE(general.launch.decode);
+      EXPECT_TRUE(matches(general.out, ref, dt));
+      EXPECT_TRUE(close(fast.out, general.out, 8e-3, 4e-3, 4e-3)) << "decode vs general kernel";
+      for (int splits : {2, 3, 5}) {
+        SCOPED_TRACE(cat("forced splits ", splits));
+        RawRun split = run_raw(s, c, dt, 1, bound, splits, 132);
+        EXPECT_TRUE(split.launch.decode);
+        EXPECT_EQ(split.launch.num_splits, splits);
+        EXPECT_TRUE(matches(split.out, ref, dt));
+      }
+    }
+  }
+  // A batch of 4 (32 CTAs per split): the decode kernel splits on its own.
+  std::vector<int32_t> lens = {768, 700, 513, 90}, q_lens = {1, 1, 1, 1};
+  PagedSetup s = make_setup(lens, q_lens, 16, 8, 128, 16, dt, 77);
+  RawRun r = run_raw(s, gpu_cache(s, dt), dt, 1, 768, 0, 132);
+  EXPECT_TRUE(r.launch.decode);
+  EXPECT_GT(r.launch.num_splits, 1);
+  EXPECT_GE(r.launch.split_tokens, 64);
+  EXPECT_TRUE(matches(r.out, reference(s), dt));
+  // Block size 1 and a full batch: one split would fill the GPU, but a CTA stages at most 1024
+  // block ids (1023 positions of size-1 blocks), so 1200 positions take 2 splits.
+  std::vector<int32_t> long_lens, ones;
+  for (int b = 0; b < 64; ++b) {
+    long_lens.push_back(1200 - (b * 13) % 150);
+    ones.push_back(1);
+  }
+  PagedSetup t = make_setup(long_lens, ones, 16, 8, 64, 1, dt, 78);
+  RawRun r2 = run_raw(t, gpu_cache(t, dt), dt, 1, 1200, 0, 132);
+  EXPECT_TRUE(r2.launch.decode);
+  EXPECT_EQ(r2.launch.num_splits, 2);
+  EXPECT_TRUE(matches(r2.out, reference(t), dt));
 }
 
 // Batches 1..64 through the raw API with forced split counts (1, 2, 3, 7): the combine kernel

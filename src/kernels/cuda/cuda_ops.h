@@ -214,9 +214,13 @@ struct PagedAttentionArgs {
 // The grid a call will use: query rows (pairs (row, head) of one kv head) per CTA, tiles per
 // sequence, position splits and the f32 workspace they need:
 //   splits x total_q x hq x (head_dim + 2) x 4 bytes (0 with one split).
+// decode: max_q_len <= 1 runs the decode-only kernel (all query heads of a kv head in one CTA,
+// block ids staged in shared memory, double-buffered 16-byte K/V loads; splits only when
+// batch x kv heads would not fill the GPU); longer query rows (prefill chunks) the general one.
 struct PagedAttentionLaunch {
   int rows_per_cta = 1, tiles_per_seq = 1, num_splits = 1, split_tokens = 0;
   size_t workspace_bytes = 0;
+  bool decode = false;
 };
 PagedAttentionLaunch paged_attention_launch(const PagedAttentionArgs& args);
 bool paged_attention_supports(DType dtype, int64_t head_dim);

@@ -11,6 +11,10 @@
 //   With one split the CTA writes out = acc / l; otherwise (m, l, acc) go to an f32 workspace
 //   and a combine kernel merges the splits: M = max m_s, out = sum 2^(m_s-M) acc_s / sum 2^(m_s-M) l_s.
 //
+// Two attention kernels: paged_attention_decode_kernel when every sequence has at most one
+// query row (max_q_len == 1: decode steps; built for bandwidth, described above it) and
+// paged_attention_kernel for prefill chunks and mixed steps (this comment).
+//
 // Why this shape: decode is bandwidth-bound (each K/V byte is used by group = Hq/Hkv query
 // heads only), so one CTA serves all query heads of a kv head and reads each K/V row once;
 // the split over positions gives the W1 batch (64 sequences x 8 kv heads = 512 pairs) enough
@@ -76,6 +80,7 @@ struct Params {
   unsigned* error_flag;
   int batch, total_q, hq, hkv, group, num_blocks, block_size, max_blocks;
   int max_q_len, max_seq_len, tiles_per_seq, num_splits, split_tokens;
+  int bs_shift;  // log2(block_size) when it is a power of two (W1: 16), else -1 (decode kernel)
   float scale_log2;
 };
 
@@ -300,6 +305,347 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- decode-only kernel (every sequence has at most one query row: max_q_len == 1) ----
+//
+// Built for bandwidth (issue 6): at W1 a decode step reads 3.76 GB of K/V and nothing else of
+// that size, so the kernel is a streaming read of each (sequence, kv head)'s K/V rows with the
+// arithmetic hidden under it.
+//   - CTA = (sequence b, kv head g, tile of up to kRows query heads of g, split s): all query
+//     heads of the GQA group share every K/V byte the CTA reads (one read per kv head).
+//   - The block ids of the CTA's positions are staged (validated) in shared memory once, so no
+//     K/V load waits on a dependent table load (the old kernel paid two latencies per step).
+//   - 4 warps; a warp *step* is kLoads 16-byte loads of K and kLoads of V per lane = 4 KiB of
+//     K/V per warp (8 tokens at head_dim 128: half a 16-token block). Warps take steps
+//     round-robin and double-buffer them in registers: the loads of step n + 4 are issued
+//     before step n is computed, so every warp always has one step (4 KiB) in flight; 4 CTAs
+//     per SM (<= 128 registers, __launch_bounds__) keep ~64 KiB in flight per SM, above the
+//     ~25 KiB that the H200's bandwidth x latency needs.
+//   - A token's D-element row is read by D/8 lanes (16 B each, a half warp at D = 128), so a
+//     warp-wide load covers 32/(D/8) whole rows: 256 contiguous bytes each, fully coalesced.
+//   - f32 scores, online softmax in log2 units, f32 accumulators; the lanes of one token group
+//     are one stream, merged in the warp (shuffles), then across warps through shared memory
+//     in a fixed order (deterministic).
+//   - Splits only when batch x kv heads would not fill the machine (flash-decoding, Dao et al.
+//     2023: FA2's wave-efficiency rule), the partials merged by the combine kernel above.
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = 32 * kDecodeWarps;
+constexpr int kDecodeTable = 1024;  // block ids of one CTA's positions staged in shared memory
+constexpr int kDecodeLoads = 4;     // 16-byte K loads (and V loads) per lane per step
+constexpr int kMinSplitTokens = 64; // a split's fixed cost (q, table, merge, partials) vs its reads
+
+// Resident CTAs per SM the decode kernel is compiled for (the register cap of
+// __launch_bounds__); the split heuristic counts slots with it. f32 (test models) is not tuned.
+constexpr int decode_min_blocks(int elem_bytes, int rows) {
+  return elem_bytes != 2 ? 1 : rows <= 2 ? 4 : rows == 4 ? 3 : 2;
+}
+
+// 16 bytes of K/V, read once per call: the non-coherent path without L1 allocation.
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// 8 elements of T held as kWords 16-byte words -> f32.
+template <typename T>
+struct Raw8 {
+  static constexpr int kWords = 8 * static_cast<int>(sizeof(T)) / 16;  // 1 (bf16) or 2 (f32)
+  uint4 w[kWords];
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = load_stream16(reinterpret_cast<const uint4*>(p) + i);
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  __device__ __forceinline__ void to_f32(float (&f)[8]) const {
+    if constexpr (sizeof(T) == 2) {
+      // bf16 is the high half of an f32: the element at the lower address is the low 16 bits.
+      const unsigned u[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        f[4 * i] = __uint_as_float(w[i].x);
+        f[4 * i + 1] = __uint_as_float(w[i].y);
+        f[4 * i + 2] = __uint_as_float(w[i].z);
+        f[4 * i + 3] = __uint_as_float(w[i].w);
+      }
+    }
+  }
+};
+
+// One warp step's K/V: kDecodeLoads token rows' 8-element slices per lane, and which are real.
+template <typename T>
+struct DecodeStage {
+  Raw8<T> k[kDecodeLoads], v[kDecodeLoads];
+  unsigned valid;
+};
+
+// grid (batch * tiles_per_seq, hkv, num_splits), kDecodeThreads threads. A CTA owns query
+// heads g * group + [tile * kRows, tile * kRows + kRows) of sequence b's (only) query row.
+template <typename T, int kD, int kRows>
+__global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), kRows))
+    paged_attention_decode_kernel(Params p) {
+  constexpr int kLanes = kD / 8;                       // lanes sharing one token's row
+  constexpr int kTokPerLoad = 32 / kLanes;             // rows one warp-wide load covers
+  constexpr int kStepTokens = kDecodeLoads * kTokPerLoad;
+  static_assert(kD % 8 == 0 && kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0,
+                "head_dim / 8 must be a power of two <= 32");
+
+  __shared__ int sm_blk[kDecodeTable];
+  __shared__ __align__(16) float sm_acc[kDecodeWarps][kRows][kD];
+  __shared__ float sm_m[kDecodeWarps][kRows], sm_l[kDecodeWarps][kRows];
+
+  const int b = static_cast<int>(blockIdx.x) / p.tiles_per_seq;
+  const int tile = static_cast<int>(blockIdx.x) % p.tiles_per_seq;
+  const int g = static_cast<int>(blockIdx.y), split = static_cast<int>(blockIdx.z);
+  const bool reporter = threadIdx.x == 0 && g == 0 && tile == 0 && split == 0;
+
+  // ---- validate this sequence's entries (uniform over the CTA) before using any of them.
+  const int q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1], len = p.seq_lens[b];
+  const int q_len = q1 - q0;
+  bool ok = q0 >= 0 && q1 >= q0 && q1 <= p.total_q && q_len <= p.max_q_len && len >= q_len &&
+            len <= p.max_seq_len &&
+            static_cast<int64_t>(len) <= static_cast<int64_t>(p.max_blocks) * p.block_size;
+  if (b == 0 && q0 != 0) ok = false;
+  if (b == p.batch - 1 && q1 != p.total_q) ok = false;
+  if (!ok) {
+    if (reporter) report(p.error_flag, b);
+    return;
+  }
+  const int rows_b = q_len * p.group;  // 0 (no query row) or the group
+  const int r_first = tile * kRows;
+  if (r_first >= rows_b) return;  // uniform over the CTA: before any __syncthreads
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;          // 8-element slice of a row
+  const int sub = (static_cast<int>(threadIdx.x) % 32) / kLanes;    // row within a warp load
+
+  // Positions [t0, t1) of this split; the query row (position len - 1) sees all of [0, len).
+  const int t0 = split * p.split_tokens;
+  int t1 = min(t0 + p.split_tokens, len);
+  int blk0 = 0, n_blk = 0;
+  if (t1 > t0) {
+    blk0 = t0 / p.block_size;
+    n_blk = (t1 - 1) / p.block_size - blk0 + 1;  // < max_blocks - blk0: len was checked above
+  }
+  if (n_blk > kDecodeTable) {  // the launch never does this (splits are sized for the table)
+    if (reporter) report(p.error_flag, b);
+    n_blk = 0;
+    t1 = t0;
+  }
+  // ---- stage the split's block ids; a bad one becomes -1 (its tokens are skipped) and is
+  // reported. Overlaps with the q loads below (no dependency until the barrier).
+  {
+    const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_blocks + blk0;
+    for (int i = static_cast<int>(threadIdx.x); i < n_blk; i += kDecodeThreads) {
+      int id = table[i];
+      if (id < 0 || id >= p.num_blocks) {
+        report(p.error_flag, b);
+        id = -1;
+      }
+      sm_blk[i] = id;
+    }
+  }
+
+  // Query heads of the tile, pre-scaled so that q.k is the score in log2 units. Heads beyond
+  // the group (a partial tile) compute on zeros and are never written.
+  float qv[kRows][8];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = r_first + i;
+    if (r < rows_b) {
+      const int h = g * p.group + r;
+      load8(static_cast<const T*>(p.q) + (static_cast<int64_t>(q0) * p.hq + h) * kD + lane * 8, qv[i]);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) qv[i][c] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) qv[i][c] = 0.f;
+    }
+  }
+  __syncthreads();
+
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int64_t row_stride = static_cast<int64_t>(p.hkv) * kD;  // elements per cache slot
+  const int64_t head_off = static_cast<int64_t>(g) * kD + lane * 8;
+  const int n_steps = t1 > t0 ? (t1 - t0 + kStepTokens - 1) / kStepTokens : 0;
+
+  // Issue the loads of warp step `step` (nothing for a step past the end or a masked token).
+  auto load_stage = [&](DecodeStage<T>& st, int step) {
+    st.valid = 0u;
+#pragma unroll
+    for (int j = 0; j < kDecodeLoads; ++j) {
+      const int t = t0 + step * kStepTokens + j * kTokPerLoad + sub;
+      // Block and slot of position t: a shift for power-of-two block sizes (no integer
+      // division in the load path), a division otherwise.
+      const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
+      int id = -1;
+      if (step < n_steps && t < t1) id = sm_blk[bi - blk0];
+      if (id >= 0) {
+        const int64_t off =
+            (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
+            head_off;
+        st.k[j].load(kc + off);
+        st.v[j].load(vc + off);
+        st.valid |= 1u << j;
+      } else {
+        st.k[j].zero();  // V must be finite: p = 0 times it is added below
+        st.v[j].zero();
+      }
+    }
+  };
+
+  float m[kRows], l[kRows], acc[kRows][8];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[i][c] = 0.f;
+  }
+
+  // Scores of the step's rows, then the online-softmax update of the stream (the kLanes lanes
+  // that share a row hold the same scores after the reduction, so every lane of a stream
+  // updates identically). All 32 lanes run every shuffle: the trip counts are CTA-uniform.
+  auto compute_stage = [&](const DecodeStage<T>& st) {
+    float s[kDecodeLoads][kRows];
+#pragma unroll
+    for (int j = 0; j < kDecodeLoads; ++j) {
+      float kf[8];
+      st.k[j].to_f32(kf);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        float d = 0.f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) d = fmaf(qv[i][c], kf[c], d);
+#pragma unroll
+        for (int o = kLanes / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        s[j][i] = (st.valid >> j) & 1u ? d : -INFINITY;
+      }
+    }
+    float pr[kDecodeLoads][kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      float mx = s[0][i];
+#pragma unroll
+      for (int j = 1; j < kDecodeLoads; ++j) mx = fmaxf(mx, s[j][i]);
+      const float m_new = fmaxf(m[i], mx);
+      const bool none = m_new == -INFINITY;  // nothing visible yet: keep the empty state
+      const float alpha = none ? 1.f : exp2f(m[i] - m_new);  // 0 when m[i] = -inf
+      float psum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kDecodeLoads; ++j) {
+        pr[j][i] = none ? 0.f : exp2f(s[j][i] - m_new);  // 0 for masked rows
+        psum += pr[j][i];
+      }
+      l[i] = l[i] * alpha + psum;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[i][c] *= alpha;
+      m[i] = none ? m[i] : m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kDecodeLoads; ++j) {
+      float vf[8];
+      st.v[j].to_f32(vf);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[i][c] = fmaf(pr[j][i], vf[c], acc[i][c]);
+      }
+    }
+  };
+
+  // ---- stream: warp w computes steps w, w + 4, w + 8, ...; the next one is always loading.
+  {
+    DecodeStage<T> sa, sb;
+    int step = warp;
+    load_stage(sa, step);
+    while (step < n_steps) {
+      load_stage(sb, step + kDecodeWarps);
+      compute_stage(sa);
+      step += kDecodeWarps;
+      if (step >= n_steps) break;
+      load_stage(sa, step + kDecodeWarps);
+      compute_stage(sb);
+      step += kDecodeWarps;
+    }
+  }
+
+  // ---- merge the warp's streams (lanes sub and sub ^ 1, ... hold the same slice of other
+  // rows): butterfly over the row bits of the lane index, fixed order.
+#pragma unroll
+  for (int o = kLanes; o < 32; o <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[i], o);
+      const float lo = __shfl_xor_sync(0xffffffffu, l[i], o);
+      const float M = fmaxf(m[i], mo);
+      const float wa = M == -INFINITY ? 0.f : exp2f(m[i] - M);
+      const float wb = M == -INFINITY ? 0.f : exp2f(mo - M);
+      l[i] = l[i] * wa + lo * wb;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[i][c], o);
+        acc[i][c] = acc[i][c] * wa + ao * wb;
+      }
+      m[i] = M;
+    }
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      float4* dst = reinterpret_cast<float4*>(&sm_acc[warp][i][lane * 8]);
+      dst[0] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      dst[1] = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+      if (lane == 0) {
+        sm_m[warp][i] = m[i];
+        sm_l[warp][i] = l[i];
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- merge the warps (fixed order) and write the output or this split's partial.
+  for (int item = static_cast<int>(threadIdx.x); item < kRows * kD; item += kDecodeThreads) {
+    const int i = item / kD, c = item % kD;
+    const int r = r_first + i;
+    if (r >= rows_b) continue;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm_m[w][i]);
+    float L = 0.f, a = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float wt = exp2f(sm_m[w][i] - M);
+        L = fmaf(wt, sm_l[w][i], L);
+        a = fmaf(wt, sm_acc[w][i][c], a);
+      }
+    }
+    const int64_t orow = static_cast<int64_t>(q0) * p.hq + g * p.group + r;
+    if (p.num_splits == 1) {
+      static_cast<T*>(p.out)[orow * kD + c] = dev::from_f32<T>(L > 0.f ? a / L : 0.f);
+    } else {
+      const int64_t prow = static_cast<int64_t>(split) * p.total_q * p.hq + orow;
+      p.part_acc[prow * kD + c] = a;
+      if (c == 0) {
+        p.part_ml[2 * prow] = M;
+        p.part_ml[2 * prow + 1] = L;
+      }
+    }
+  }
+}
+
 // kv_cache_store: thread per W-element chunk of a [hkv * d] row (W = 16 bytes when aligned).
 template <typename T, int W>
 __global__ void kv_cache_store_kernel(const T* __restrict__ k, const T* __restrict__ v,
@@ -382,6 +728,58 @@ void launch_attention(const Params& p, int d, int rows, dim3 grid, cudaStream_t 
   }
 }
 
+template <typename T, int kD, int kRows>
+void launch_decode_rows(const Params& p, dim3 grid, cudaStream_t stream) {
+  paged_attention_decode_kernel<T, kD, kRows><<<grid, kDecodeThreads, 0, stream>>>(p);
+  check_launch("paged_attention_decode_kernel");
+}
+
+template <typename T, int kD>
+void launch_decode_d(const Params& p, int rows, dim3 grid, cudaStream_t stream) {
+  switch (rows) {
+    case 1: launch_decode_rows<T, kD, 1>(p, grid, stream); break;
+    case 2: launch_decode_rows<T, kD, 2>(p, grid, stream); break;
+    case 4: launch_decode_rows<T, kD, 4>(p, grid, stream); break;
+    default: launch_decode_rows<T, kD, 8>(p, grid, stream); break;
+  }
+}
+
+template <typename T>
+void launch_decode(const Params& p, int d, int rows, dim3 grid, cudaStream_t stream) {
+  switch (d) {
+    case 8: launch_decode_d<T, 8>(p, rows, grid, stream); break;
+    case 16: launch_decode_d<T, 16>(p, rows, grid, stream); break;
+    case 32: launch_decode_d<T, 32>(p, rows, grid, stream); break;
+    case 64: launch_decode_d<T, 64>(p, rows, grid, stream); break;
+    case 128: launch_decode_d<T, 128>(p, rows, grid, stream); break;
+    case 256: launch_decode_d<T, 256>(p, rows, grid, stream); break;
+    default: OPD_FAIL(Unsupported, "paged_attention on CUDA: head_dim ", d, " (8, 16, 32, 64, 128 or 256)");
+  }
+}
+
+// Query heads per decode CTA: the whole GQA group rounded up to a power of two (<= 8), so
+// each K/V byte is read once per kv head for groups up to 8 (W1: group 2, one tile).
+int decode_rows_per_cta(int64_t group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+
+// Splits for the decode kernel: one unless batch x kv heads x tiles leaves the machine's CTA
+// slots (SMs x resident CTAs) under-filled; then the count with the best wave efficiency
+// (CTAs / slots over its ceiling; the smallest count within 85% of the best, as FA2's
+// num_splits_heuristic), with at least kMinSplitTokens positions per split.
+int64_t decode_splits(int64_t ctas, int64_t slots, int64_t max_len) {
+  if (ctas >= slots * 8 / 10) return 1;
+  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(
+      128, (max_len + kMinSplitTokens - 1) / kMinSplitTokens));
+  auto efficiency = [&](int64_t s) {
+    const double waves = static_cast<double>(ctas * s) / static_cast<double>(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int64_t s = 1; s <= max_splits; ++s)
+    if (efficiency(s) >= 0.85 * best) return s;
+  return 1;
+}
+
 }  // namespace
 
 bool paged_attention_supports(DType dtype, int64_t head_dim) {
@@ -392,7 +790,30 @@ bool paged_attention_supports(DType dtype, int64_t head_dim) {
 
 PagedAttentionLaunch paged_attention_launch(const PagedAttentionArgs& a) {
   PagedAttentionLaunch l;
-  const int64_t group = a.hq / a.hkv;
+  const int64_t group = a.hkv > 0 ? a.hq / a.hkv : 1;
+  if (a.max_q_len <= 1) {  // decode: paged_attention_decode_kernel
+    l.decode = true;
+    l.rows_per_cta = decode_rows_per_cta(group);
+    l.tiles_per_seq = static_cast<int>((group + l.rows_per_cta - 1) / l.rows_per_cta);
+    const int64_t ctas = std::max<int64_t>(1, a.batch * l.tiles_per_seq * a.hkv);
+    const int64_t slots = static_cast<int64_t>(a.sm_count > 0 ? a.sm_count : sm_count()) *
+                          decode_min_blocks(static_cast<int>(dtype_size(a.dtype)), l.rows_per_cta);
+    const int64_t max_len = std::max<int64_t>(1, a.max_seq_len);
+    // A split of n positions spans at most (n - 1) / block_size + 2 blocks, which must fit the
+    // kDecodeTable ids staged in shared memory: n <= (kDecodeTable - 1) x block_size.
+    const int64_t max_split_tokens = (kDecodeTable - 1) * std::max<int64_t>(1, a.block_size);
+    const int64_t min_splits = (max_len + max_split_tokens - 1) / max_split_tokens;
+    int64_t splits = a.force_splits > 0 ? a.force_splits : decode_splits(ctas, slots, max_len);
+    splits = std::max(splits, min_splits);
+    splits = std::max<int64_t>(1, std::min<int64_t>(splits, max_len));
+    l.split_tokens = static_cast<int>((max_len + splits - 1) / splits);
+    l.num_splits = static_cast<int>((max_len + l.split_tokens - 1) / l.split_tokens);
+    l.workspace_bytes = l.num_splits > 1
+                            ? static_cast<size_t>(l.num_splits) * a.total_q * a.hq *
+                                  (a.head_dim + 2) * sizeof(float)
+                            : 0;
+    return l;
+  }
   const int64_t rows = std::max<int64_t>(1, a.max_q_len * group);
   l.rows_per_cta = rows >= 8 ? 8 : rows >= 4 ? 4 : rows >= 2 ? 2 : 1;
   l.tiles_per_seq = static_cast<int>((rows + l.rows_per_cta - 1) / l.rows_per_cta);
@@ -454,6 +875,9 @@ void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t 
   p.tiles_per_seq = l.tiles_per_seq;
   p.num_splits = l.num_splits;
   p.split_tokens = l.split_tokens;
+  p.bs_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((int64_t{1} << sh) == a.block_size) p.bs_shift = sh;
   p.scale_log2 = static_cast<float>(a.scale) * kLog2e;
   OPD_CHECK(a.batch * l.tiles_per_seq < (int64_t{1} << 31) && a.hkv <= 65535 &&
                 l.num_splits <= 65535,
@@ -461,7 +885,13 @@ void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t 
   const dim3 grid(static_cast<unsigned>(a.batch * l.tiles_per_seq), static_cast<unsigned>(a.hkv),
                   static_cast<unsigned>(l.num_splits));
   const int d = static_cast<int>(a.head_dim);
-  if (a.dtype == DType::BF16) {
+  if (l.decode) {
+    if (a.dtype == DType::BF16) {
+      launch_decode<bf16>(p, d, l.rows_per_cta, grid, stream);
+    } else {
+      launch_decode<float>(p, d, l.rows_per_cta, grid, stream);
+    }
+  } else if (a.dtype == DType::BF16) {
     launch_attention<bf16>(p, d, l.rows_per_cta, grid, stream);
   } else {
     launch_attention<float>(p, d, l.rows_per_cta, grid, stream);
