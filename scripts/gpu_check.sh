@@ -130,6 +130,16 @@ if [[ "$what" == pair ]]; then
   [[ -x $B/test_cli ]] && run train_dist_gpu 150 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
   run bench_w2 330 $B/opd bench w2 --nproc 2
 fi
+if [[ "$what" == final ]]; then
+  # One call on a 2-GPU machine after kernel work: the GPU tests of the rollout, attention,
+  # trainer and scorer; the NCCL trainer test; the rollout, W1 and scoring benches (GPU 0).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run cuda_sel 150 $B/test_cuda --gtest_filter='CudaPagedAttention.*:*CudaRollout*:CudaDecodeFused*:CudaTrainer*:CudaScorer*'
+  [[ -x $B/test_cli ]] && run train_dist_gpu 150 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  run bench_rollout 60 $B/opd bench rollout
+  run bench_w1 150 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run bench_score 100 $B/opd bench score
+fi
 if [[ "$what" == product ]]; then
   # One 10-minute call, most important first: the whole GPU suite (trainer, rollout, scorer and
   # every op), the W1 step through opd train and its HF anchor, then the rollout and scoring
