@@ -140,6 +140,16 @@ if [[ "$what" == final ]]; then
   run bench_w1 150 $B/opd bench w1 --work-dir /tmp/opd_w1
   run bench_score 100 $B/opd bench score
 fi
+if [[ "$what" == anchor ]]; then
+  # W1 and its HF anchor in one call (the ratio needs both on the same machine and day), then the
+  # new decode kernel under memcheck and racecheck.
+  run bench_w1 110 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run torch_w1 110 python3 tools/bench_w1_torch.py
+  run memcheck_paged 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.BadIndices*'
+  run racecheck_paged 40 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=paged_attention $B/test_cuda --gtest_filter='CudaPagedAttention.RawApi*'
+fi
 if [[ "$what" == product ]]; then
   # One 10-minute call, most important first: the whole GPU suite (trainer, rollout, scorer and
   # every op), the W1 step through opd train and its HF anchor, then the rollout and scoring
