@@ -14,6 +14,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 #include "cuda/cuda_test_util.h"
 #include "model/kv_cache.h"
@@ -131,6 +134,36 @@ TEST_P(CudaRolloutFamilies, GreedyF32EqualsTheCpuEngineTokenForToken) {
 // 0.03-0.04 (measured on the CPU model: p5 0.010-0.028, p10 0.032-0.043, median 0.17-0.23), so
 // ~5-10% of exact disagreements are expected near-ties; a wrong index or a dropped term picks a
 // token ~1-3 below the max and fails the bound.
+// The transformers `generate` fixtures (fp32 on the CPU, tools/make_generate_fixtures.py) against
+// the bf16 engine on the GPU: bf16 rounding may flip a near-tie, so this reports the first
+// divergence of every case and requires only that most cases agree over their first tokens.
+TEST_P(CudaRolloutFamilies, Bf16GreedyAgainstTransformersGenerateReportsDivergence) {
+  REQUIRE_GPU();
+  const std::string family = GetParam();
+  nlohmann::json fx = test::generate_fixture(family);
+  Transformer gpu = Transformer::load(model_dir(family)).to(Device::CUDA, DType::BF16);
+  int cases = 0, agree_4 = 0;
+  for (const auto& c : fx["greedy"]) {
+    const std::vector<int32_t> eos = c["eos_token_ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = c["expected"].get<std::vector<int32_t>>();
+    EngineOptions opt;
+    opt.block_size = 8;
+    RolloutEngine engine(gpu, opt, eos);
+    auto out = engine.generate({request(c["prompt"].get<std::vector<int32_t>>(),
+                                        fx["max_new_tokens"].get<int64_t>(), 0.0)});
+    const auto& ids = out[0].samples[0].ids;
+    const size_t d = first_divergence(ids, want);
+    std::printf("%s case %d: bf16 GPU vs transformers fp32: %s\n", family.c_str(), cases,
+                d == std::min(ids.size(), want.size()) && ids.size() == want.size()
+                    ? "identical"
+                    : cat("first divergence at step ", d, " of ", want.size()).c_str());
+    agree_4 += d >= std::min<size_t>(4, want.size()) ? 1 : 0;
+    ++cases;
+  }
+  EXPECT_EQ(cases, 6);
+  EXPECT_GE(agree_4, 4) << family << ": fewer than 4 of 6 cases agree over their first 4 tokens";
+}
+
 TEST_P(CudaRolloutFamilies, GreedyBf16IsTheFullForwardArgmaxAtEveryStep) {
   REQUIRE_GPU();
   Transformer gpu = Transformer::load(model_dir(GetParam())).to(Device::CUDA, DType::BF16);
