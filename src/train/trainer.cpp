@@ -255,7 +255,10 @@ class Trainer {
   std::vector<double> host_sum(std::vector<double> v, const char* what);
   bool any_rank(bool flag, const char* what);
   TeacherTopK score(const std::vector<Sequence>& seqs, PayloadStats* stats);
-  ScoreResponse score_with_retry(const ScoreRequest& request);
+  // Runs `call` (one teacher request), retrying transport failures of a remote teacher with
+  // backoff for --teacher-timeout while honouring stop signals.
+  template <typename Call>
+  auto with_retry(const Call& call) -> decltype(call());
   void save(int64_t step, const char* why);
   void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
   double evaluate(const char* when, int64_t step);
@@ -718,12 +721,13 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
   return seqs;
 }
 
-ScoreResponse Trainer::score_with_retry(const ScoreRequest& request) {
+template <typename Call>
+auto Trainer::with_retry(const Call& call) -> decltype(call()) {
   const auto t0 = Clock::now();
   double delay = 1;
   for (int attempt = 1;; ++attempt) {
     try {
-      return scorer_->score(request);
+      return call();
     } catch (const Error& e) {
       // Only transport failures are worth waiting for; a bad response or request is not.
       if (e.kind() != ErrorKind::Io || o_.teacher_url.empty()) throw;
@@ -750,7 +754,14 @@ TeacherTopK Trainer::score(const std::vector<Sequence>& seqs, PayloadStats* stat
   req.k = std::min<int64_t>(o_.teacher_top_k, scorer_->info().vocab_size);
   req.temperature = loss_.temperature;
   req.model_fingerprint = scorer_->info().fingerprint;
-  ScoreResponse resp = score_with_retry(req);
+  // A remote opd/vLLM teacher's client already validates each response against the student
+  // (same vocabulary and loss config): use its result instead of validating twice.
+  if (auto* client = dynamic_cast<TeacherClient*>(scorer_.get())) {
+    TeacherClient::Validated v = with_retry([&] { return client->score_validated(req); });
+    if (stats) *stats = v.stats;
+    return std::move(v.topk);
+  }
+  ScoreResponse resp = with_retry([&] { return scorer_->score(req); });
   check_response_matches(resp, req);
   return validate_teacher_payload(to_teacher_payload(resp), completion_layout(req),
                                   student_->config().vocab_size, loss_, DType::F32, stats);
