@@ -18,9 +18,16 @@ struct DoctorOptions {
   std::string student, teacher, teacher_url, vocab_policy = "error";
   int64_t micro_batch_tokens = 8192;
   double kv_cache_gb = 1.0;
+  std::string device = "cpu", dtype = "bf16";
+  bool recompute = false;
+  int nproc = 1, zero_stage = 1;
 };
 
-std::string gib(int64_t b) { return cat(static_cast<double>(b) / (1 << 30), " GiB"); }
+std::string gib(int64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1 << 30));
+  return buf;
+}
 
 void run_doctor(const DoctorOptions& o) {
   OPD_CHECK(o.teacher.empty() != o.teacher_url.empty(), InvalidArgument,
@@ -57,6 +64,30 @@ void run_doctor(const DoctorOptions& o) {
     warnings += f.severity == Severity::Warning;
     std::printf("%s %-15s %s\n", tag, f.check.c_str(), f.message.c_str());
   }
+  if (o.device == "cuda") {
+    MemoryPlanOptions po;
+    po.dtype = o.dtype == "f32" ? DType::F32 : DType::BF16;
+    po.recompute = o.recompute;
+    po.world_size = o.nproc;
+    po.zero_stage = o.nproc > 1 ? o.zero_stage : 0;
+    po.micro_batch_tokens = o.micro_batch_tokens;
+    po.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_gb * (1 << 30));
+    const MemoryPlan p = plan_gpu_memory(s, o.teacher.empty() ? nullptr : &t, po);
+    std::printf("info  memory          GPU plan per device (%d rank%s%s): peak ~%s = resident %s "
+                "(model %s, f32 master %s, AdamW %s, f32 grads %s, teacher %s) + max(training "
+                "activations %s at %lld tokens/micro-batch%s, rollout KV + packed weights %s)\n",
+                o.nproc, o.nproc > 1 ? "s" : "",
+                o.nproc > 1 ? cat(", ZeRO-", po.zero_stage).c_str() : "", gib(p.peak()).c_str(),
+                gib(p.resident()).c_str(), gib(p.model).c_str(), gib(p.master).c_str(),
+                gib(p.optimizer).c_str(), gib(p.grads).c_str(), gib(p.teacher).c_str(),
+                gib(p.activations).c_str(), static_cast<long long>(o.micro_batch_tokens),
+                o.recompute ? ", recompute" : "", gib(p.rollout).c_str());
+  }
+  if (o.device == "cuda") {
+    std::printf("%d error(s), %d warning(s)\n", errors, warnings);
+    if (errors) set_exit_code(1);
+    return;
+  }
   const MemoryEstimate m = estimate_memory(s, o.teacher.empty() ? nullptr : &t,
                                            o.micro_batch_tokens, o.kv_cache_gb);
   const int64_t avail = available_host_memory();
@@ -87,6 +118,13 @@ void register_doctor(CLI::App& app) {
   c->add_option("--micro-batch-tokens", o->micro_batch_tokens, "tokens per micro-batch for the "
                 "activation estimate")->capture_default_str();
   c->add_option("--kv-cache-gb", o->kv_cache_gb, "rollout KV cache budget")->capture_default_str();
+  c->add_option("--device", o->device, "cpu | cuda: cuda also prints the per-GPU memory plan "
+                "(as opd train --device cuda would use it)")->capture_default_str();
+  c->add_option("--dtype", o->dtype, "GPU compute dtype: bf16 | f32")->capture_default_str();
+  c->add_flag("--recompute", o->recompute, "plan with per-layer activation recompute");
+  c->add_option("--nproc", o->nproc, "ranks (GPUs) of a data-parallel run")->capture_default_str();
+  c->add_option("--zero-stage", o->zero_stage, "ZeRO stage with --nproc > 1: 1 | 2")
+      ->capture_default_str();
   c->callback([o] { run_doctor(*o); });
 }
 

@@ -1,6 +1,7 @@
 // Teacher/student compatibility checks and the memory estimate (see doctor.h).
 #include "train/doctor.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -121,6 +122,24 @@ MemoryEstimate estimate_memory(const ModelSide& s, const ModelSide* teacher,
   m.activations = micro_batch_tokens * s.num_layers * (12 * s.hidden_size + 3 * s.intermediate_size) * 4;
   m.kv_cache = static_cast<int64_t>(kv_cache_gb * (1 << 30));
   if (teacher) m.teacher = teacher->num_parameters * 4;
+  return m;
+}
+
+MemoryPlan plan_gpu_memory(const ModelSide& s, const ModelSide* teacher,
+                           const MemoryPlanOptions& o) {
+  const int64_t P = s.num_parameters, bytes = static_cast<int64_t>(dtype_size(o.dtype));
+  const int64_t ranks = o.zero_stage > 0 ? std::max(1, o.world_size) : 1;
+  MemoryPlan m;
+  m.model = P * bytes;
+  m.master = P * 4 / ranks;
+  m.optimizer = P * 8 / ranks;
+  m.grads = P * 4 + (o.zero_stage == 2 ? P * 4 / ranks : 0);
+  if (teacher) m.teacher = teacher->num_parameters * bytes;
+  const int64_t per_layer = o.micro_batch_tokens * (12 * s.hidden_size + 3 * s.intermediate_size) * bytes;
+  m.activations = o.recompute
+                      ? o.micro_batch_tokens * s.hidden_size * bytes * s.num_layers + per_layer
+                      : per_layer * s.num_layers;
+  m.rollout = o.kv_cache_bytes + P * bytes / 2;
   return m;
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace opd {
 
 struct ModelSide {
@@ -51,5 +53,32 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const ModelSide& student, const ModelSide* in_process_teacher,
                                int64_t micro_batch_tokens, double kv_cache_gb);
 int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unknown)
+
+// The memory plan of a GPU run, per GPU: what stays resident for the whole run, plus the larger
+// of the two phases that never overlap (the rollout's KV cache is released before training):
+//   model copy  P x dtype;  f32 master 4P and AdamW moments 8P (divided by the ranks under ZeRO);
+//   f32 gradients 4P (ZeRO-2 adds the reduced shard 4P / ranks; the local buffer stays);
+//   in-process teacher Pt x dtype;
+//   training: activations of one micro-batch, T x layers x (12 H + 3 I) x dtype without
+//             recompute (calibrated on the W1 student: 7.6 GiB measured, 7.0 predicted), or
+//             T x H x dtype per layer + one layer's worth with per-layer recompute;
+//   rollout:  the KV cache (the budget, or what the rollout needs when given) + the packed
+//             decode weights (q|k|v and gate|up, ~P x dtype x 0.5).
+struct MemoryPlanOptions {
+  DType dtype = DType::BF16;   // compute dtype on the GPU
+  bool recompute = false;
+  int world_size = 1;
+  int zero_stage = 0;          // 0 = no ZeRO (one GPU), 1 or 2
+  int64_t micro_batch_tokens = 8192;
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+};
+struct MemoryPlan {
+  int64_t model = 0, master = 0, optimizer = 0, grads = 0, teacher = 0;
+  int64_t activations = 0, rollout = 0;
+  int64_t resident() const { return model + master + optimizer + grads + teacher; }
+  int64_t peak() const { return resident() + (activations > rollout ? activations : rollout); }
+};
+MemoryPlan plan_gpu_memory(const ModelSide& student, const ModelSide* in_process_teacher,
+                           const MemoryPlanOptions& options);
 
 }  // namespace opd
