@@ -787,6 +787,26 @@ TrainResult Trainer::run_steps() {
   setup();
   load_data();
   setup_teacher();
+  if (device_ == Device::CUDA) {  // the per-GPU memory plan (opd doctor --device cuda prints it too)
+    const ModelSide sm = describe_model_dir(o_.student);
+    std::optional<ModelSide> tm;
+    if (!o_.teacher.empty()) tm = describe_model_dir(o_.teacher);
+    MemoryPlanOptions po;
+    po.dtype = compute_dtype_;
+    po.recompute = o_.recompute;
+    po.world_size = env_.world_size;
+    po.zero_stage = distributed() ? static_cast<int>(o_.zero_stage) : 0;
+    int64_t longest = 0;
+    for (size_t i = 0; i < data_->size(); ++i)
+      longest = std::max<int64_t>(longest, (*data_)[i].sequence_length());
+    po.micro_batch_tokens = o_.micro_batch_size * (longest + o_.max_completion_length);
+    po.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+    const MemoryPlan p = plan_gpu_memory(sm, tm ? &*tm : nullptr, po);
+    auto g = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
+    log_info("GPU memory plan (upper bound): peak ~", g(p.peak()), " GiB = resident ",
+             g(p.resident()), " GiB + max(training activations ", g(p.activations),
+             " GiB, rollout ", g(p.rollout), " GiB)");
+  }
   build_optimizer();
   resume_if_any();
   const int64_t total = total_steps();
