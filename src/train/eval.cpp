@@ -223,8 +223,11 @@ AgreementResult evaluate_agreement(const Transformer& student, const std::vector
     } else if (static_cast<int64_t>(r.examples.size()) < options.max_examples) {
       auto show = [&](const std::vector<int32_t>& ids, size_t len) {
         std::span<const int32_t> head(ids.data(), len);
-        if (tokenizer) return "\"" + tokenizer->decode(head) + "\"";
-        return ids_str(std::vector<int32_t>(head.begin(), head.end()));
+        if (!tokenizer) return ids_str(std::vector<int32_t>(head.begin(), head.end()));
+        std::string quoted(1, '"');
+        quoted += tokenizer->decode(head);
+        quoted += '"';
+        return quoted;
       };
       r.examples.push_back(data[i].source + ": student " + show(a, la) + " | teacher " + show(b, lb));
     }
