@@ -4,6 +4,7 @@
 // can also come from a TOML config file (--config FILE, keys = flag names without dashes).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <memory>
 
 #include "cli/commands.h"
@@ -15,6 +16,7 @@
 #include "model/init.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
+#include "teacher/scorer.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "train/eval.h"
@@ -163,23 +165,48 @@ void register_train(CLI::App& app) {
 
 void register_eval(CLI::App& app) {
   struct Opts {
-    std::string model;
+    std::string model, teacher;
     std::vector<std::string> data;
-    int64_t max_new_tokens = 256, limit = 0;
-    double kv_cache_gb = 1.0;
+    std::vector<std::string> metrics{"exact-match"};
+    int64_t max_new_tokens = 256, limit = 0, samples = 1, agreement_tokens = 32;
+    double kv_cache_gb = 1.0, temperature = 1.0;
+    uint64_t seed = 0;
+    bool json = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(
-      "eval", "Exact-match accuracy of greedy completions on a JSONL set with reference "
-              "completions (prints one line; --json for an object)");
-  c->add_option("--model", o->model, "model directory")->required();
-  c->add_option("--data", o->data, "JSONL file(s) with reference completions")->required();
-  c->add_option("--max-new-tokens", o->max_new_tokens, "generation limit")->capture_default_str();
+      "eval", "Held-out evaluation (prints one line per metric; --json for one object): "
+              "exact-match accuracy of greedy completions against reference completions; with "
+              "--teacher, reverse KL to the teacher on the model's own samples and agreement of "
+              "greedy answers with the teacher's (src/train/eval.h)");
+  c->add_option("--model", o->model, "model (student) directory")->required();
+  c->add_option("--data", o->data, "JSONL file(s); exact-match needs reference completions, the "
+                "teacher metrics accept prompt-only lines")->required();
+  c->add_option("--metric", o->metrics, "exact-match | reverse-kl | agreement (repeat or "
+                "space-separate for several)")
+      ->check(CLI::IsMember({"exact-match", "reverse-kl", "agreement"}))
+      ->capture_default_str();
+  c->add_option("--teacher", o->teacher, "teacher model directory (reverse-kl: scored in-process "
+                "on the CPU; agreement: generates greedily)");
+  c->add_option("--max-new-tokens", o->max_new_tokens, "generation limit of exact-match and of "
+                "the reverse-kl samples")->capture_default_str();
+  c->add_option("--samples", o->samples, "reverse-kl: student samples per prompt")
+      ->capture_default_str();
+  c->add_option("--temperature", o->temperature, "reverse-kl: sampling temperature of the student "
+                "and temperature of both distributions (> 0)")->capture_default_str();
+  c->add_option("--seed", o->seed, "reverse-kl: sampling seed")->capture_default_str();
+  c->add_option("--agreement-tokens", o->agreement_tokens, "agreement: greedy tokens each model "
+                "generates; the first N are compared")->capture_default_str();
   c->add_option("--limit", o->limit, "first N samples (0 = all)")->capture_default_str();
   c->add_option("--kv-cache-gb", o->kv_cache_gb, "KV cache budget")->capture_default_str();
-  auto json = std::make_shared<bool>(false);
-  c->add_flag("--json", *json, "print a JSON object");
-  c->callback([o, json] {
+  c->add_flag("--json", o->json, "print a JSON object");
+  c->callback([o] {
+    auto has = [&](const char* m) {
+      return std::find(o->metrics.begin(), o->metrics.end(), m) != o->metrics.end();
+    };
+    const bool want_teacher = has("reverse-kl") || has("agreement");
+    OPD_CHECK(!want_teacher || !o->teacher.empty(), InvalidArgument,
+              "opd eval: --metric reverse-kl and agreement need --teacher DIR");
     Transformer model = Transformer::load(o->model);
     Tokenizer tok = Tokenizer::load(o->model);
     TokenizerTextEncoder enc(tok);
@@ -189,22 +216,75 @@ void register_eval(CLI::App& app) {
       tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o->model));
       chat = std::make_unique<TemplateChatRenderer>(*tmpl);
     }
-    Dataset data = Dataset::load(o->data, enc, chat.get(), DatasetOptions{});
-    EvalOptions eo;
-    eo.max_new_tokens = o->max_new_tokens;
-    eo.limit = o->limit;
-    eo.kv_cache_gb = o->kv_cache_gb;
-    EvalResult r = evaluate_exact_match(
-        model, generation_eos_ids(o->model, model.config(), &tok), data, eo);
-    for (const auto& w : r.wrong_examples) log_info("wrong: ", w);
-    if (*json)
-      std::printf("{\"model\": \"%s\", \"samples\": %lld, \"correct\": %lld, \"exact_match\": %.6f}\n",
-                  o->model.c_str(), static_cast<long long>(r.total),
-                  static_cast<long long>(r.correct), r.accuracy());
-    else
-      std::printf("%s: exact match %lld/%lld = %.1f%%\n", o->model.c_str(),
-                  static_cast<long long>(r.correct), static_cast<long long>(r.total),
-                  100 * r.accuracy());
+    DatasetOptions dopt;
+    dopt.require_completion = has("exact-match");
+    dopt.id_limit = model.config().vocab_size;
+    Dataset data = Dataset::load(o->data, enc, chat.get(), dopt);
+    const auto eos = generation_eos_ids(o->model, model.config(), &tok);
+    nlohmann::json out = {{"model", o->model}};
+    if (!o->teacher.empty()) out["teacher"] = o->teacher;
+    for (const auto& metric : o->metrics) {
+      if (metric == "exact-match") {
+        EvalOptions eo;
+        eo.max_new_tokens = o->max_new_tokens;
+        eo.limit = o->limit;
+        eo.kv_cache_gb = o->kv_cache_gb;
+        EvalResult r = evaluate_exact_match(model, eos, data, eo);
+        for (const auto& w : r.wrong_examples) log_info("wrong: ", w);
+        out["samples"] = r.total;
+        out["correct"] = r.correct;
+        out["exact_match"] = r.accuracy();
+        if (!o->json)
+          std::printf("%s: exact match %lld/%lld = %.1f%%\n", o->model.c_str(),
+                      static_cast<long long>(r.correct), static_cast<long long>(r.total),
+                      100 * r.accuracy());
+      } else if (metric == "reverse-kl") {
+        CpuScorer teacher(o->teacher);
+        ReverseKlOptions ro;
+        ro.max_new_tokens = o->max_new_tokens;
+        ro.samples_per_prompt = o->samples;
+        ro.temperature = o->temperature;
+        ro.seed = o->seed;
+        ro.limit = o->limit;
+        ro.kv_cache_gb = o->kv_cache_gb;
+        ReverseKlResult r = evaluate_reverse_kl(model, teacher, eos, data, ro);
+        out["reverse_kl"] = {{"per_token", r.mean}, {"std_error", r.std_error},
+                             {"prompts", r.prompts}, {"samples", r.samples}, {"tokens", r.tokens},
+                             {"truncated", r.truncated}, {"student_logprob", r.student_logprob},
+                             {"teacher_logprob", r.teacher_logprob},
+                             {"temperature", o->temperature}, {"seed", o->seed},
+                             {"seconds_rollout", r.seconds_rollout},
+                             {"seconds_teacher", r.seconds_teacher}};
+        if (!o->json)
+          std::printf("%s: reverse KL to %s %.4f +- %.4f nats/token (%lld samples of %lld prompts, "
+                      "%lld tokens, %lld truncated; mean log q %.4f, log p %.4f; T %g)\n",
+                      o->model.c_str(), o->teacher.c_str(), r.mean, r.std_error,
+                      static_cast<long long>(r.samples), static_cast<long long>(r.prompts),
+                      static_cast<long long>(r.tokens), static_cast<long long>(r.truncated),
+                      r.student_logprob, r.teacher_logprob, o->temperature);
+      } else {
+        Transformer teacher = Transformer::load(o->teacher);
+        const auto teacher_eos = generation_eos_ids(o->teacher, teacher.config(), nullptr);
+        AgreementOptions ao;
+        ao.tokens = o->agreement_tokens;
+        ao.limit = o->limit;
+        ao.kv_cache_gb = o->kv_cache_gb;
+        AgreementResult r = evaluate_agreement(model, eos, teacher, teacher_eos, data, ao, &tok);
+        for (const auto& e : r.examples) log_info("differs: ", e);
+        out["agreement"] = {{"tokens", o->agreement_tokens}, {"prompts", r.prompts},
+                            {"exact", r.exact}, {"exact_rate", r.exact_rate()},
+                            {"token_agreement", r.token_agreement()},
+                            {"mean_common_prefix", r.mean_prefix()}};
+        if (!o->json)
+          std::printf("%s: greedy agreement with %s over the first %lld tokens: exact %lld/%lld = "
+                      "%.1f%%, token agreement %.1f%%, mean common prefix %.1f tokens\n",
+                      o->model.c_str(), o->teacher.c_str(),
+                      static_cast<long long>(o->agreement_tokens), static_cast<long long>(r.exact),
+                      static_cast<long long>(r.prompts), 100 * r.exact_rate(),
+                      100 * r.token_agreement(), r.mean_prefix());
+      }
+    }
+    if (o->json) std::printf("%s\n", out.dump().c_str());
   });
 }
 
