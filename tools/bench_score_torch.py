@@ -20,18 +20,11 @@ import torch
 
 
 def build_model(args):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    kw = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-              num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=8,
-              head_dim=128, tie_word_embeddings=True, rms_norm_eps=1e-6,
-              max_position_embeddings=40960, initializer_range=0.02, attention_bias=False,
-              use_cache=False)
-    try:  # transformers 5: rope parameters in one dict
-        cfg = Qwen3Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    except TypeError:
-        cfg = Qwen3Config(**kw, rope_theta=1e6)
-    cfg._attn_implementation = "sdpa"
+    from qwen3_shape import qwen3_config
+
+    cfg = qwen3_config(2048, 6144, args.layers, use_cache=False)
     torch.manual_seed(args.seed)
     with torch.device(args.device):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)

@@ -21,17 +21,11 @@ import torch
 
 
 def qwen3(hidden, inter, layers, seed, dtype, device):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    kw = dict(vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
-              num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
-              head_dim=128, tie_word_embeddings=True, rms_norm_eps=1e-6,
-              max_position_embeddings=40960, initializer_range=0.02, attention_bias=False)
-    try:  # transformers 5: rope parameters in one dict
-        cfg = Qwen3Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    except TypeError:
-        cfg = Qwen3Config(**kw, rope_theta=1e6)
-    cfg._attn_implementation = "sdpa"
+    from qwen3_shape import qwen3_config
+
+    cfg = qwen3_config(hidden, inter, layers, use_cache=True)
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg)

@@ -36,6 +36,7 @@
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
 #include "model/config.h"
+#include "model/presets.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "train/optimizer.h"
@@ -80,22 +81,8 @@ constexpr double kMeasuredPeak = 776e12;  // bf16 GEMM 8192^3 on the lent H200 (
 constexpr double kSpecPeak = 989e12;      // H200 dense bf16 spec
 
 ModelConfig qwen3_06b(int64_t layers) {
-  ModelConfig c;
-  c.arch = Architecture::Qwen3;
-  c.model_type = "qwen3";
-  c.vocab_size = 151936;
-  c.hidden_size = 1024;
-  c.intermediate_size = 3072;
+  ModelConfig c = model_preset("qwen3-0.6b");
   c.num_hidden_layers = layers;
-  c.num_attention_heads = 16;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 40960;
-  c.tie_word_embeddings = true;
-  c.qk_norm = true;
-  c.torch_dtype = "bfloat16";
   return c;
 }
 

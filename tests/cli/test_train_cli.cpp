@@ -37,14 +37,7 @@ class TrainCli : public ::testing::Test {
              ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(root_);
-    const std::string tok = test::source_dir() + "/demo/tokenizer";
-    save_model_dir(path("student"), test::tiny_demo_config(32, 1), init_weights(test::tiny_demo_config(32, 1), 1), tok);
-    save_model_dir(path("teacher"), test::tiny_demo_config(48, 2), init_weights(test::tiny_demo_config(48, 2), 2, 0.1), tok);
-    std::ofstream data(path("train.jsonl"));
-    for (int i = 0; i < 64; ++i) {
-      const int a = (i * 37) % 100, b = (i * 53 + 11) % 100;
-      data << "{\"prompt\": \"" << a << "+" << b << "=\", \"completion\": \"" << a + b << "\"}\n";
-    }
+    test::write_tiny_distillation(root_.string(), 64);
   }
   void TearDown() override { fs::remove_all(root_); }
   std::string path(const std::string& rel) const { return (root_ / rel).string(); }

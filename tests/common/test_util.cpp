@@ -2,10 +2,12 @@
 #include "common/test_util.h"
 
 #include <cmath>
+#include <fstream>
 #include <cstdlib>
 #include <sstream>
 
 #include "core/philox.h"
+#include "model/init.h"
 
 namespace opd::test {
 
@@ -91,6 +93,17 @@ Diff compare(const Tensor& a, const Tensor& b) {
              << " > " << atol << " + " << rtol << "*|ref|); rel_l2 " << d.rel_l2;
   }
   return ::testing::AssertionSuccess();
+}
+
+void write_tiny_distillation(const std::string& dir, int lines) {
+  const std::string tok = source_dir() + "/demo/tokenizer";
+  save_model_dir(dir + "/student", tiny_demo_config(32, 1), init_weights(tiny_demo_config(32, 1), 1), tok);
+  save_model_dir(dir + "/teacher", tiny_demo_config(48, 2), init_weights(tiny_demo_config(48, 2), 2, 0.1), tok);
+  std::ofstream data(dir + "/train.jsonl");
+  for (int i = 0; i < lines; ++i) {
+    const int a = (i * 37) % 100, b = (i * 53 + 11) % 100;
+    data << "{\"prompt\": \"" << a << "+" << b << "=\", \"completion\": \"" << a + b << "\"}\n";
+  }
 }
 
 ModelConfig tiny_demo_config(int64_t hidden, int64_t layers) {

@@ -20,6 +20,10 @@ std::string fixture_path(const std::string& rel);  // tests/fixtures/<rel>
 // A tiny Qwen3 config over the demo tokenizer's vocabulary (272 ids, EOS 256): 2 query / 1 kv
 // heads of 16, intermediate 2 x hidden, tied embeddings. The training tests build models from it.
 ModelConfig tiny_demo_config(int64_t hidden, int64_t layers);
+// A distillation playground in `dir`: student/ (tiny_demo_config(32, 1), seed 1) and teacher/
+// (tiny_demo_config(48, 2), seed 2, std 0.1) model directories with the demo tokenizer, and
+// train.jsonl with `lines` two-number additions ({"prompt": "a+b=", "completion": "a+b"}).
+void write_tiny_distillation(const std::string& dir, int lines);
 
 // Uniform in [lo, hi) from Philox(seed); f32 or f64 tensors on the CPU.
 Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo = -1, double hi = 1);
