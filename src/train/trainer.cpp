@@ -239,6 +239,10 @@ class Trainer {
   void setup_teacher();
   void build_optimizer();
   void run_doctor_checks(const ModelSide& teacher);
+  // describe_model_dir of the student and the in-process teacher, read once at start-up (the
+  // doctor checks and the GPU memory plan both need them).
+  const ModelSide& student_side();
+  std::optional<ModelSide> student_side_, teacher_side_;
   void resume_if_any();
   int64_t total_steps() const;
   // picks[j] is the dataset index of the step's global prompt number global_index[j] (the
@@ -434,7 +438,8 @@ void Trainer::setup_teacher() {
   if (!o_.teacher.empty()) {
     log_info("loading teacher ", o_.teacher, " (in-process)");
     scorer_ = make_local_scorer(o_.teacher, device_, compute_dtype_);
-    run_doctor_checks(describe_model_dir(o_.teacher));
+    teacher_side_ = describe_model_dir(o_.teacher);
+    run_doctor_checks(*teacher_side_);
     if (o_.seq_kd || loss_.mode == SupportMode::Full) {
       teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
       if (device_ == Device::CUDA)
@@ -449,7 +454,7 @@ void Trainer::setup_teacher() {
     c.loss = loss_;
     log_info("connecting to teacher ", o_.teacher_url);
     scorer_ = std::make_unique<TeacherClient>(c);
-    ModelSide t = describe_model_dir(o_.student);  // a server reports vocab, tokenizer, EOS only
+    ModelSide t = student_side();  // a server reports vocab, tokenizer, EOS only
     t.where = o_.teacher_url;
     t.vocab_size = scorer_->info().vocab_size;
     t.fingerprint = scorer_->info().fingerprint;
@@ -458,8 +463,13 @@ void Trainer::setup_teacher() {
   }
 }
 
+const ModelSide& Trainer::student_side() {
+  if (!student_side_) student_side_ = describe_model_dir(o_.student);
+  return *student_side_;
+}
+
 void Trainer::run_doctor_checks(const ModelSide& teacher) {
-  const ModelSide student = describe_model_dir(o_.student);
+  const ModelSide& student = student_side();
   std::string errors;
   for (const auto& f : check_pair(student, teacher, loss_.vocab_policy == VocabPolicy::ClipToStudent)) {
     if (f.severity == Severity::Warning) log_warn("doctor: ", f.check, ": ", f.message);
@@ -788,9 +798,8 @@ TrainResult Trainer::run_steps() {
   load_data();
   setup_teacher();
   if (device_ == Device::CUDA) {  // the per-GPU memory plan (opd doctor --device cuda prints it too)
-    const ModelSide sm = describe_model_dir(o_.student);
-    std::optional<ModelSide> tm;
-    if (!o_.teacher.empty()) tm = describe_model_dir(o_.teacher);
+    const ModelSide& sm = student_side();
+    const std::optional<ModelSide>& tm = teacher_side_;
     MemoryPlanOptions po;
     po.dtype = compute_dtype_;
     po.recompute = o_.recompute;
