@@ -9,6 +9,23 @@
 
 namespace opd {
 
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none" || name == "off") return Recompute::Off;
+  if (name == "elementwise") return Recompute::Elementwise;
+  if (name == "layer") return Recompute::PerLayer;
+  OPD_FAIL(InvalidArgument, "recompute granularity '", name,
+            "' is not one of none, elementwise, layer");
+}
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::Off: return "none";
+    case Recompute::Elementwise: return "elementwise";
+    case Recompute::PerLayer: return "layer";
+  }
+  return "?";
+}
+
 Batch make_batch(const std::vector<std::vector<int32_t>>& sequences, int64_t vocab_size) {
   int64_t total = 0;
   for (const auto& s : sequences) total += static_cast<int64_t>(s.size());

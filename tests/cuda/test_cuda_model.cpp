@@ -151,8 +151,9 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(dtype_name(std::get<1>(info.param)));
     });
 
-// Recompute::PerLayer recomputes each layer from its saved input with the same kernels on the
-// same values, so the gradients equal those of the full cache bit for bit. Determinism of two
+// Recompute::PerLayer recomputes each layer from its saved input, Recompute::Elementwise only the
+// norm outputs, normed q/k and the SwiGLU product, with the same kernels on the same values, so
+// the gradients equal those of the full cache bit for bit. Determinism of two
 // full-cache runs is checked first, so a failure names the right cause.
 class CudaModelRecompute : public ::testing::TestWithParam<const char*> {};
 
@@ -163,13 +164,21 @@ TEST_P(CudaModelRecompute, GradientsBitIdenticalWithAndWithoutRecompute) {
   const ModelConfig& c = model.config();
   Batch batch = fixture_batch(c.vocab_size);
   Tensor dhidden = rand_in({batch.num_tokens(), c.hidden_size}, DType::F32, 9, -1, 1);
-  std::map<std::string, Tensor> runs[3];
-  Tensor hidden[3];
-  for (int r = 0; r < 3; ++r) {
-    model.set_recompute(r == 2 ? Recompute::PerLayer : Recompute::Off);
+  // Runs: 0, 1 Off (determinism), 2 PerLayer, 3 Elementwise.
+  std::map<std::string, Tensor> runs[4];
+  Tensor hidden[4];
+  for (int r = 0; r < 4; ++r) {
+    model.set_recompute(r == 2 ? Recompute::PerLayer
+                               : r == 3 ? Recompute::Elementwise : Recompute::Off);
     ForwardCache cache;
     hidden[r] = model.forward_hidden(batch, &cache);
-    for (const LayerCache& lc : cache.layers) EXPECT_EQ(lc.gate.defined(), r != 2);
+    for (const LayerCache& lc : cache.layers) {
+      EXPECT_EQ(lc.gate.defined(), r != 2);
+      EXPECT_EQ(lc.act.defined(), r < 2);  // Elementwise drops act, h1, h2 (and q/k after q/k norm)
+      EXPECT_EQ(lc.h2.defined(), r < 2);
+      EXPECT_EQ(lc.attn.defined(), r != 2);
+      if (r == 3) EXPECT_EQ(lc.q.defined(), !c.qk_norm);
+    }
     ModelWeights grads = zeros_weights(c, DType::F32, Device::CUDA);
     model.backward_hidden(batch, cache, dhidden.to(Device::CUDA), grads);  // f32 dhidden
     runs[r] = by_name(grads);
@@ -177,8 +186,11 @@ TEST_P(CudaModelRecompute, GradientsBitIdenticalWithAndWithoutRecompute) {
   for (const auto& [name, g] : runs[0]) {
     ASSERT_TRUE(same_host_bits(g, runs[1].at(name))) << "not deterministic: " << name;
   }
-  EXPECT_TRUE(same_host_bits(hidden[0], hidden[2]));
-  for (const auto& [name, g] : runs[0]) EXPECT_TRUE(same_host_bits(g, runs[2].at(name))) << name;
+  for (int r : {2, 3}) {
+    EXPECT_TRUE(same_host_bits(hidden[0], hidden[r])) << recompute_name(model.recompute());
+    for (const auto& [name, g] : runs[0])
+      EXPECT_TRUE(same_host_bits(g, runs[r].at(name))) << "run " << r << ": " << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelRecompute,
