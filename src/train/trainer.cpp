@@ -872,6 +872,8 @@ TrainResult Trainer::run_steps() {
   }
   build_optimizer();
   resume_if_any();
+  // memory/peak_device_bytes is this run's peak (an earlier run in the process does not count).
+  if (device_ == Device::CUDA) reset_peak_memory(Device::CUDA);
   const int64_t total = total_steps();
   result_.first_step = step_;
   if (rank0()) {  // one writer of the run's files
