@@ -4,7 +4,8 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen]
+# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen|
+#        pair|final|anchor|product|memory]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -159,6 +160,16 @@ if [[ "$what" == product ]]; then
   run torch_w1 150 python3 tools/bench_w1_torch.py
   run bench_rollout 90 $B/opd bench rollout
   run bench_score 90 $B/opd bench score
+fi
+if [[ "$what" == memory ]]; then
+  # Session 4's memory options: elementwise recompute bit-identical (model and trainer), the
+  # offloaded teacher, the never-run greedy-vs-transformers rollout test, then W1 with the
+  # default settings and with --recompute-granularity elementwise --offload-teacher (~5 min).
+  run cuda_memory 200 $B/test_cuda --gtest_filter='CudaModelRecompute*:CudaTrainerTest.*:*Bf16GreedyAgainstTransformers*'
+  run w1_default 180 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-400
+  run w1_saving 180 $B/opd bench w1 --work-dir /tmp/opd_w1 --recompute-granularity elementwise --offload-teacher
+  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-400
 fi
 if [[ "$what" == w1 || "$what" == all ]]; then
   # The GPU training loop against the CPU backend, then the whole W1 step through `opd train`
