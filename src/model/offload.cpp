@@ -25,7 +25,7 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
   dtype_ = model_->dtype();
 #ifdef OPD_WITH_CUDA
   model_->weights().for_each([&](const std::string&, Tensor& w) {
-    slots_.push_back(Slot{w.shape(), numel_});
+    slots_.push_back(Slot{&w, w.shape(), numel_});
     numel_ += (w.numel() + kAlign - 1) / kAlign * kAlign;
   });
   bytes_ = numel_ * static_cast<int64_t>(dtype_size(dtype_));
@@ -34,13 +34,11 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
   host_ = std::shared_ptr<void>(host, [](void* p) { cudaFreeHost(p); });
   // Gather the device weights into the host layout (once): one copy per parameter, then wait.
   cudaStream_t stream = cuda::current_stream();
-  size_t i = 0;
   const size_t esize = dtype_size(dtype_);
-  model_->weights().for_each([&](const std::string&, Tensor& w) {
-    OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host) + slots_[i].offset * esize, w.raw(),
-                                   w.nbytes(), cudaMemcpyDeviceToHost, stream));
-    ++i;
-  });
+  for (const Slot& slot : slots_)
+    OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host) + slot.offset * esize,
+                                   slot.target->raw(), slot.target->nbytes(),
+                                   cudaMemcpyDeviceToHost, stream));
   OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
   bind(Tensor());  // the device copies are dropped here
 #else
@@ -51,18 +49,13 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
 WeightOffload::~WeightOffload() = default;
 
 void WeightOffload::bind(const Tensor& flat) {
+  for (const Slot& slot : slots_) {
+    int64_t n = 1;
+    for (int64_t d : slot.shape) n *= d;
+    *slot.target = flat.defined() ? flat.slice_rows(slot.offset, slot.offset + n).reshape(slot.shape)
+                                  : Tensor();
+  }
   ModelWeights& w = model_->weights();
-  size_t i = 0;
-  w.for_each([&](const std::string&, Tensor& t) {
-    if (!flat.defined()) {
-      t = Tensor();
-    } else {
-      int64_t n = 1;
-      for (int64_t d : slots_[i].shape) n *= d;
-      t = flat.slice_rows(slots_[i].offset, slots_[i].offset + n).reshape(slots_[i].shape);
-    }
-    ++i;
-  });
   if (w.tied) w.lm_head = w.embed_tokens;
 }
 

@@ -39,6 +39,8 @@ class WeightOffload {
 
  private:
   struct Slot {
+    Tensor* target;      // the model's parameter (ModelWeights::for_each at construction: it
+                         // skips undefined optional tensors, so it cannot be re-walked later)
     Shape shape;
     int64_t offset = 0;  // elements into the flat buffer
   };

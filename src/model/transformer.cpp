@@ -172,6 +172,8 @@ Tensor Transformer::layer_forward(size_t li, const Tensor& x, const Batch& batch
 }
 
 Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) const {
+  OPD_CHECK(weights_.embed_tokens.defined(), InvalidArgument,
+            "transformer: the weights are not loaded (offloaded to the host: upload them first)");
   if (device() == Device::CUDA) return forward_hidden_cuda(batch, cache);
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), H = c.hidden_size;

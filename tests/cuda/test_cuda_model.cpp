@@ -27,6 +27,7 @@
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
 #include "model/safetensors.h"
+#include "model/offload.h"
 #include "model/transformer.h"
 
 namespace opd::test {
@@ -195,6 +196,42 @@ TEST_P(CudaModelRecompute, GradientsBitIdenticalWithAndWithoutRecompute) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelRecompute,
                          ::testing::Values("qwen3", "qwen2", "llama"));
+
+// WeightOffload moves every parameter (q/k norms and biases included: the families cover both)
+// to pinned host memory and back: after each upload the forward gives the same bits; while
+// released, using the model is an error, not a read of freed memory.
+class CudaWeightOffload : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaWeightOffload, UploadGivesTheSameBitsAndReleasedWeightsAreRefused) {
+  REQUIRE_GPU();
+  auto model = std::make_shared<Transformer>(
+      Transformer::load(fixture_path(std::string("models/") + GetParam())).to(Device::CUDA, DType::BF16));
+  Batch batch = fixture_batch(model->config().vocab_size);
+  const Tensor before = host(model->forward_hidden(batch));
+  int64_t params = 0;
+  model->weights().for_each([&](const std::string&, const Tensor&) { ++params; });
+  WeightOffload off(model);
+  EXPECT_FALSE(off.resident());
+  EXPECT_GT(off.bytes(), 0);
+  EXPECT_THROW(model->forward_hidden(batch), Error);
+  for (int round = 0; round < 2; ++round) {
+    off.upload();
+    off.upload();  // no-op when resident
+    EXPECT_TRUE(off.resident());
+    int64_t bound = 0;
+    model->weights().for_each([&](const std::string&, const Tensor& t) {
+      EXPECT_EQ(t.device(), Device::CUDA);
+      ++bound;
+    });
+    EXPECT_EQ(bound, params);
+    EXPECT_TRUE(same_host_bits(before, model->forward_hidden(batch))) << "round " << round;
+    off.release();
+    EXPECT_FALSE(off.resident());
+  }
+  EXPECT_EQ(off.uploads(), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaWeightOffload, ::testing::Values("qwen3", "qwen2", "llama"));
 
 // Ids, positions and cu_seqlens are checked when the forward starts, for host and device
 // batches, with the messages of the CPU checks; nothing runs on bad data.
