@@ -860,7 +860,16 @@ TrainResult Trainer::run_steps() {
     for (size_t i = 0; i < data_->size(); ++i)
       longest = std::max<int64_t>(longest, (*data_)[i].sequence_length());
     po.micro_batch_tokens = o_.micro_batch_size * (longest + o_.max_completion_length);
-    po.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+    // The rollout allocates only the KV blocks its requests can use: at most this rank's prompts
+    // x samples x their longest length (in blocks of 16) x 2 (K, V) x layers x kv heads x D.
+    const ModelConfig& sc = student_->config();
+    const int64_t local_prompts = (o_.batch_size + env_.world_size - 1) / env_.world_size;
+    const int64_t tokens_needed = local_prompts * o_.num_generations *
+                                  ((longest + o_.max_completion_length + 15) / 16 * 16);
+    const int64_t kv_needed = tokens_needed * 2 * sc.num_hidden_layers * sc.num_key_value_heads *
+                              sc.head_dim * static_cast<int64_t>(dtype_size(compute_dtype_));
+    po.kv_cache_bytes =
+        std::min<int64_t>(static_cast<int64_t>(o_.kv_cache_gb * (1 << 30)), kv_needed);
     const MemoryPlan p = plan_gpu_memory(sm, tm ? &*tm : nullptr, po);
     auto g = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
     log_info("GPU memory plan (upper bound): peak ~", g(p.peak()), " GiB = max(rollout ",
