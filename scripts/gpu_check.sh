@@ -4,11 +4,15 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen]
+# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|racecheck-gen]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
+# decode (~4.5 min, issue 6): the CUDA rollout/paged/decode-fused tests, `opd bench rollout`
+# (default, then --max-step-tokens 512 / 16384, --no-tuned-gemm, --no-keep-state), one W1 decode
+# step kernel by kernel under ncu (tools/ncu_decode_step.py), and `opd bench w1` with the
+# rollout's debug timing lines (fixed costs per rollout inside the trainer).
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
 # generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
 # their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a
@@ -106,6 +110,25 @@ if [[ "$what" == rollout ]]; then
   run torch_rollout_compiled 200 python3 tools/bench_rollout_torch.py --modes compiled
   grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" "$OUT/bench_rollout_unfused.log" 2>/dev/null
   grep -h "^transformers generate" "$OUT"/torch_rollout_*.log 2>/dev/null
+fi
+if [[ "$what" == decode ]]; then
+  run decode_tests 60 $B/test_cuda --gtest_filter='CudaRollout*:*CudaRolloutFamilies*:CudaPagedForward*:CudaDecodeFused*:CudaPaged*:CudaGemm*:*Linear*'
+  run bench_rollout 45 $B/opd bench rollout
+  run bench_rollout_512 25 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 512
+  run bench_rollout_16k 25 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 16384
+  run bench_rollout_untuned 25 $B/opd bench rollout --warmup 1 --runs 1 --no-tuned-gemm
+  run bench_rollout_fresh 25 $B/opd bench rollout --warmup 1 --runs 2 --no-keep-state
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  # One decode step at context ~510 (launch ~75,000 of an eager 300-token rollout), each kernel
+  # alone (ncu serializes), wall clock not locked (--clock-control none).
+  run ncu_step 50 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --launch-skip 75000 --launch-count 700 $B/opd bench rollout --warmup 0 --runs 1 \
+      --no-graphs --new-tokens 300
+  python3 tools/ncu_decode_step.py "$OUT/ncu_step.log" > "$OUT/ncu_summary.txt" 2>&1
+  run bench_w1 75 env OPD_LOG_LEVEL=debug $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "^opd: \|split:\|decode step\|decode reads\|peak device\|fixed costs\|tuned GEMM" "$OUT"/bench_rollout*.log 2>/dev/null | head -60
+  head -40 "$OUT/ncu_summary.txt"
+  grep -h "rollout: \|rollout  \|whole step\|peak" "$OUT/bench_w1.log" | tail -12
 fi
 if [[ "$what" == quick-tests ]]; then
   run cuda 300 $B/test_cuda
