@@ -9,7 +9,7 @@
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
-# decode (~4.5 min, issue 6): the CUDA rollout/paged/decode-fused tests, `opd bench rollout`
+# decode (~4.5 min, issue 6): the CUDA rollout/decode-fused/GEMM tests, `opd bench rollout`
 # (default, then --max-step-tokens 512 / 16384, --no-tuned-gemm, --no-keep-state), one W1 decode
 # step kernel by kernel under ncu (tools/ncu_decode_step.py), and `opd bench w1` with the
 # rollout's debug timing lines (fixed costs per rollout inside the trainer).
@@ -112,12 +112,9 @@ if [[ "$what" == rollout ]]; then
   grep -h "^transformers generate" "$OUT"/torch_rollout_*.log 2>/dev/null
 fi
 if [[ "$what" == decode ]]; then
-  run decode_tests 60 $B/test_cuda --gtest_filter='CudaRollout*:*CudaRolloutFamilies*:CudaPagedForward*:CudaDecodeFused*:CudaPaged*:CudaGemm*:*Linear*'
+  run decode_tests 90 $B/test_cuda --gtest_filter='CudaRollout*:*CudaRolloutFamilies*:CudaDecodeFused*:*CudaLinear*:CudaModelStep*'
   run bench_rollout 45 $B/opd bench rollout
-  run bench_rollout_512 25 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 512
-  run bench_rollout_16k 25 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 16384
-  run bench_rollout_untuned 25 $B/opd bench rollout --warmup 1 --runs 1 --no-tuned-gemm
-  run bench_rollout_fresh 25 $B/opd bench rollout --warmup 1 --runs 2 --no-keep-state
+  run bench_w1 70 env OPD_LOG_LEVEL=debug $B/opd bench w1 --work-dir /tmp/opd_w1
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   # One decode step at context ~510 (launch ~75,000 of an eager 300-token rollout), each kernel
   # alone (ncu serializes), wall clock not locked (--clock-control none).
@@ -125,10 +122,13 @@ if [[ "$what" == decode ]]; then
       --launch-skip 75000 --launch-count 700 $B/opd bench rollout --warmup 0 --runs 1 \
       --no-graphs --new-tokens 300
   python3 tools/ncu_decode_step.py "$OUT/ncu_step.log" > "$OUT/ncu_summary.txt" 2>&1
-  run bench_w1 75 env OPD_LOG_LEVEL=debug $B/opd bench w1 --work-dir /tmp/opd_w1
-  grep -h "^opd: \|split:\|decode step\|decode reads\|peak device\|fixed costs\|tuned GEMM" "$OUT"/bench_rollout*.log 2>/dev/null | head -60
-  head -40 "$OUT/ncu_summary.txt"
-  grep -h "rollout: \|rollout  \|whole step\|peak" "$OUT/bench_w1.log" | tail -12
+  run bench_rollout_untuned 20 $B/opd bench rollout --warmup 1 --runs 1 --no-tuned-gemm
+  run bench_rollout_512 20 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 512
+  run bench_rollout_fresh 20 $B/opd bench rollout --warmup 1 --runs 2 --no-keep-state
+  run bench_rollout_16k 20 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 16384
+  grep -h "^opd: \\|split:\\|decode step\\|fixed costs\\|tuned GEMM" "$OUT"/bench_rollout*.log 2>/dev/null | head -50
+  head -30 "$OUT/ncu_summary.txt"
+  grep -h "rollout: \\|rollout  \\|whole step" "$OUT/bench_w1.log" | tail -8
 fi
 if [[ "$what" == quick-tests ]]; then
   run cuda 300 $B/test_cuda
