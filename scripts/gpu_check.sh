@@ -9,8 +9,8 @@
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
-# decode (~4.5 min, issue 6): the CUDA rollout/decode-fused/GEMM tests, `opd bench rollout`
-# (default, then --max-step-tokens 512 / 16384, --no-tuned-gemm, --no-keep-state), one W1 decode
+# decode (~2 min, issue 6): the CUDA rollout/decode-fused/GEMM tests, `opd bench rollout`
+# (default, then --tuned-gemm, --max-step-tokens 512, --keep-state), one W1 decode
 # step kernel by kernel under ncu (tools/ncu_decode_step.py), and `opd bench w1` with the
 # rollout's debug timing lines (fixed costs per rollout inside the trainer).
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
@@ -121,11 +121,11 @@ if [[ "$what" == decode ]]; then
   run ncu_step 50 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
       --launch-skip 75000 --launch-count 700 $B/opd bench rollout --warmup 0 --runs 1 \
       --no-graphs --new-tokens 300
-  python3 tools/ncu_decode_step.py "$OUT/ncu_step.log" > "$OUT/ncu_summary.txt" 2>&1
-  run bench_rollout_untuned 20 $B/opd bench rollout --warmup 1 --runs 1 --no-tuned-gemm
+  # At most 8 files come back from a device call: keep the summary, drop the raw CSV.
+  python3 tools/ncu_decode_step.py "$OUT/ncu_step.log" > "$OUT/ncu_summary.txt" 2>&1 && rm -f "$OUT/ncu_step.log"
+  run bench_rollout_tuned 20 $B/opd bench rollout --warmup 1 --runs 1 --tuned-gemm
   run bench_rollout_512 20 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 512
-  run bench_rollout_fresh 20 $B/opd bench rollout --warmup 1 --runs 2 --no-keep-state
-  run bench_rollout_16k 20 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 16384
+  run bench_rollout_kept 20 $B/opd bench rollout --warmup 1 --runs 2 --keep-state
   grep -h "^opd: \\|split:\\|decode step\\|fixed costs\\|tuned GEMM" "$OUT"/bench_rollout*.log 2>/dev/null | head -50
   head -30 "$OUT/ncu_summary.txt"
   grep -h "rollout: \\|rollout  \\|whole step" "$OUT/bench_w1.log" | tail -8

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 
 def family(name):
-    n = name.split("(")[0].strip()
+    n = name.replace("(anonymous namespace)", "anon")
+    n = n.split("(")[0].strip()
     n = re.sub(r"<.*", "", n)
     if n.startswith("void "):
         n = n[5:]

@@ -62,8 +62,8 @@ struct BenchRolloutOptions {
   int64_t max_running = 256;
   bool no_graphs = false;
   bool no_fused = false;
-  bool no_tuned_gemm = false;
-  bool no_keep_state = false;
+  bool tuned_gemm = false;
+  bool keep_state = false;
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -174,8 +174,8 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.max_running = o.max_running;
   eo.cuda_graphs = !o.no_graphs;
   eo.cuda_fused = !o.no_fused;
-  eo.cuda_tuned_gemm = !o.no_tuned_gemm;
-  eo.keep_device_state = !o.no_keep_state;
+  eo.cuda_tuned_gemm = o.tuned_gemm;
+  eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
   // Floor bytes of the decode steps: every sequence in lockstep (EOS ignored, n samples share
@@ -262,8 +262,8 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["temperature"] = o.temperature;
   j["graphs"] = !o.no_graphs;
   j["fused"] = !o.no_fused;
-  j["tuned_gemm"] = !o.no_tuned_gemm;
-  j["keep_state"] = !o.no_keep_state;
+  j["tuned_gemm"] = o.tuned_gemm;
+  j["keep_state"] = o.keep_state;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
   j["generated_tokens"] = generated;
@@ -370,12 +370,12 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_flag("--no-graphs", o->no_graphs, "run decode steps eagerly instead of from CUDA graphs (default off)");
   cmd->add_flag("--no-fused", o->no_fused,
                 "plain op sequence per layer (18 kernels) instead of the fused one (10) (default off)");
-  cmd->add_flag("--no-tuned-gemm", o->no_tuned_gemm,
-                "decode GEMMs take cuBLASLt's heuristic algorithm instead of the fastest measured "
-                "one (default off)");
-  cmd->add_flag("--no-keep-state", o->no_keep_state,
-                "rebuild packed weights, buffers and graphs in every rollout instead of keeping "
-                "them between rollouts (default off)");
+  cmd->add_flag("--tuned-gemm", o->tuned_gemm,
+                "decode GEMMs take the fastest measured cuBLASLt algorithm instead of the "
+                "heuristic's first (default off)");
+  cmd->add_flag("--keep-state", o->keep_state,
+                "keep packed weights, buffers and graphs between rollouts instead of rebuilding "
+                "them in every rollout (default off)");
   cmd->add_flag("--json", o->json, "print only the JSON line (default off)");
   cmd->add_flag("--with-torch", o->with_torch,
                 "also run the transformers twin (tools/bench_rollout_torch.py) and print the "

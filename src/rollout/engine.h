@@ -82,14 +82,19 @@ struct EngineOptions {
   // op sequence (the reference the fused path is tested against).
   bool cuda_fused = true;
   // CUDA models: decode-shaped GEMMs (steps of <= 256 tokens) choose their cuBLASLt algorithm
-  // by timing the candidates once per shape (kernels/cuda/gemm.h GemmArgs::tune).
-  bool cuda_tuned_gemm = true;
+  // by timing the candidates once per shape (kernels/cuda/gemm.h GemmArgs::tune). Off by
+  // default: on the H200 at W1 only the lm_head gained (~6 us of ~100 per step), the rollout
+  // did not measurably (docs/rollout.md), and a timed choice can differ between processes.
+  bool cuda_tuned_gemm = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).
   // They are reused while every weight keeps its device address (else rebuilt); the packed
   // weights are refreshed from the live weights at each call. The KV cache is never kept.
-  bool keep_device_state = true;
+  // Off by default: measured on the H200 at W1 (docs/rollout.md, "Fixed costs per rollout"),
+  // the kept state saved no fixed cost (the new KV cache lands elsewhere, so the graphs are
+  // re-captured anyway, ~6-18 ms either way) and its decode steps were ~4% slower.
+  bool keep_device_state = false;
   // Polled once per step: returning true stops generate() with a Cancelled error (a training
   // run's stop signal must not wait for a long rollout to finish).
   std::function<bool()> should_cancel;

@@ -285,10 +285,6 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Scorer> scorer_;
   std::unique_ptr<Transformer> teacher_model_;  // seq_kd generation
-  // One rollout engine per generating model, kept across steps: on CUDA its packed decode
-  // weights, buffers and graphs are reused while the weights keep their addresses (AdamW
-  // updates them in place); the KV cache is still freed after every rollout (rollout/engine.h).
-  std::map<const Transformer*, std::unique_ptr<RolloutEngine>> engines_;
   std::vector<int32_t> student_eos_, teacher_eos_;
   std::unique_ptr<Dataset> data_, eval_data_;
   std::unique_ptr<Sampler> sampler_;
@@ -713,18 +709,15 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
     r.stream_key = prompt_stream_key(r.prompt) ^ mix64(static_cast<uint64_t>(global_index[i]) + 1);
     reqs.push_back(std::move(r));
   }
-  std::unique_ptr<RolloutEngine>& engine = engines_[&gen_model];
-  if (!engine) {
-    EngineOptions eo;
-    eo.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
-    // 2048 (as `opd bench rollout`): W1's 64 prompts prefill in 8 steps, then decode in
-    // lockstep; at 512 the admissions stagger over 32 steps and the finishes over the last ~30
-    // steps, which run at small, newly captured batch buckets.
-    eo.max_step_tokens = 2048;
-    eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
-    engine = std::make_unique<RolloutEngine>(gen_model, eo, eos);
-  }
-  auto out = engine->generate(reqs);
+  EngineOptions eo;
+  eo.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+  // 2048 (as `opd bench rollout`): W1's 64 prompts prefill in 8 steps, then decode in lockstep;
+  // at the default 512 the admissions stagger over 32 steps and the finishes over the last ~30,
+  // which run at small, newly captured batch buckets (W1 rollout 1.43 vs 1.38 s, docs/rollout.md).
+  eo.max_step_tokens = 2048;
+  eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
+  RolloutEngine engine(gen_model, eo, eos);
+  auto out = engine.generate(reqs);
   for (size_t i = 0; i < picks.size(); ++i) {
     const Sample& s = (*data_)[picks[i]];
     for (const auto& smp : out[i].samples) {

@@ -342,6 +342,7 @@ TEST(CudaRollout, KeptDeviceStateAfterAnInPlaceWeightUpdateEqualsAFreshEngine) {
       reqs.push_back(sampled_req(seeded_prompt(90 + i, 4 + 3 * i, V), 1 + i % 2, 60 + i, 20));
     EngineOptions keep;
     keep.block_size = 8;
+    keep.keep_device_state = true;
     EngineOptions fresh_opts = keep;
     fresh_opts.keep_device_state = false;
     RolloutEngine kept(gpu, keep, {});
