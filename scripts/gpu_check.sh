@@ -4,12 +4,16 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen|
-#        pair|final|anchor|product|memory]
+# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
+#        racecheck-gen|pair|final|anchor|product|memory]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
+# decode (~2 min, issue 6): the CUDA rollout/decode-fused/GEMM tests, `opd bench rollout`
+# (default, then --tuned-gemm, --max-step-tokens 512, --keep-state), one W1 decode
+# step kernel by kernel under ncu (tools/ncu_decode_step.py), and `opd bench w1` with the
+# rollout's debug timing lines (fixed costs per rollout inside the trainer).
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
 # generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
 # their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a
@@ -107,6 +111,25 @@ if [[ "$what" == rollout ]]; then
   run torch_rollout_compiled 200 python3 tools/bench_rollout_torch.py --modes compiled
   grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" "$OUT/bench_rollout_unfused.log" 2>/dev/null
   grep -h "^transformers generate" "$OUT"/torch_rollout_*.log 2>/dev/null
+fi
+if [[ "$what" == decode ]]; then
+  run decode_tests 90 $B/test_cuda --gtest_filter='CudaRollout*:*CudaRolloutFamilies*:CudaDecodeFused*:*CudaLinear*:CudaModelStep*'
+  run bench_rollout 45 $B/opd bench rollout
+  run bench_w1 70 env OPD_LOG_LEVEL=debug $B/opd bench w1 --work-dir /tmp/opd_w1
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  # One decode step at context ~510 (launch ~75,000 of an eager 300-token rollout), each kernel
+  # alone (ncu serializes), wall clock not locked (--clock-control none).
+  run ncu_step 50 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --launch-skip 75000 --launch-count 700 $B/opd bench rollout --warmup 0 --runs 1 \
+      --no-graphs --new-tokens 300
+  # At most 8 files come back from a device call: keep the summary, drop the raw CSV.
+  python3 tools/ncu_decode_step.py "$OUT/ncu_step.log" > "$OUT/ncu_summary.txt" 2>&1 && rm -f "$OUT/ncu_step.log"
+  run bench_rollout_tuned 20 $B/opd bench rollout --warmup 1 --runs 1 --tuned-gemm
+  run bench_rollout_512 20 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 512
+  run bench_rollout_kept 20 $B/opd bench rollout --warmup 1 --runs 2 --keep-state
+  grep -h "^opd: \\|split:\\|decode step\\|fixed costs\\|tuned GEMM" "$OUT"/bench_rollout*.log 2>/dev/null | head -50
+  head -30 "$OUT/ncu_summary.txt"
+  grep -h "rollout: \\|rollout  \\|whole step" "$OUT/bench_w1.log" | tail -8
 fi
 if [[ "$what" == quick-tests ]]; then
   run cuda 300 $B/test_cuda
