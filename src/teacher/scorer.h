@@ -159,7 +159,7 @@ class CpuScorer : public Scorer {
     int64_t row_chunk = 512;      // scored rows per lm_head GEMM
     ScoreLimits limits;
     // CPU cost of a paged-attention FLOP vs a dense-forward FLOP: measured in docs/teacher.md.
-    SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 1.0};
+    SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 6.0};
   };
   CpuScorer(const std::string& model_dir, Options options);
   CpuScorer(const std::string& model_dir);
