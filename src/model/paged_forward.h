@@ -127,6 +127,14 @@ class PagedForward {
   // copy, the kernels' error flag is read once at the end (one synchronization per step).
   Tensor step(const PagedStep& step, KvCache& cache) const;
 
+  // The same step returning the final (normed) hidden states [num_tokens, H] of every new token
+  // (model dtype, on the model's device) instead of logits: the rows the lm_head would read. For
+  // the teacher scorer's shared-prompt path (teacher/score_plan.h: completions run over the
+  // cached K/V of their common prompt). Memory: the step's activations and T x H outputs.
+  // Defined in paged_forward_hidden.cpp (CPU: the step's layers; CUDA: step_device, then its
+  // final-norm rows).
+  Tensor step_hidden(const PagedStep& step, KvCache& cache) const;
+
 #ifdef OPD_WITH_CUDA
   // CUDA models: the step's kernels on `stream`, no host synchronization and no allocation
   // (except a first-time growth of ws's split workspace): f32 logits [batch, V] into `logits`.
@@ -141,6 +149,7 @@ class PagedForward {
  private:
 #ifdef OPD_WITH_CUDA
   Tensor step_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
+  Tensor step_hidden_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
   void pack_weights();
 #endif
   const Transformer* model_;
