@@ -185,14 +185,19 @@ if [[ "$what" == product ]]; then
   run bench_score 90 $B/opd bench score
 fi
 if [[ "$what" == memory ]]; then
-  # Session 4's memory options: elementwise recompute bit-identical (model and trainer), the
-  # offloaded teacher, the never-run greedy-vs-transformers rollout test, then W1 with the
-  # default settings and with --recompute-granularity elementwise --offload-teacher (~5 min).
-  run cuda_memory 200 $B/test_cuda --gtest_filter='CudaModelRecompute*:CudaTrainerTest.*:*Bf16GreedyAgainstTransformers*'
+  # Session 4: elementwise recompute and the offloaded teacher (bit-identical tests), the scorer's
+  # shared-prompt path and chunked client; W1 with default, elementwise, and elementwise +
+  # offloaded-teacher settings; W1 scoring in process / one request / chunked; shared-prompt cost
+  # (always vs never) at W1 with 4 generations and at a long-prompt shape (~6 min, 8 logs).
+  run cuda_memory 240 $B/test_cuda --gtest_filter='CudaModelRecompute*:CudaWeightOffload*:CudaTrainerTest.*:CudaScorer*:CudaTopKLmHead.*'
   run w1_default 180 $B/opd bench w1 --work-dir /tmp/opd_w1
-  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-400
-  run w1_saving 180 $B/opd bench w1 --work-dir /tmp/opd_w1 --recompute-granularity elementwise --offload-teacher
-  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-400
+  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-300
+  run w1_elementwise 120 $B/opd bench w1 --work-dir /tmp/opd_w1 --recompute-granularity elementwise
+  run w1_saving 120 $B/opd bench w1 --work-dir /tmp/opd_w1 --recompute-granularity elementwise --offload-teacher
+  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-300
+  run bench_score 150 $B/opd bench score
+  run score_shared 200 bash -c "for m in always never; do $B/opd bench score --no-server --num-generations 4 --shared-prompt \$m; \
+    $B/opd bench score --no-server --prompt 2048 --completion 64 --sequences 32 --num-generations 8 --shared-prompt \$m; done"
 fi
 if [[ "$what" == w1 || "$what" == all ]]; then
   # The GPU training loop against the CPU backend, then the whole W1 step through `opd train`
