@@ -43,10 +43,13 @@ class CudaScorer : public Scorer {
     int64_t row_chunk = 2048;     // scored rows per logit tile
     DType dtype = DType::BF16;    // BF16 or F32: the model directory's weights are converted to it
     ScoreLimits limits;
-    // Shared prompts (teacher/score_plan.h). paged_attention_cost 100: the paged prefill kernel
-    // runs on CUDA cores at ~5 TFLOP/s (W1 rollout prefill, docs/teacher.md) against ~490 for the
-    // dense forward, so Auto shares only long prompts with short completions.
-    SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 100.0};
+    // Shared prompts (teacher/score_plan.h). paged_attention_cost 63, measured on the H200
+    // (2026-11-30, `opd bench score --no-server --shared-prompt always|never`, Qwen3-1.7B shape):
+    // solving the cost model for the measured times gives 60 (64 x (256 + 512), 4 per prompt:
+    // shared 0.810 s vs dense 0.336 s) and 66 (32 x (2048 + 64), 8 per prompt: 0.433 vs 0.406 s).
+    // The paged prefill attention runs on CUDA cores, so Auto shares only where the prompt is
+    // long and the completions short enough to beat that (neither measured shape qualifies).
+    SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 63.0};
   };
   // Loads the model directory (f32 on the host), converts it to CUDA `options.dtype`. Throws
   // Unsupported in builds without CUDA or without a usable device.
