@@ -17,13 +17,15 @@
 #ifdef OPD_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/cuda/allocator.h"    // current_stream, DeviceBuffer
 #include "core/cuda/stream.h"       // OPD_CUDA_CHECK
 #include "kernels/cuda/cuda_ops.h"  // raw kernels: embedding, rmsnorm, rope, paged ops, rows
-#include "kernels/cuda/gemm.h"      // linear_forward with an f32 output (the logits)
+#include "kernels/cuda/gemm.h"      // linear_forward (cuBLASLt), decode_gemm (decode steps)
 
 namespace opd {
 
@@ -54,6 +56,16 @@ PagedWorkspace::PagedWorkspace(const ModelConfig& c, DType dt, int64_t max_token
   rstd = e(T, DType::F32);
   rstd_q = e(T * Hq, DType::F32);
   rstd_k = e(T * Hkv, DType::F32);
+  if (dt == DType::BF16) {
+    // The largest split-K workspace of the decode GEMMs (their plans do not depend on m).
+    const int64_t R = (Hq + 2 * Hkv) * D;
+    size_t bytes = 0;
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{R, H}, {H, Hq * D}, {2 * I, H}, {H, I},
+                        {c.vocab_size, H}}) {
+      if (k % 8 == 0) bytes = std::max(bytes, cuda::decode_gemm_workspace_bytes(n, k));
+    }
+    if (bytes > 0) gemm_ws = Tensor::zeros({static_cast<int64_t>(bytes / 8 + 1)}, DType::I64, Device::CUDA);
+  }
 }
 
 void* PagedWorkspace::split_workspace(size_t bytes) {
@@ -197,6 +209,24 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
   const float* inv_freq = inv_freq_device_.data<float>();
   const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
+  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): decode_gemm for decode-sized bf16 steps
+  // when enabled and the shape allows it, else cuBLASLt.
+  const bool decode_gemm = decode_gemm_ && dt == DType::BF16 && T <= cuda::kDecodeGemmMaxRows &&
+                           ws.gemm_ws.defined();
+  auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
+                    int64_t n, DType out_dt, void* out, bool tuned) {
+    if (decode_gemm) {
+      cuda::DecodeGemmArgs a;
+      a.x = in, a.ldx = k, a.w = w, a.bias = b, a.y = out, a.ldy = n;
+      a.m = rows, a.n = n, a.k = k, a.y_dtype = out_dt;
+      if (cuda::decode_gemm_unsupported(a) == nullptr &&
+          cuda::decode_gemm_plan(n, k).workspace_bytes <= ws.gemm_ws.nbytes()) {
+        cuda::decode_gemm(a, ws.gemm_ws.raw(), ws.gemm_ws.nbytes(), stream);
+        return;
+      }
+    }
+    cuda::linear_forward(in, w, b, rows, k, n, dt, out_dt, out, stream, tuned);
+  };
   void* x = ws.x.raw();
   void* x2 = ws.x2.raw();
   void* h = ws.h.raw();
@@ -240,8 +270,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     const LayerWeights& L = W.layers[li];
     if (fused_) {  // 10 kernels per layer (decode_fused.cu)
       const int64_t R = (Hq + 2 * Hkv) * D;
-      cuda::linear_forward(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, dt, ws.qkv.raw(),
-                           stream, tune);
+      linear(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
       cuda::QkvNormRopeStoreArgs f;
       f.q = ws.qkv.raw();
       f.k = static_cast<const char*>(ws.qkv.raw()) + Hq * D * dtype_size(dt);
@@ -265,14 +294,12 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.error_flag = s.error_flag;
       cuda::qkv_norm_rope_store(f, stream);
       attend(li, ws.qn.raw());
-      cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
-                           ws.o.raw(), stream, tune);
+      linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
                                      ws.rstd.data<float>(), stream);
-      cuda::linear_forward(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, dt, ws.gu.raw(), stream, tune);
+      linear(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
       cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream);
-      cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
-                           stream, tune);
+      linear(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(), tune);
       const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
       cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
                                      ws.rstd.data<float>(), stream);
@@ -331,8 +358,13 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
     rows = ws.last.raw();
   }
-  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
-                       tuned_gemm_ && B <= kTunedRows);
+  // The lm_head of the fused path only (the plain path stays the all-cuBLASLt reference).
+  if (fused_) {
+    linear(rows, W.lm_head.raw(), nullptr, B, H, V, DType::F32, logits, tuned_gemm_ && B <= kTunedRows);
+  } else {
+    cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
+                         tuned_gemm_ && B <= kTunedRows);
+  }
 }
 
 Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache) const {
