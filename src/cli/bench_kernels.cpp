@@ -195,23 +195,19 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
 // on opd's weight-streaming kernel (kernels/cuda/gemm.h decode_gemm), in GB/s of the fewest
 // bytes (W + x + y) against the copy rate; the "vs cuBLAS" column is the cuBLASLt call the
 // rollout makes otherwise (linear_forward, the heuristic's algorithm) on the same operands.
-// `splits` / `row_tiles` > 0 force the kernel's launch shape (the decode_gemm_splits.* sweep).
+// `splits` > 0 forces the kernel's k splits (the decode_gemm_splits.* sweep).
 void add_decode_gemm_case(std::vector<Case>& cases, const std::string& name, int64_t m, int64_t n,
-                          int64_t k, DType out, int splits = 0, int row_tiles = 0,
-                          bool with_ref = true) {
+                          int64_t k, DType out, int splits = 0, bool with_ref = true) {
   struct Bufs {
     Tensors x, w, y;
-    Tensor ws;
-    size_t ws_bytes = 0;
   };
   auto b = std::make_shared<Bufs>();
   const double bytes = 2.0 * n * k + 2.0 * m * k + static_cast<double>(dtype_size(out)) * m * n;
-  const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits, row_tiles);
   auto args = [=](int s) {
     cuda::DecodeGemmArgs a;
     a.x = b->x[s].raw(), a.ldx = k, a.w = b->w[s].raw(), a.y = b->y[s].raw(), a.ldy = n;
     a.m = m, a.n = n, a.k = k, a.y_dtype = out;
-    a.force_splits = splits, a.force_row_tiles = row_tiles;
+    a.force_splits = splits;
     return a;
   };
   cases.push_back(
@@ -223,13 +219,12 @@ void add_decode_gemm_case(std::vector<Case>& cases, const std::string& name, int
            b->w.push_back(dev_rand({n, k}, DType::BF16, 1100 + s, -0.05f, 0.05f));
            b->y.push_back(Tensor::empty({m, n}, out, Device::CUDA));
          }
-         b->ws_bytes = plan.workspace_bytes;
-         b->ws = Tensor::zeros({static_cast<int64_t>(b->ws_bytes / 8 + 2)}, DType::I64, Device::CUDA);
-         std::fprintf(stderr, "  %s: %lld x %d CTAs (%d W rows each, %d k splits), workspace %.2f MB\n",
+         const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits);
+         std::fprintf(stderr, "  %s: %lld x %d CTAs (64 W rows, k tiles of %d chunks)\n",
                       name.c_str(), static_cast<long long>(plan.row_blocks), plan.splits,
-                      64 * plan.row_tiles, plan.splits, plan.workspace_bytes / 1e6);
+                      2 * plan.chunks_per_warp);
        },
-       [=](int s) { cuda::decode_gemm(args(s), b->ws.raw(), b->ws.nbytes(), g_stream); },
+       [=](int s) { cuda::decode_gemm(args(s), g_stream); },
        with_ref ? std::function<void(int)>([=](int s) {
          cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
                               b->y[s].raw(), g_stream);
@@ -251,15 +246,11 @@ void add_decode_gemm_cases(std::vector<Case>& cases) {
   // Smaller buckets of the same step (the last decode steps of a rollout run at them).
   add_decode_gemm_case(cases, "decode_gemm.gate_up_m16", 16, 2 * I, H, bf);
   add_decode_gemm_case(cases, "decode_gemm.down_m1", 1, H, I, bf);
-  // Launch-shape sweeps (no cuBLASLt twin): k splits for the 1024-row GEMMs and q|k|v, row
-  // tiles for the lm_head.
+  // k-split sweep (cluster sizes; no cuBLASLt twin).
   for (const Shape2& s : shapes)
-    for (int sp : {1, 2, 3, 4, 6, 8, 12, 16})
+    for (int sp : {1, 2, 3, 4, 6, 8})
       add_decode_gemm_case(cases, cat("decode_gemm_splits.", s.name, "_m64_splits", sp), 64, s.n,
-                           s.k, bf, sp, 1, false);
-  for (int rt : {1, 2})
-    add_decode_gemm_case(cases, cat("decode_gemm_splits.lm_head_m64_rows", 64 * rt), 64, V, H,
-                         DType::F32, 1, rt, false);
+                           s.k, bf, sp, false);
 }
 
 // Rollout and scoring kernels (issues 6 and 7) at the W1 shapes:

@@ -377,7 +377,7 @@ void register_bench_rollout(CLI::App& bench) {
                 "decode GEMMs take the fastest measured cuBLASLt algorithm instead of the "
                 "heuristic's first (default off)");
   cmd->add_flag("--decode-gemm,!--no-decode-gemm", o->decode_gemm,
-                cat("decode steps (<= 64 tokens) run q|k|v, o, gate|up, down and lm_head on opd's "
+                cat("decode steps (<= 64 tokens) run q|k|v, o, gate|up and down on opd's "
                     "weight-streaming decode GEMM instead of cuBLASLt (default ",
                     EngineOptions{}.cuda_decode_gemm ? "on" : "off", ")"));
   cmd->add_flag("--keep-state", o->keep_state,

@@ -92,9 +92,6 @@ class PagedWorkspace {
   Tensor qkv, gu;  // packed projections of the fused path: [T, (Hq + 2 Hkv) D], [T, 2 I]
   Tensor rstd, rstd_q, rstd_k;                                      // f32
   Tensor split;                                                     // split-KV partials (i64 storage)
-  // decode_gemm's split-K partials and counters (bf16 models with max_tokens <= 64 rows of
-  // some step: zeroed once here, each launch leaves the counters at 0; W1 ~3 MB).
-  Tensor gemm_ws;
 };
 #endif
 
@@ -119,9 +116,10 @@ class PagedForward {
   // Decode-shaped GEMMs (steps of <= 256 tokens) pick their cuBLASLt algorithm by timing
   // (kernels/cuda/gemm.h GemmArgs::tune) instead of the heuristic's first choice.
   void set_tuned_gemm(bool on) { tuned_gemm_ = on; }
-  // Steps of <= 64 tokens of bf16 models run their q|k|v, o, gate|up, down and lm_head GEMMs
-  // (the fused path's) on opd's weight-streaming decode GEMM (kernels/cuda/gemm.h
-  // decode_gemm) instead of cuBLASLt; shapes it cannot take (k % 8 != 0) fall back.
+  // Steps of <= 64 tokens of bf16 models run the fused path's q|k|v, o, gate|up and down GEMMs
+  // on opd's weight-streaming decode GEMM (kernels/cuda/gemm.h decode_gemm) instead of
+  // cuBLASLt; shapes it cannot take (k % 8 != 0) fall back. The lm_head stays on cuBLASLt
+  // (at the copy rate already: docs/rollout.md).
   void set_decode_gemm(bool on) { decode_gemm_ = on; }
 #endif
 

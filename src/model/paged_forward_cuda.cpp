@@ -17,10 +17,8 @@
 #ifdef OPD_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <utility>
 
 #include "core/cuda/allocator.h"    // current_stream, DeviceBuffer
 #include "core/cuda/stream.h"       // OPD_CUDA_CHECK
@@ -56,16 +54,6 @@ PagedWorkspace::PagedWorkspace(const ModelConfig& c, DType dt, int64_t max_token
   rstd = e(T, DType::F32);
   rstd_q = e(T * Hq, DType::F32);
   rstd_k = e(T * Hkv, DType::F32);
-  if (dt == DType::BF16) {
-    // The largest split-K workspace of the decode GEMMs (their plans do not depend on m).
-    const int64_t R = (Hq + 2 * Hkv) * D;
-    size_t bytes = 0;
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{R, H}, {H, Hq * D}, {2 * I, H}, {H, I},
-                        {c.vocab_size, H}}) {
-      if (k % 8 == 0) bytes = std::max(bytes, cuda::decode_gemm_workspace_bytes(n, k));
-    }
-    if (bytes > 0) gemm_ws = Tensor::zeros({static_cast<int64_t>(bytes / 8 + 1)}, DType::I64, Device::CUDA);
-  }
 }
 
 void* PagedWorkspace::split_workspace(size_t bytes) {
@@ -211,17 +199,15 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
   // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): decode_gemm for decode-sized bf16 steps
   // when enabled and the shape allows it, else cuBLASLt.
-  const bool decode_gemm = decode_gemm_ && dt == DType::BF16 && T <= cuda::kDecodeGemmMaxRows &&
-                           ws.gemm_ws.defined();
+  const bool decode_gemm = decode_gemm_ && dt == DType::BF16 && T <= cuda::kDecodeGemmMaxRows;
   auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
                     int64_t n, DType out_dt, void* out, bool tuned) {
     if (decode_gemm) {
       cuda::DecodeGemmArgs a;
       a.x = in, a.ldx = k, a.w = w, a.bias = b, a.y = out, a.ldy = n;
       a.m = rows, a.n = n, a.k = k, a.y_dtype = out_dt;
-      if (cuda::decode_gemm_unsupported(a) == nullptr &&
-          cuda::decode_gemm_plan(n, k).workspace_bytes <= ws.gemm_ws.nbytes()) {
-        cuda::decode_gemm(a, ws.gemm_ws.raw(), ws.gemm_ws.nbytes(), stream);
+      if (cuda::decode_gemm_unsupported(a) == nullptr) {
+        cuda::decode_gemm(a, stream);
         return;
       }
     }
@@ -358,13 +344,10 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
     rows = ws.last.raw();
   }
-  // The lm_head of the fused path only (the plain path stays the all-cuBLASLt reference).
-  if (fused_) {
-    linear(rows, W.lm_head.raw(), nullptr, B, H, V, DType::F32, logits, tuned_gemm_ && B <= kTunedRows);
-  } else {
-    cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
-                         tuned_gemm_ && B <= kTunedRows);
-  }
+  // cuBLASLt also with the decode GEMM: at W1 it reads the lm_head at the copy rate already
+  // (97 us event-timed vs 163 us for decode_gemm's first version, docs/rollout.md).
+  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
+                       tuned_gemm_ && B <= kTunedRows);
 }
 
 Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache) const {

@@ -87,7 +87,7 @@ struct EngineOptions {
   // did not measurably (docs/rollout.md), and a timed choice can differ between processes.
   bool cuda_tuned_gemm = false;
   // CUDA bf16 models, fused path: steps of <= 64 tokens (the decode buckets) run their dense
-  // GEMMs (q|k|v, o, gate|up, down, lm_head) on opd's weight-streaming decode GEMM
+  // GEMMs (q|k|v, o, gate|up, down; the lm_head stays on cuBLASLt) on opd's weight-streaming decode GEMM
   // (kernels/cuda/gemm.h decode_gemm) instead of cuBLASLt; false: cuBLASLt everywhere.
   bool cuda_decode_gemm = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)

@@ -1,9 +1,9 @@
 // The weight-streaming decode GEMM (kernels/cuda/decode_gemm.cu, declared in gemm.h) against
 // the CPU linear (kernels/ops.h linear_forward, OpenBLAS f32 on the same bf16-representable
 // inputs): a sweep of m x n x k (odd sizes, k % 32 != 0, n below one CTA tile), bf16 and f32
-// outputs, bias, a padded x row stride, forced split counts and row tiles, NaN-poisoned
-// outputs and NaN beyond the shape (rows >= m, the row-stride pad), bit-identical reruns and
-// counters left at zero, and the arguments it must refuse. Then the model: one decode step of
+// outputs, bias, a padded x row stride, forced split counts (cluster sizes 1-8), NaN-poisoned
+// outputs and NaN beyond the shape (rows >= m, the row-stride pad), bit-identical reruns, and
+// the arguments it must refuse. Then the model: one decode step of
 // PagedForward with the decode GEMM against cuBLASLt (fixture models, bf16, with and without
 // q/k/v biases), and greedy rollouts through the engine (CUDA graphs) with and without it.
 #include <gtest/gtest.h>
@@ -34,12 +34,6 @@ Tol decode_tol(DType out_dt, int64_t k) {
   return {8e-3, 2e-3 * scale, 6e-3};
 }
 
-// A zeroed device workspace of `bytes` (at least 16).
-Tensor workspace(size_t bytes) {
-  return Tensor::zeros({static_cast<int64_t>(std::max<size_t>(bytes, 16) / 8 + 1)}, DType::I64,
-                       Device::CUDA);
-}
-
 // x [m, ldx] on the device as bf16 from host f32 x [rows >= m, k]: rows [0, m) copied, the
 // row-stride pad (columns >= k) NaN.
 Tensor device_x(const Tensor& x_host, int64_t m, int64_t k, int64_t ldx) {
@@ -50,7 +44,7 @@ Tensor device_x(const Tensor& x_host, int64_t m, int64_t k, int64_t ldx) {
 }
 
 void run(const Tensor& xd, int64_t ldx, const Tensor& wd, const Tensor* bias, Tensor& yd,
-         int64_t m, int64_t n, int64_t k, Tensor& ws, int force_splits = 0, int force_rows = 0) {
+         int64_t m, int64_t n, int64_t k, int force_splits = 0) {
   cuda::DecodeGemmArgs a;
   a.x = xd.raw();
   a.ldx = ldx;
@@ -63,8 +57,7 @@ void run(const Tensor& xd, int64_t ldx, const Tensor& wd, const Tensor* bias, Te
   a.k = k;
   a.y_dtype = yd.dtype();
   a.force_splits = force_splits;
-  a.force_row_tiles = force_rows;
-  cuda::decode_gemm(a, ws.raw(), ws.nbytes(), cuda::current_stream());
+  cuda::decode_gemm(a, cuda::current_stream());
   OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
 }
 
@@ -80,7 +73,6 @@ TEST(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
       Tensor y_ref = Tensor::poisoned({64, n}, DType::F32);
       ops::linear_forward(x, w, Tensor(), y_ref);
       Tensor wd = dev(w, DType::BF16);
-      Tensor ws = workspace(cuda::decode_gemm_workspace_bytes(n, k));
       const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k);
       for (int64_t m : ms) {
         // Rows >= m of x are NaN on the device: a read of them would poison the sums.
@@ -89,9 +81,9 @@ TEST(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
         Tensor xd = dev(xp, DType::BF16);
         for (DType out : {DType::BF16, DType::F32}) {
           SCOPED_TRACE(cat("m ", m, " n ", n, " k ", k, " out ", dtype_name(out), " splits ",
-                           plan.splits, " row tiles ", plan.row_tiles));
+                           plan.splits, " chunks per warp ", plan.chunks_per_warp));
           Tensor yd = dev_poison({m, n}, out);
-          run(xd, k, wd, nullptr, yd, m, n, k, ws);
+          run(xd, k, wd, nullptr, yd, m, n, k);
           const Tol t = decode_tol(out, k);
           EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
         }
@@ -100,9 +92,9 @@ TEST(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
   }
 }
 
-// Bias in the epilogue, a padded x row stride (the pad is NaN), every split count from 1 to
-// more splits than k tiles, and 128-row CTAs, each against the CPU.
-TEST(CudaDecodeGemm, BiasStridesSplitsAndRowTiles) {
+// Bias in the epilogue, a padded x row stride (the pad is NaN), split counts 1-8 (and asks
+// for more, clamped to 8) with one or several k tiles per CTA, each against the CPU.
+TEST(CudaDecodeGemm, BiasStridesAndSplits) {
   REQUIRE_GPU();
   const int64_t n = 1000, k = 2056, ldx = k + 24;
   Tensor x = rand_in({64, k}, DType::BF16, 40), w = rand_in({n, k}, DType::BF16, 41);
@@ -110,49 +102,43 @@ TEST(CudaDecodeGemm, BiasStridesSplitsAndRowTiles) {
   Tensor y_ref = Tensor::poisoned({64, n}, DType::F32);
   ops::linear_forward(x, w, b, y_ref);
   Tensor wd = dev(w, DType::BF16);
-  Tensor ws = workspace(std::max(cuda::decode_gemm_plan(n, k, 100, 1).workspace_bytes,
-                                 cuda::decode_gemm_plan(n, k, 100, 2).workspace_bytes));
   for (int64_t m : {3, 64}) {
     Tensor xd = device_x(x, m, k, ldx);
     for (DType out : {DType::BF16, DType::F32}) {
       Tensor bd = dev(b, out);
-      for (int rows : {1, 2}) {
-        for (int splits : {1, 2, 3, 7, 9, 64, 100}) {
-          SCOPED_TRACE(cat("m ", m, " out ", dtype_name(out), " row tiles ", rows, " splits ", splits));
-          Tensor yd = dev_poison({m, n}, out);
-          run(xd, ldx, wd, &bd, yd, m, n, k, ws, splits, rows);
-          const Tol t = decode_tol(out, k);
-          EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
-        }
+      for (int splits : {1, 2, 3, 5, 7, 8, 9, 100}) {
+        const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits);
+        EXPECT_EQ(plan.splits, std::min(splits, 8));
+        SCOPED_TRACE(cat("m ", m, " out ", dtype_name(out), " splits ", plan.splits,
+                         " chunks per warp ", plan.chunks_per_warp));
+        Tensor yd = dev_poison({m, n}, out);
+        run(xd, ldx, wd, &bd, yd, m, n, k, splits);
+        const Tol t = decode_tol(out, k);
+        EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
       }
     }
   }
 }
 
-// Same inputs, same bits, also when the split CTAs finish in another order; the split
-// counters are back at zero after each launch (the next launch, or graph replay, needs that).
-TEST(CudaDecodeGemm, DeterministicBitIdenticalAndCountersReset) {
+// Same inputs, same bits, also when the split CTAs finish in another order.
+TEST(CudaDecodeGemm, DeterministicBitIdentical) {
   REQUIRE_GPU();
   const int64_t m = 64, n = 1024, k = 3072;
   Tensor x = rand_in({m, k}, DType::BF16, 50), w = rand_in({n, k}, DType::BF16, 51);
   Tensor xd = dev(x, DType::BF16), wd = dev(w, DType::BF16);
-  for (int splits : {0, 5, 12}) {
+  for (int splits : {0, 5, 8}) {
     const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits);
     EXPECT_GT(plan.splits, 1);
-    Tensor ws = workspace(plan.workspace_bytes);
     Tensor first;
     for (int rep = 0; rep < 4; ++rep) {
       Tensor yd = dev_poison({m, n}, DType::BF16);
-      run(xd, k, wd, nullptr, yd, m, n, k, ws, splits);
+      run(xd, k, wd, nullptr, yd, m, n, k, splits);
       Tensor got = yd.to(Device::CPU);
       if (rep == 0) {
         first = got;
       } else {
         EXPECT_TRUE(same_bits(got, first)) << "splits " << plan.splits << " rerun " << rep;
       }
-      Tensor counters = ws.to(Device::CPU);
-      const uint32_t* c = static_cast<const uint32_t*>(counters.raw());
-      for (int64_t i = 0; i < plan.row_blocks; ++i) ASSERT_EQ(c[i], 0u) << "counter " << i;
     }
   }
 }
@@ -165,7 +151,6 @@ TEST(CudaDecodeGemm, RefusesBadArguments) {
   Tensor wd = dev(rand_in({n, k}, DType::BF16, 61), DType::BF16);
   Tensor xf = dev(rand_in({m, k}, DType::BF16, 62), DType::F32);
   Tensor yd = dev_poison({m, n}, DType::BF16);
-  Tensor ws = workspace(1024);
   auto good = [&] {
     cuda::DecodeGemmArgs a;
     a.x = xd.raw(), a.ldx = k, a.w = wd.raw(), a.y = yd.raw(), a.ldy = n;
@@ -190,31 +175,22 @@ TEST(CudaDecodeGemm, RefusesBadArguments) {
       {"x f32", [&](cuda::DecodeGemmArgs& a) { a.x = xf.raw(), a.x_dtype = DType::F32; }},
       {"y i32", [](cuda::DecodeGemmArgs& a) { a.y_dtype = DType::I32; }},
       {"no y", [](cuda::DecodeGemmArgs& a) { a.y = nullptr; }},
-      {"row tiles 3", [](cuda::DecodeGemmArgs& a) { a.force_row_tiles = 3; }},
+      {"splits -1", [](cuda::DecodeGemmArgs& a) { a.force_splits = -1; }},
   };
   for (const Bad& c : bad) {
     cuda::DecodeGemmArgs a = good();
     c.edit(a);
     EXPECT_NE(cuda::decode_gemm_unsupported(a), nullptr) << c.what;
     const std::string msg = error_message(
-        [&] { cuda::decode_gemm(a, ws.raw(), ws.nbytes(), cuda::current_stream()); },
+        [&] { cuda::decode_gemm(a, cuda::current_stream()); },
         ErrorKind::InvalidArgument);
     EXPECT_NE(msg.find("decode_gemm"), std::string::npos) << c.what << ": " << msg;
-  }
-  // A split launch without (enough) workspace.
-  {
-    cuda::DecodeGemmArgs a = good();
-    a.force_splits = 2;
-    error_message([&] { cuda::decode_gemm(a, nullptr, 0, cuda::current_stream()); },
-                  ErrorKind::InvalidArgument);
-    error_message([&] { cuda::decode_gemm(a, ws.raw(), 8, cuda::current_stream()); },
-                  ErrorKind::InvalidArgument);
   }
   OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
   EXPECT_TRUE(all_nan(host(yd)));
   // The good arguments run (the refusals above were about the edits).
   EXPECT_EQ(cuda::decode_gemm_unsupported(good()), nullptr);
-  cuda::decode_gemm(good(), ws.raw(), ws.nbytes(), cuda::current_stream());
+  cuda::decode_gemm(good(), cuda::current_stream());
   OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
   EXPECT_FALSE(all_nan(host(yd)));
 }
@@ -252,8 +228,8 @@ TEST(CudaDecodeGemm, PagedForwardDecodeStepMatchesCublasLt) {
   }
 }
 
-// Greedy rollouts (CUDA graphs: the decode GEMM is captured and replayed, its split counters
-// must come back to 0 every replay) with and without the decode GEMM: the same tokens, except
+// Greedy rollouts (CUDA graphs: the decode GEMM's cluster launches are captured and replayed)
+// with and without the decode GEMM: the same tokens, except
 // where two logits tie within bf16 rounding. At a divergence the prefixes are equal, so the
 // chosen tokens' log-probabilities (both the top one) must agree to rounding; before it, every
 // log-probability agrees to rounding.

@@ -87,11 +87,11 @@ std::vector<GemmTuneRecord> gemm_tune_records();
 // ---- decode_gemm.cu: the weight-streaming GEMM of decode steps (our own kernel) ----
 // y[m, n] = x[m, k] W[n, k]^T (+ bias[n]) for 1 <= m <= 64 rows (a decode batch), bf16 x and
 // W, f32 accumulation (tensor cores), y in bf16 or f32 (bias in y's dtype). Bound by the one
-// read of W (decode_gemm.cu says how); split over k across CTAs with a deterministic
-// reduction (same bits run to run). Requirements (else InvalidArgument naming the shape, or
+// read of W (decode_gemm.cu says how); split over k across the CTAs of a cluster, summed in a
+// fixed order (same bits run to run). Requirements (else InvalidArgument naming the shape, or
 // decode_gemm_unsupported's reason): k % 8 == 0, ldx >= k and ldx % 8 == 0, x and W 16-byte
 // aligned, W contiguous [n, k], ldy >= n. Callers fall back to linear_forward otherwise.
-// No host synchronization, no allocation: capturable in a CUDA graph.
+// No workspace, no host synchronization, no allocation: capturable in a CUDA graph.
 constexpr int64_t kDecodeGemmMaxRows = 64;
 struct DecodeGemmArgs {
   const void* x = nullptr;  // [m, k], row stride ldx (elements)
@@ -102,27 +102,19 @@ struct DecodeGemmArgs {
   int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;
   DType x_dtype = DType::BF16, w_dtype = DType::BF16, y_dtype = DType::BF16;
-  int force_splits = 0;     // > 0: this many k splits (benchmarks, tests); 0: the plan's choice
-  int force_row_tiles = 0;  // 1 or 2: 64 or 128 W rows per CTA; 0: the plan's choice
+  int force_splits = 0;     // > 0: this many k splits (at most 8; benchmarks, tests); 0: the plan's
   int sm_count = 0;         // 0: the current device's
 };
-// The launch shape for (n, k): k splits, 64 x row_tiles W rows per CTA, and the workspace it
-// needs (0 without a split; sized for m = 64, so one workspace serves every m).
+// The launch shape for (n, k): ceil(n / 64) row blocks x `splits` k splits (one cluster per
+// row block), k tiles of 2 x chunks_per_warp chunks of 32.
 struct DecodeGemmPlan {
-  int row_tiles = 1, splits = 1, num_chunks = 0;
+  int splits = 1, num_chunks = 0, chunks_per_warp = 4;
   int64_t row_blocks = 0;
-  size_t counter_bytes = 0, workspace_bytes = 0;
 };
-DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits = 0,
-                                int force_row_tiles = 0, int sm_count = 0);
-size_t decode_gemm_workspace_bytes(int64_t n, int64_t k);
+DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits = 0, int sm_count = 0);
 // nullptr when decode_gemm can run these arguments, else the reason (for a fallback).
 const char* decode_gemm_unsupported(const DecodeGemmArgs& args);
-// `workspace` (>= decode_gemm_plan(...).workspace_bytes, 16-byte aligned) must be zeroed once
-// when allocated: each launch leaves its counters at 0 again. One workspace may serve any
-// sequence of decode_gemm calls on one stream (not concurrent ones).
-void decode_gemm(const DecodeGemmArgs& args, void* workspace, size_t workspace_bytes,
-                 cudaStream_t stream);
+void decode_gemm(const DecodeGemmArgs& args, cudaStream_t stream);
 
 // y [n, out] += bias [out] broadcast over rows (used when the bias epilogue is unavailable).
 void add_bias_rows(void* y, const void* bias, int64_t n, int64_t out, DType dtype,
