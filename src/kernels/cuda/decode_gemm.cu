@@ -17,8 +17,9 @@
 // - A CTA is 8 warps: 4 row warps (16 W rows each: 64 rows per CTA) x 2 k warps (alternate
 //   chunks of a k tile of 8 or 12 chunks). All of a tile's W loads are issued first, then its
 //   x slice (8 x MT rows, zero-padded) is copied to shared memory with cp.async, so the x copy
-//   (an L2 hit) overlaps the W stream instead of following it; the plan sizes the splits so
-//   that a CTA's k range is one tile (one round trip to memory).
+//   (an L2 hit) overlaps the W stream instead of following it.
+// - Measured (docs/rollout.md): correct and deterministic, but slower than cuBLASLt at m = 64
+//   on every W1 shape (0.6-0.8x at the best split counts); at m = 1 on par. Off by default.
 // - Split-K: the splits of one 64-row block form a cluster (<= 8 CTAs, grid.y = splits). Each
 //   CTA leaves its f32 partial in its shared memory; after a cluster barrier, CTA r sums the
 //   fragments r, r + splits, ... over the cluster's CTAs in rank order 0, 1, ... (distributed
@@ -310,12 +311,13 @@ DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits, int sms)
   if (force_splits > 0) {
     p.splits = std::min(force_splits, max_splits);
   } else {
-    // The fewest splits that give every CTA's k range one tile (<= 12 chunks: one round trip
-    // of W loads) and at least one CTA per SM; when even 8 splits give fewer CTAs than SMs
-    // (n = 1024), 8 splits.
+    // The fewest splits that give >= ~0.72 CTAs per SM. Measured on the H200 (132 SMs, m = 64,
+    // docs/rollout.md, the decode_gemm_splits.* sweep): more CTAs (more splits) were slower
+    // for every W1 shape: q|k|v best at 2 splits (128 CTAs), o at 6 (96), gate|up at 1 (96),
+    // down at 4-6 (64-96); this rule picks 2, 6, 1, 6.
     p.splits = max_splits;
     for (int s = 1; s <= max_splits; ++s) {
-      if ((p.num_chunks + s - 1) / s <= 12 && p.row_blocks * s >= sms) {
+      if (p.row_blocks * s * 25 >= static_cast<int64_t>(sms) * 18) {
         p.splits = s;
         break;
       }
