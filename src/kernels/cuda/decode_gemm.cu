@@ -2,8 +2,9 @@
 // (+ bias[n]) for the few rows of a decode step (1 <= m <= 64), bf16 x and W, f32 accumulation on
 // the tensor cores (mma.sync m16n8k16), bf16 or f32 y. Bound by the one read of W: every byte of
 // W is loaded once, 16 bytes per thread per load, straight into registers (no shared-memory
-// round trip); split-K over the CTAs of a thread-block cluster gives enough CTAs for every SM
-// even when n is only 1024, and the splits are summed through distributed shared memory.
+// round trip); split-K over the CTAs of a thread-block cluster gives enough CTAs to spread W
+// over the SMs even when n is only 1024, and the splits are summed through distributed shared
+// memory.
 //
 // Layout of the work (why each choice):
 // - The mma's A operand is W (16 rows of W x 16 k), its B operand is x^T (16 k x 8 rows of x),
