@@ -1,5 +1,5 @@
 // `opd bench kernels [--json] [--iters N] [--warmup N] [--filter S]`: times opd's CUDA kernels
-// at the W1 student shapes (BENCHMARKS.md: Qwen3-0.6B, micro-batch 8 x 768 = 6144 tokens)
+// at the W1 student shapes (decode_gemm.*: the 64-row GEMMs of a W1 decode step) (BENCHMARKS.md: Qwen3-0.6B, micro-batch 8 x 768 = 6144 tokens)
 // against their ceilings: GEMMs in TFLOP/s against the measured bf16 GEMM rate (776 TFLOP/s)
 // and against the plain cuBLAS call (cublasGemmEx) on the same operands; memory-bound ops in
 // GB/s (fewest bytes: each input read once, each output written once) against the measured
@@ -189,6 +189,68 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
                        for (int s = 0; s < n; ++s) sets->push_back(make(s));
                    },
                    [sets, call](int s) { call((*sets)[s]); }, nullptr, syncs});
+}
+
+// The decode GEMMs of one W1 decode step (64 sequences: y[64, n] = x[64, k] W[n, k]^T, bf16)
+// on opd's weight-streaming kernel (kernels/cuda/gemm.h decode_gemm), in GB/s of the fewest
+// bytes (W + x + y) against the copy rate; the "vs cuBLAS" column is the cuBLASLt call the
+// rollout makes otherwise (linear_forward, the heuristic's algorithm) on the same operands.
+// `splits` > 0 forces the kernel's k splits (the decode_gemm_splits.* sweep).
+void add_decode_gemm_case(std::vector<Case>& cases, const std::string& name, int64_t m, int64_t n,
+                          int64_t k, DType out, int splits = 0, bool with_ref = true) {
+  struct Bufs {
+    Tensors x, w, y;
+  };
+  auto b = std::make_shared<Bufs>();
+  const double bytes = 2.0 * n * k + 2.0 * m * k + static_cast<double>(dtype_size(out)) * m * n;
+  auto args = [=](int s) {
+    cuda::DecodeGemmArgs a;
+    a.x = b->x[s].raw(), a.ldx = k, a.w = b->w[s].raw(), a.y = b->y[s].raw(), a.ldy = n;
+    a.m = m, a.n = n, a.k = k, a.y_dtype = out;
+    a.force_splits = splits;
+    return a;
+  };
+  cases.push_back(
+      {name, cat(shape3(m, k, n), " bf16->", dtype_name(out)), false, bytes, bytes,
+       [=](int sets) {
+         if (!b->x.empty()) return;
+         for (int s = 0; s < sets; ++s) {
+           b->x.push_back(dev_rand({m, k}, DType::BF16, 1000 + s));
+           b->w.push_back(dev_rand({n, k}, DType::BF16, 1100 + s, -0.05f, 0.05f));
+           b->y.push_back(Tensor::empty({m, n}, out, Device::CUDA));
+         }
+         const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits);
+         std::fprintf(stderr, "  %s: %lld x %d CTAs (64 W rows, k tiles of %d chunks)\n",
+                      name.c_str(), static_cast<long long>(plan.row_blocks), plan.splits,
+                      2 * plan.chunks_per_warp);
+       },
+       [=](int s) { cuda::decode_gemm(args(s), g_stream); },
+       with_ref ? std::function<void(int)>([=](int s) {
+         cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
+                              b->y[s].raw(), g_stream);
+       })
+                : std::function<void(int)>()});
+}
+
+void add_decode_gemm_cases(std::vector<Case>& cases) {
+  const int64_t H = kHidden, I = kInter, V = kVocab, qkv = (kHeads + 2 * kKvHeads) * kHeadDim;
+  const DType bf = DType::BF16;
+  struct Shape2 {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape2 shapes[] = {{"qkv", qkv, H}, {"o", H, kHeads * kHeadDim}, {"gate_up", 2 * I, H},
+                           {"down", H, I}};
+  for (const Shape2& s : shapes) add_decode_gemm_case(cases, cat("decode_gemm.", s.name, "_m64"), 64, s.n, s.k, bf);
+  add_decode_gemm_case(cases, "decode_gemm.lm_head_m64", 64, V, H, DType::F32);
+  // Smaller buckets of the same step (the last decode steps of a rollout run at them).
+  add_decode_gemm_case(cases, "decode_gemm.gate_up_m16", 16, 2 * I, H, bf);
+  add_decode_gemm_case(cases, "decode_gemm.down_m1", 1, H, I, bf);
+  // k-split sweep (cluster sizes; no cuBLASLt twin).
+  for (const Shape2& s : shapes)
+    for (int sp : {1, 2, 3, 4, 6, 8})
+      add_decode_gemm_case(cases, cat("decode_gemm_splits.", s.name, "_m64_splits", sp), 64, s.n,
+                           s.k, bf, sp, false);
 }
 
 // Rollout and scoring kernels (issues 6 and 7) at the W1 shapes:
@@ -535,6 +597,7 @@ std::vector<Case> build_cases() {
                    34.0 * numel, 34.0 * numel, adamw_setup,
                    [=](int) { (*opt)->step(1e-5, 1.0); }, nullptr, true});
   add_generation_cases(cases);
+  add_decode_gemm_cases(cases);
   return cases;
 }
 

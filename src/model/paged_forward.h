@@ -116,6 +116,11 @@ class PagedForward {
   // Decode-shaped GEMMs (steps of <= 256 tokens) pick their cuBLASLt algorithm by timing
   // (kernels/cuda/gemm.h GemmArgs::tune) instead of the heuristic's first choice.
   void set_tuned_gemm(bool on) { tuned_gemm_ = on; }
+  // Steps of <= 64 tokens of bf16 models run the fused path's q|k|v, o, gate|up and down GEMMs
+  // on opd's weight-streaming decode GEMM (kernels/cuda/gemm.h decode_gemm) instead of
+  // cuBLASLt; shapes it cannot take (k % 8 != 0) fall back. The lm_head stays on cuBLASLt
+  // (at the copy rate already: docs/rollout.md).
+  void set_decode_gemm(bool on) { decode_gemm_ = on; }
 #endif
 
   // Runs one step: ids validated against the vocabulary (error names sequence, position, value
@@ -157,6 +162,7 @@ class PagedForward {
   Tensor inv_freq_device_;  // f32 on the device (CUDA models)
   bool fused_ = false;      // CUDA models with packed weights below
   bool tuned_gemm_ = false;
+  bool decode_gemm_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
   // What the fused layers read: the packed tensors above, or the model's own q_proj / gate_proj
   // when the parts are contiguous (then the packed tensor is empty).

@@ -23,7 +23,7 @@
 #include "core/cuda/allocator.h"    // current_stream, DeviceBuffer
 #include "core/cuda/stream.h"       // OPD_CUDA_CHECK
 #include "kernels/cuda/cuda_ops.h"  // raw kernels: embedding, rmsnorm, rope, paged ops, rows
-#include "kernels/cuda/gemm.h"      // linear_forward with an f32 output (the logits)
+#include "kernels/cuda/gemm.h"      // linear_forward (cuBLASLt), decode_gemm (decode steps)
 
 namespace opd {
 
@@ -197,6 +197,22 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
   const float* inv_freq = inv_freq_device_.data<float>();
   const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
+  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): decode_gemm for decode-sized bf16 steps
+  // when enabled and the shape allows it, else cuBLASLt.
+  const bool decode_gemm = decode_gemm_ && dt == DType::BF16 && T <= cuda::kDecodeGemmMaxRows;
+  auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
+                    int64_t n, DType out_dt, void* out, bool tuned) {
+    if (decode_gemm) {
+      cuda::DecodeGemmArgs a;
+      a.x = in, a.ldx = k, a.w = w, a.bias = b, a.y = out, a.ldy = n;
+      a.m = rows, a.n = n, a.k = k, a.y_dtype = out_dt;
+      if (cuda::decode_gemm_unsupported(a) == nullptr) {
+        cuda::decode_gemm(a, stream);
+        return;
+      }
+    }
+    cuda::linear_forward(in, w, b, rows, k, n, dt, out_dt, out, stream, tuned);
+  };
   void* x = ws.x.raw();
   void* x2 = ws.x2.raw();
   void* h = ws.h.raw();
@@ -240,8 +256,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     const LayerWeights& L = W.layers[li];
     if (fused_) {  // 10 kernels per layer (decode_fused.cu)
       const int64_t R = (Hq + 2 * Hkv) * D;
-      cuda::linear_forward(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, dt, ws.qkv.raw(),
-                           stream, tune);
+      linear(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
       cuda::QkvNormRopeStoreArgs f;
       f.q = ws.qkv.raw();
       f.k = static_cast<const char*>(ws.qkv.raw()) + Hq * D * dtype_size(dt);
@@ -265,14 +280,12 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.error_flag = s.error_flag;
       cuda::qkv_norm_rope_store(f, stream);
       attend(li, ws.qn.raw());
-      cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
-                           ws.o.raw(), stream, tune);
+      linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
                                      ws.rstd.data<float>(), stream);
-      cuda::linear_forward(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, dt, ws.gu.raw(), stream, tune);
+      linear(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
       cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream);
-      cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
-                           stream, tune);
+      linear(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(), tune);
       const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
       cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
                                      ws.rstd.data<float>(), stream);
@@ -331,6 +344,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
     rows = ws.last.raw();
   }
+  // cuBLASLt also with the decode GEMM: at W1 it reads the lm_head at the copy rate already
+  // (97 us event-timed vs 163 us for decode_gemm's first version, docs/rollout.md).
   cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
                        tuned_gemm_ && B <= kTunedRows);
 }

@@ -229,6 +229,7 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
       device_->forward->refresh_packed(cuda::current_stream());
     }
     device_->forward->set_tuned_gemm(options_.cuda_tuned_gemm);
+    device_->forward->set_decode_gemm(options_.cuda_decode_gemm);
     OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
     stats_.pack_seconds = seconds_since(t_phase);
     stats_.reused_device_state = reuse && device_->runner != nullptr;

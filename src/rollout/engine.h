@@ -86,6 +86,10 @@ struct EngineOptions {
   // default: on the H200 at W1 only the lm_head gained (~6 us of ~100 per step), the rollout
   // did not measurably (docs/rollout.md), and a timed choice can differ between processes.
   bool cuda_tuned_gemm = false;
+  // CUDA bf16 models, fused path: steps of <= 64 tokens (the decode buckets) run their dense
+  // GEMMs (q|k|v, o, gate|up, down; the lm_head stays on cuBLASLt) on opd's weight-streaming decode GEMM
+  // (kernels/cuda/gemm.h decode_gemm) instead of cuBLASLt; false: cuBLASLt everywhere.
+  bool cuda_decode_gemm = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).

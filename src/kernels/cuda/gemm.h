@@ -84,6 +84,38 @@ struct GemmTuneRecord {
 };
 std::vector<GemmTuneRecord> gemm_tune_records();
 
+// ---- decode_gemm.cu: the weight-streaming GEMM of decode steps (our own kernel) ----
+// y[m, n] = x[m, k] W[n, k]^T (+ bias[n]) for 1 <= m <= 64 rows (a decode batch), bf16 x and
+// W, f32 accumulation (tensor cores), y in bf16 or f32 (bias in y's dtype). Bound by the one
+// read of W (decode_gemm.cu says how); split over k across the CTAs of a cluster, summed in a
+// fixed order (same bits run to run). Requirements (else InvalidArgument naming the shape, or
+// decode_gemm_unsupported's reason): k % 8 == 0, ldx >= k and ldx % 8 == 0, x and W 16-byte
+// aligned, W contiguous [n, k], ldy >= n. Callers fall back to linear_forward otherwise.
+// No workspace, no host synchronization, no allocation: capturable in a CUDA graph.
+constexpr int64_t kDecodeGemmMaxRows = 64;
+struct DecodeGemmArgs {
+  const void* x = nullptr;  // [m, k], row stride ldx (elements)
+  int64_t ldx = 0;
+  const void* w = nullptr;  // [n, k] contiguous
+  const void* bias = nullptr;  // [n] in y_dtype, or none
+  void* y = nullptr;        // [m, n], row stride ldy (elements)
+  int64_t ldy = 0;
+  int64_t m = 0, n = 0, k = 0;
+  DType x_dtype = DType::BF16, w_dtype = DType::BF16, y_dtype = DType::BF16;
+  int force_splits = 0;     // > 0: this many k splits (at most 8; benchmarks, tests); 0: the plan's
+  int sm_count = 0;         // 0: the current device's
+};
+// The launch shape for (n, k): ceil(n / 64) row blocks x `splits` k splits (one cluster per
+// row block), k tiles of 2 x chunks_per_warp chunks of 32.
+struct DecodeGemmPlan {
+  int splits = 1, num_chunks = 0, chunks_per_warp = 4;
+  int64_t row_blocks = 0;
+};
+DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits = 0, int sm_count = 0);
+// nullptr when decode_gemm can run these arguments, else the reason (for a fallback).
+const char* decode_gemm_unsupported(const DecodeGemmArgs& args);
+void decode_gemm(const DecodeGemmArgs& args, cudaStream_t stream);
+
 // y [n, out] += bias [out] broadcast over rows (used when the bias epilogue is unavailable).
 void add_bias_rows(void* y, const void* bias, int64_t n, int64_t out, DType dtype,
                    cudaStream_t stream);
