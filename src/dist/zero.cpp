@@ -36,6 +36,7 @@ ShardLayout make_shard_layout(const std::vector<Shape>& shapes, int world_size,
   ShardLayout L;
   L.world_size = world_size;
   L.align = align;
+  L.bucket_numel = bucket_numel;
   const int64_t unit = world_size * align;
   ShardLayout::Bucket cur;
   int64_t used = 0;  // elements of the open bucket, aligned starts included
@@ -289,6 +290,64 @@ void ZeroOptimizer::load_state(const FullState& state) {
   adamw_->set_steps(state.steps);
   model_.copy_from(config_.model_dtype == DType::F32 ? master : master.to_dtype(config_.model_dtype));
   zero_grad();
+}
+
+ZeroOptimizer::ShardState ZeroOptimizer::shard_state() {
+  comm_.synchronize();  // the last step's AdamW and collectives have finished (NCCL errors surface)
+  ShardState s;
+  s.master = master_.to(Device::CPU);
+  auto concat = [&](const std::vector<Tensor>& per_bucket) {
+    Tensor host = Tensor::empty({layout_.shard_numel}, DType::F32);
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      Tensor dst = shard_view(host, static_cast<int>(b));
+      dst.copy_from(per_bucket[b]);
+    }
+    return host;
+  };
+  s.exp_avg = concat(adamw_->exp_avg());
+  s.exp_avg_sq = concat(adamw_->exp_avg_sq());
+  s.steps = adamw_->steps();
+  return s;
+}
+
+void ZeroOptimizer::load_shard_state(const ShardState& state) {
+  for (const auto* t : {&state.master, &state.exp_avg, &state.exp_avg_sq})
+    OPD_CHECK(t->defined() && t->dtype() == DType::F32 && t->shape() == Shape{layout_.shard_numel},
+              InvalidArgument, "ZeRO: a shard state tensor is ",
+              t->defined() ? t->describe() : std::string("undefined"), ", expected f32[",
+              layout_.shard_numel, "]");
+  OPD_CHECK(state.steps >= 0, InvalidArgument, "ZeRO: negative step count ", state.steps);
+  master_.copy_from(state.master);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    adamw_->exp_avg()[b].copy_from(shard_view(state.exp_avg, static_cast<int>(b)));
+    adamw_->exp_avg_sq()[b].copy_from(shard_view(state.exp_avg_sq, static_cast<int>(b)));
+  }
+  adamw_->set_steps(state.steps);
+  model_from_master();
+  zero_grad();
+}
+
+void ZeroOptimizer::model_from_master() {
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const int64_t begin = layout_.shard_begin(static_cast<int>(b), comm_.rank());
+    Tensor src = shard_view(master_, static_cast<int>(b));
+    Tensor dst = model_.slice_rows(begin, begin + layout_.buckets[b].shard_numel);
+    if (config_.model_dtype == DType::F32) dst.copy_from(src);
+    else if (device_ == Device::CPU) dst.copy_from(src.to_dtype(config_.model_dtype));
+    else ops::convert(src, dst);  // round to nearest even, as AdamW's model copy
+  }
+  gather_model();
+}
+
+Tensor ZeroOptimizer::gather_master_bucket(int b, bool want_host) {
+  OPD_CHECK(b >= 0 && b < static_cast<int>(layout_.buckets.size()), InvalidArgument,
+            "ZeRO: bucket ", b, " of ", layout_.buckets.size());
+  const auto& bk = layout_.buckets[b];
+  Tensor full = Tensor::empty({bk.numel}, DType::F32, device_);
+  comm_.all_gather(shard_view(master_, b), full);
+  comm_.synchronize();
+  if (!want_host) return Tensor();
+  return device_ == Device::CPU ? full : full.to(Device::CPU);
 }
 
 }  // namespace opd::dist

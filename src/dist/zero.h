@@ -53,6 +53,7 @@ struct ShardLayout {
   };
   int world_size = 1;
   int64_t align = 64;
+  int64_t bucket_numel = 0;  // the target bucket size it was made with (recorded in checkpoints)
   std::vector<Param> params;
   std::vector<Bucket> buckets;
   int64_t total_numel = 0;  // flat buffer length
@@ -84,6 +85,7 @@ class ZeroOptimizer {
 
   const ShardLayout& layout() const { return layout_; }
   const ZeroConfig& config() const { return config_; }
+  Communicator& comm() const { return comm_; }
   // Parameter i of the replicated model copy (model_dtype), a view into the flat buffer:
   // forward passes read it, step() rewrites it.
   Tensor param(size_t i) const;
@@ -124,6 +126,24 @@ class ZeroOptimizer {
   // Loads a FullState (from any world size); refreshes the model copy from the master.
   void load_state(const FullState& state);
 
+  // This rank's shard of the optimizer state: 1-D host f32 vectors of layout().shard_numel
+  // elements each (the shard buffers above, padding included), for sharded checkpoints
+  // (memory: 12P/world). On the CPU backend `master` aliases the live buffer: write it out
+  // before the next step.
+  struct ShardState {
+    Tensor master, exp_avg, exp_avg_sq;
+    int64_t steps = 0;
+  };
+  ShardState shard_state();
+  // Loads this rank's shard (1-D f32 vectors of shard_numel elements on any device, e.g. built
+  // by dist/reshard.h from a checkpoint of another world size); the model copy is rebuilt from
+  // the master shards by an all-gather (collective: every rank calls it). Gradients are cleared.
+  void load_shard_state(const ShardState& state);
+  // The full f32 master weights of bucket b (an all-gather of its master shards: collective),
+  // copied to the host when want_host (else an undefined tensor is returned). Memory: one bucket.
+  // For writing the model export bucket by bucket.
+  Tensor gather_master_bucket(int b, bool want_host);
+
  private:
   double local_sum_squares();
   void apply(double lr, double max_norm, StepReport& report);  // clip, AdamW, all-gather
@@ -131,6 +151,7 @@ class ZeroOptimizer {
   Tensor flat_to_host_full(const std::vector<Tensor>& per_param, const char* what) const;
   void scatter_full_into_shard(const Tensor& host_full, Tensor& shard) const;
   void gather_model();
+  void model_from_master();  // this rank's slice of the model copy := master shard, all-gathered
 
   Communicator& comm_;
   ZeroConfig config_;

@@ -24,6 +24,7 @@
 #include "dist/rendezvous.h"
 #include "dist/tcp_store.h"
 #include "dist/zero.h"
+#include "dist/zero_checkpoint.h"  // sharded checkpoints (save, resume on any world size)
 #include "kernels/ops.h"
 #include "loss/fused_loss.h"
 #include "loss/fused_loss_cuda.h"  // teacher_to_device
@@ -536,50 +537,49 @@ void Trainer::resume_if_any() {
               ckpt_root_, " already holds checkpoints; use another --out or --resume auto");
     return;
   }
-  if (o_.resume == "auto") {
-    // Distributed: rank 0 picks (verifying, falling back past corrupt ones) and tells the others,
-    // so every rank resumes from the same checkpoint.
-    std::string path;
-    if (rank0()) ck = load_latest_checkpoint(ckpt_root_, &path);
-    if (distributed()) {
-      path = store_->broadcast(path, 0, "resume checkpoint");
-      if (!rank0() && !path.empty()) ck = load_checkpoint(path);
+  // Tensor files stay on disk and are read by byte range below (a rank reads only its shard's
+  // part). Rank 0 verifies every file's SHA-256 (a corrupt shard is a corrupt checkpoint: auto
+  // falls back past it) and tells the others which checkpoint to read, so all resume alike.
+  const CheckpointLoadOptions verify_all{true, false}, chosen{false, false};
+  std::string path, error;
+  if (rank0()) {
+    if (o_.resume == "auto") {
+      ck = load_latest_checkpoint(ckpt_root_, &path, verify_all);
+    } else {
+      try {
+        ck = load_checkpoint(o_.resume, verify_all);
+        path = o_.resume;
+      } catch (const Error& e) {
+        if (!distributed()) throw;
+        error = e.what();
+      }
     }
-    if (!ck) return;
-  } else {
-    ck = load_checkpoint(o_.resume);
   }
-  const auto& model = ck->tensor_files.at("model");
-  const auto& opt = ck->tensor_files.at("optimizer");
-  if (distributed()) {  // the full state, re-sharded over this job's ranks (any world size)
-    dist::ZeroOptimizer::FullState full;
-    for (const auto& [name, shape] : parameter_shapes(student_->config())) {
-      auto it = model.find(name);
-      OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
-                name, " (a checkpoint of another model?)");
-      OPD_CHECK(it->second.shape() == shape && it->second.dtype() == DType::F32, InvalidData,
-                "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs f32 ",
-                shape_str(shape));
-      full.master.push_back(it->second);
-      full.exp_avg.push_back(opt.at("exp_avg." + name));
-      full.exp_avg_sq.push_back(opt.at("exp_avg_sq." + name));
-    }
-    full.steps = ck->state.at("optimizer_steps").get<int64_t>();
-    zero_->load_state(full);
+  if (distributed()) {
+    const std::string msg =
+        store_->broadcast(error.empty() ? "ok\n" + path : "error\n" + error, 0, "resume checkpoint");
+    OPD_CHECK(msg.rfind("ok\n", 0) == 0, InvalidData, msg.substr(std::min<size_t>(6, msg.size())));
+    path = msg.substr(3);
+    if (!rank0() && !path.empty()) ck = load_checkpoint(path, chosen);
+  }
+  if (!ck) return;
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (auto& [name, shape] : parameter_shapes(student_->config())) {
+    names.push_back(name);
+    shapes.push_back(shape);
+  }
+  if (distributed()) {  // this rank's shard, re-sharded from a checkpoint of any world size
+    dist::load_zero_checkpoint(*zero_, *ck, names, shapes);
   } else {
+    const dist::ZeroOptimizer::FullState full = dist::read_full_state(*ck, names, shapes);
     size_t i = 0;
     auto& m = optimizer_->exp_avg();
     auto& v = optimizer_->exp_avg_sq();
-    student_->weights().for_each([&](const std::string& name, Tensor& w) {
-      auto it = model.find(name);
-      OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
-                name, " (a checkpoint of another model?)");
-      OPD_CHECK(it->second.shape() == w.shape() && it->second.dtype() == DType::F32, InvalidData,
-                "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs ",
-                w.describe());
-      w.copy_from(it->second);
-      m[i].copy_from(opt.at("exp_avg." + name));
-      v[i].copy_from(opt.at("exp_avg_sq." + name));
+    student_->weights().for_each([&](const std::string&, Tensor& w) {
+      w.copy_from(full.master[i]);
+      m[i].copy_from(full.exp_avg[i]);
+      v[i].copy_from(full.exp_avg_sq[i]);
       ++i;
     });
     if (compute_) {  // the compute copy follows the restored master weights
@@ -588,7 +588,7 @@ void Trainer::resume_if_any() {
       size_t j = 0;
       compute_->weights().for_each([&](const std::string&, Tensor& w) { ops::convert(masters[j++], w); });
     }
-    optimizer_->set_steps(ck->state.at("optimizer_steps").get<int64_t>());
+    optimizer_->set_steps(full.steps);
   }
   const auto& st = ck->state;
   sampler_->restore(st.at("sampler"));
@@ -612,26 +612,24 @@ void Trainer::save(int64_t step, const char* why) {
   if (step == last_saved_step_) return;
   CheckpointData ck;
   ck.step = step;
-  auto& model = ck.tensor_files["model"];
-  auto& opt = ck.tensor_files["optimizer"];
-  size_t i = 0;
+  ck.state["sampler"] = sampler_->save();
+  ck.state["bad_steps"] = bad_steps_;
+  ck.state["tokens_seen"] = tokens_seen_;
+  ck.state["options"] = o_.to_json();
+  ck.files = export_files_;
+  const auto t0 = Clock::now();
+  std::string path;
   if (distributed()) {
-    // Every rank takes part in gathering the shards; rank 0 writes one complete checkpoint (the
-    // full state, so it resumes on any number of ranks). The others only note the step.
-    dist::ZeroOptimizer::FullState full = zero_->gather_state();
-    if (!rank0()) {
-      last_saved_step_ = step;
-      last_save_time_ = Clock::now();
-      return;
-    }
-    for (const auto& [name, shape] : parameter_shapes(student_->config())) {
-      model[name] = full.master[i];
-      opt["exp_avg." + name] = full.exp_avg[i];
-      opt["exp_avg_sq." + name] = full.exp_avg_sq[i];
-      ++i;
-    }
-    ck.state["optimizer_steps"] = full.steps;
+    // Sharded (dist/zero_checkpoint.h): every rank writes its own optimizer shard, rank 0 the
+    // model export and the manifest; it resumes on any number of ranks.
+    std::vector<std::string> names;
+    for (const auto& [name, shape] : parameter_shapes(student_->config())) names.push_back(name);
+    path = dist::save_zero_checkpoint(*zero_, ckpt_root_, ck, names,
+                                      static_cast<int>(o_.save_total_limit));
   } else {
+    auto& model = ck.tensor_files["model"];
+    auto& opt = ck.tensor_files["optimizer"];
+    size_t i = 0;
     const auto& m = optimizer_->exp_avg();
     const auto& v = optimizer_->exp_avg_sq();
     student_->weights().for_each([&](const std::string& name, Tensor& w) {
@@ -642,14 +640,8 @@ void Trainer::save(int64_t step, const char* why) {
       ++i;
     });
     ck.state["optimizer_steps"] = optimizer_->steps();
+    path = save_checkpoint(ckpt_root_, ck, static_cast<int>(o_.save_total_limit));
   }
-  ck.state["sampler"] = sampler_->save();
-  ck.state["bad_steps"] = bad_steps_;
-  ck.state["tokens_seen"] = tokens_seen_;
-  ck.state["options"] = o_.to_json();
-  ck.files = export_files_;
-  const auto t0 = Clock::now();
-  const std::string path = save_checkpoint(ckpt_root_, ck, static_cast<int>(o_.save_total_limit));
   last_saved_step_ = step;
   last_save_time_ = Clock::now();
   result_.last_checkpoint = path;
