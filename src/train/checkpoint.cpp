@@ -189,6 +189,16 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
     throw;
   }
   write_file_atomic((fs::path(root) / "LATEST").string(), name + "\n");
+  // Temp folders of saves that died (a crash, a killed rank) are never checkpoints: once a newer
+  // one is complete they only hold disk space.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    const auto tmp_at = n.find(".tmp-");
+    if (!e.is_directory() || tmp_at == std::string::npos || !parse_step(n.substr(0, tmp_at))) continue;
+    log_warn("removing the temp folder of an unfinished checkpoint: ", e.path().string());
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
   if (keep_last > 0) {
     auto all = list_checkpoints(root);
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {

@@ -250,6 +250,8 @@ TEST_F(TrainDist, ARankDyingDuringTheSaveLeavesNoCheckpoint) {
   const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_NE(log.find("resumed from checkpoint step 2"), std::string::npos) << log;
   ASSERT_EQ(list_checkpoints(root).size(), 3u);
+  for (const auto& e : fs::directory_iterator(root))  // the dead save's temp folder is cleaned up
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 TEST_F(TrainDist, AKilledRankTakesTheJobDownAndTheCheckpointSurvives) {
