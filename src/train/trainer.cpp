@@ -20,6 +20,7 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "dist/bucket_ready.h"  // ZeRO-2: reduce each bucket when the backward finished it
 #include "dist/communicator.h"
 #include "dist/rendezvous.h"
 #include "dist/tcp_store.h"
@@ -264,6 +265,13 @@ class Trainer {
   // backoff for --teacher-timeout while honouring stop signals.
   template <typename Call>
   auto with_retry(const Call& call) -> decltype(call());
+  // The backward of one micro-batch; ZeRO-2: each bucket is reduce-scattered as soon as the
+  // backward has finished every parameter in it (overlapping the rest of the backward).
+  void backward_and_reduce(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden);
+  void replay_reductions();  // ZeRO-2, a micro-batch this rank does not have: the same reduces
+  dist::BucketReadiness& bucket_readiness();
+  std::unique_ptr<dist::BucketReadiness> bucket_ready_;
+  std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
   void save(int64_t step, const char* why);
   void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
   double evaluate(const char* when, int64_t step);
@@ -606,6 +614,69 @@ void Trainer::resume_if_any() {
                now.dump(), " (the resumed run is not the same run)");
   }
   log_info("resumed from checkpoint step ", step_, " (", ckpt_root_, ")");
+}
+
+// Backward groups (model/transformer.h GradsReady): 0 the untied lm_head (finished by the loss,
+// before the backward), 1 the final norm, 2 + i layer i, 2 + L the embedding.
+dist::BucketReadiness& Trainer::bucket_readiness() {
+  if (bucket_ready_) return *bucket_ready_;
+  const int L = static_cast<int>(student_->config().num_hidden_layers);
+  std::vector<int> group_of;
+  for (const auto& [name, shape] : parameter_shapes(student_->config())) {
+    int g = -1;
+    if (name == "lm_head.weight") g = 0;
+    else if (name == "model.norm.weight") g = 1;
+    else if (name == "model.embed_tokens.weight") g = 2 + L;
+    else if (name.rfind("model.layers.", 0) == 0) g = 2 + std::stoi(name.substr(13));
+    OPD_CHECK(g >= 0 && g <= 2 + L, InvalidArgument, "ZeRO-2: parameter ", name,
+              " belongs to no backward group");
+    group_of.push_back(g);
+  }
+  bucket_ready_ = std::make_unique<dist::BucketReadiness>(zero_->layout(), group_of, L + 3);
+  backward_groups_ = {0, 1};
+  for (int li = L - 1; li >= 0; --li) backward_groups_.push_back(2 + li);
+  backward_groups_.push_back(2 + L);
+  return *bucket_ready_;
+}
+
+// Test-only (docs/distributed.md): OPD_TEST_ZERO2_REDUCE_ALL=1 reduces every bucket after the
+// whole backward instead, the path the overlapped one must match bit for bit.
+static bool zero2_reduce_all_for_tests() {
+  static const bool on = [] {
+    const char* v = std::getenv("OPD_TEST_ZERO2_REDUCE_ALL");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+void Trainer::backward_and_reduce(const Batch& batch, const ForwardCache& cache,
+                                  const Tensor& dhidden) {
+  if (!zero_ || o_.zero_stage != 2) return model().backward_hidden(batch, cache, dhidden, grads_);
+  if (zero2_reduce_all_for_tests()) {
+    model().backward_hidden(batch, cache, dhidden, grads_);
+    return zero_->reduce_all();
+  }
+  dist::BucketReadiness& ready = bucket_readiness();
+  ready.reset();
+  auto reduce = [&](const std::vector<int>& buckets) {
+    for (int b : buckets) zero_->reduce_bucket(b);
+  };
+  const int L = static_cast<int>(student_->config().num_hidden_layers);
+  reduce(ready.finish(0));  // the untied lm_head: the loss wrote its gradient already
+  model().backward_hidden(batch, cache, dhidden, grads_, [&](const GradsReady& r) {
+    switch (r.part) {
+      case GradsReady::Part::FinalNorm: return reduce(ready.finish(1));
+      case GradsReady::Part::Layer: return reduce(ready.finish(2 + r.layer));
+      case GradsReady::Part::Embedding: return reduce(ready.finish(2 + L));
+    }
+  });
+  reduce(ready.remaining());  // none when every group was reported; kept for safety
+}
+
+void Trainer::replay_reductions() {
+  if (zero2_reduce_all_for_tests()) return zero_->reduce_all();
+  dist::BucketReadiness& ready = bucket_readiness();
+  for (int b : ready.order_for(backward_groups_)) zero_->reduce_bucket(b);
 }
 
 void Trainer::save(int64_t step, const char* why) {
@@ -1003,6 +1074,9 @@ TrainResult Trainer::run_steps() {
       args.teacher = full ? nullptr : &t;
       args.n_total = static_cast<double>(n_total);
       Tensor d_rows = Tensor::empty({rows, H}, DType::F32, device_);
+      // The loss accumulates into the lm_head's (tied: the embedding's) gradient: on CUDA it
+      // waits for the previous micro-batch's ZeRO-2 reductions, which clear the local buckets.
+      if (zero_) zero_->wait_reductions();
       LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head);
       loss += lr.loss;
       div_sum += lr.divergence_sum;
@@ -1010,18 +1084,16 @@ TrainResult Trainer::run_steps() {
       tail_clamped += lr.tail_clamped;
       Tensor dhidden = Tensor::empty(hidden.shape(), DType::F32, device_);
       ops::gather_rows(d_rows, inverse_map, dhidden);  // zero rows outside the loss
-      model().backward_hidden(batch, cache, dhidden, grads_);
+      backward_and_reduce(batch, cache, dhidden);
       row0 += rows;
-      // ZeRO-2: this micro-batch's gradients are reduce-scattered into the shards now, so the
-      // full local gradient never has to outlive one micro-batch.
-      if (zero_ && o_.zero_stage == 2) zero_->reduce_all();
     }
     if (zero_ && o_.zero_stage == 2) {
-      // Ranks with fewer micro-batches (fewer sequences this step) match the others' reduces.
+      // Ranks with fewer micro-batches (fewer sequences this step) match the others' reduces,
+      // bucket for bucket in the same order.
       const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
       const int64_t most = static_cast<int64_t>(
           store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
-      for (int64_t k = mine; k < most; ++k) zero_->reduce_all();
+      for (int64_t k = mine; k < most; ++k) replay_reductions();
     }
     // 5. update (or skip a non-finite step). Distributed: the loss and the norm are global, so
     // every rank skips or steps alike.
