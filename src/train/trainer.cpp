@@ -1023,6 +1023,16 @@ TrainResult Trainer::run_steps() {
     int64_t tail_clamped = 0;
     const int64_t H = student_->config().hidden_size;
     int64_t row0 = 0;
+    // ZeRO-2 reduces after every micro-batch, so ranks with fewer micro-batches (fewer sequences
+    // this step) replay the others' reductions after their own; the count is agreed before any
+    // reduction (a host collective in between would meet another rank's reduce-scatter).
+    int64_t replays = 0;
+    if (zero_ && o_.zero_stage == 2) {
+      const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
+      const int64_t most = static_cast<int64_t>(
+          store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
+      replays = most - mine;
+    }
     for (size_t b0 = 0; b0 < seqs.size(); b0 += static_cast<size_t>(o_.micro_batch_size)) {
       const size_t b1 = std::min(seqs.size(), b0 + static_cast<size_t>(o_.micro_batch_size));
       std::vector<std::vector<int32_t>> ids;
@@ -1087,14 +1097,7 @@ TrainResult Trainer::run_steps() {
       backward_and_reduce(batch, cache, dhidden);
       row0 += rows;
     }
-    if (zero_ && o_.zero_stage == 2) {
-      // Ranks with fewer micro-batches (fewer sequences this step) match the others' reduces,
-      // bucket for bucket in the same order.
-      const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
-      const int64_t most = static_cast<int64_t>(
-          store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
-      for (int64_t k = mine; k < most; ++k) replay_reductions();
-    }
+    for (int64_t k = 0; k < replays; ++k) replay_reductions();  // bucket for bucket, same order
     // 5. update (or skip a non-finite step). Distributed: the loss and the norm are global, so
     // every rank skips or steps alike.
     const double lr_now = schedule_.lr_at(step);

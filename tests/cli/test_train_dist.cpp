@@ -1,6 +1,7 @@
 // Data-parallel `opd train` on the CPU backend, as processes under `opd launch` (issue 9): a
 // 2-rank run takes the same steps as a 1-rank run with the same global batch (ZeRO-1 and
-// ZeRO-2); sharded checkpoints: a 2-rank checkpoint resumes on 1 and 3 ranks and a 1-rank one on
+// ZeRO-2, whose overlapped per-bucket reductions equal reducing everything after each
+// micro-batch bit for bit); sharded checkpoints: a 2-rank checkpoint resumes on 1 and 3 ranks and a 1-rank one on
 // 2, a corrupt shard is refused (auto resume falls back), a rank dying mid-save leaves no
 // checkpoint under a final name; a rank killed mid-run takes the job down with a message naming
 // it while the last complete checkpoint stays intact.
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -149,6 +151,37 @@ TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {
   EXPECT_EQ(m.back().at("world_size"), 2);
   EXPECT_EQ(m.back().at("completion_tokens"), MetricsLog::read(path("one") + "/metrics.jsonl").back().at("completion_tokens"));
   EXPECT_TRUE(fs::exists(path("two") + "/train.rank1.log"));
+}
+
+// ZeRO-2 overlap: buckets reduce-scattered as the backward finishes them give bit for bit the
+// weights and losses of reducing every bucket after each micro-batch's backward (the test-only
+// OPD_TEST_ZERO2_REDUCE_ALL=1 path), also when ranks have different numbers of micro-batches
+// (5 prompts over 2 ranks: 3 and 2, micro-batches of 2) and so replay reductions.
+TEST_F(TrainDist, Zero2OverlapEqualsReduceAllBitwise) {
+  for (const char* batch : {"6", "5"}) {
+    const std::string tag = std::string("b") + batch;
+    auto args = [&](const std::string& out) {
+      auto a = train_args(out, 3);
+      *(std::find(a.begin(), a.end(), "--batch-size") + 1) = batch;
+      a.insert(a.end(), {"--zero-stage", "2"});
+      return a;
+    };
+    ASSERT_EQ(run(launch(2, args(tag + "_overlap")), tag + "_overlap.log"), 0);
+    ::setenv("OPD_TEST_ZERO2_REDUCE_ALL", "1", 1);
+    const int rc = run(launch(2, args(tag + "_all")), tag + "_all.log");
+    ::unsetenv("OPD_TEST_ZERO2_REDUCE_ALL");
+    ASSERT_EQ(rc, 0);
+    const auto la = losses(tag + "_overlap"), lb = losses(tag + "_all");
+    ASSERT_EQ(la.size(), 3u);
+    EXPECT_EQ(la, lb) << tag;
+    const auto wa = weights(tag + "_overlap"), wb = weights(tag + "_all");
+    ASSERT_EQ(wa.size(), wb.size());
+    for (const auto& [name, t] : wa) {
+      const Tensor& u = wb.at(name);
+      ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+      EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << tag << " " << name;
+    }
+  }
 }
 
 // Sharded checkpoints (dist/zero_checkpoint.h): a 2-rank checkpoint resumes on 1 and on 3
