@@ -103,9 +103,9 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, const std::vector<Shape>& shape
 #ifdef OPD_WITH_CUDA
 struct ZeroOptimizer::CommStream {
   ::opd::cuda::Stream stream;
-  ::opd::cuda::Event compute_done;  // recorded on the compute stream when a bucket's gradients are final
-  ::opd::cuda::Event comm_done;     // recorded on `stream` after the latest reduction
-  bool pending = false;      // reductions issued since the last wait_reductions()
+  ::opd::cuda::Event compute_done;  // on the compute stream: the bucket's gradients are final
+  ::opd::cuda::Event comm_done;     // on `stream`, after the latest reduction
+  bool pending = false;             // reductions issued since the last wait_reductions()
 };
 #else
 struct ZeroOptimizer::CommStream {};
@@ -394,6 +394,7 @@ void ZeroOptimizer::model_from_master() {
 Tensor ZeroOptimizer::gather_master_bucket(int b, bool want_host) {
   OPD_CHECK(b >= 0 && b < static_cast<int>(layout_.buckets.size()), InvalidArgument,
             "ZeRO: bucket ", b, " of ", layout_.buckets.size());
+  wait_reductions();  // no NCCL call of the communication stream may run alongside this one
   const auto& bk = layout_.buckets[b];
   Tensor full = Tensor::empty({bk.numel}, DType::F32, device_);
   comm_.all_gather(shard_view(master_, b), full);

@@ -308,6 +308,41 @@ std::string write_and_commit(ZeroOptimizer& zero, const std::string& root, const
 
 }  // namespace
 
+std::optional<CheckpointData> load_checkpoint_collectively(Store& store, const std::string& root,
+                                                           const std::string& explicit_path) {
+  const int rank = store.rank(), world = store.world_size();
+  std::vector<std::string> candidates;
+  if (!explicit_path.empty()) {
+    candidates.push_back(explicit_path);
+  } else {
+    // Rank 0's listing is the one every rank works through (the same shared folder).
+    nlohmann::json list = nlohmann::json::array();
+    if (rank == 0) {
+      auto all = list_checkpoints(root);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) list.push_back(*it);
+    }
+    list = nlohmann::json::parse(store.broadcast(list.dump(), 0, "resume candidates"));
+    for (const auto& p : list) candidates.push_back(p.get<std::string>());
+  }
+  for (const std::string& path : candidates) {
+    std::optional<CheckpointData> ck;
+    std::string error;
+    try {
+      ck = load_checkpoint(path, {true, false, world, rank});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const auto reports = store.exchange("resume verification", error);
+    std::string failures;
+    for (int r = 0; r < world; ++r)
+      if (!reports[r].empty()) failures += cat(failures.empty() ? "" : "; ", "rank ", r, ": ", reports[r]);
+    if (failures.empty()) return ck;
+    OPD_CHECK(explicit_path.empty(), InvalidData, "cannot resume from ", path, ": ", failures);
+    if (rank == 0) log_warn("skipping checkpoint ", path, ": ", failures);
+  }
+  return std::nullopt;
+}
+
 bool is_sharded_checkpoint(const CheckpointData& ck) {
   return ck.state.is_object() && ck.state.contains("zero_shards");
 }

@@ -19,9 +19,11 @@
 // to rank 0); "fail:R:S" makes that rank's shard write fail with an Io error instead.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dist/tcp_store.h"
 #include "dist/zero.h"
 #include "train/checkpoint.h"
 
@@ -38,6 +40,16 @@ std::string zero_shard_file_name(int rank, int world);
 std::string save_zero_checkpoint(ZeroOptimizer& zero, const std::string& root,
                                  const CheckpointData& data, const std::vector<std::string>& names,
                                  int keep_last);
+
+// Collective: the checkpoint a distributed run resumes from, loaded on every rank with its tensor
+// files left on disk. Candidates: explicit_path, or (when empty) every complete checkpoint under
+// root, newest first (rank 0 lists them). Each rank hashes its share of a candidate's files
+// (round robin, so the ranks verify one checkpoint in parallel); the first candidate every rank
+// accepts is returned. A corrupt one is logged ("skipping checkpoint ...", naming rank and file)
+// and skipped, or with an explicit path makes every rank throw InvalidData naming them.
+// nullopt: no checkpoint (auto).
+std::optional<CheckpointData> load_checkpoint_collectively(Store& store, const std::string& root,
+                                                           const std::string& explicit_path);
 
 // Whether a loaded checkpoint holds ZeRO shards (else it is a full, single-writer checkpoint
 // with model.safetensors + optimizer.safetensors).

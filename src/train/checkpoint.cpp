@@ -231,7 +231,14 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
                 manifest.contains("files") && manifest["files"].is_object(),
             InvalidData, manifest_path, ": not an opd checkpoint manifest");
   CheckpointData out;
+  OPD_CHECK(options.verify_stride >= 1 && options.verify_offset >= 0 &&
+                options.verify_offset < options.verify_stride,
+            InvalidArgument, "checkpoint verification share ", options.verify_offset, " of ",
+            options.verify_stride);
+  size_t index = 0;
   for (const auto& [file, info] : manifest["files"].items()) {
+    const bool my_share = index++ % static_cast<size_t>(options.verify_stride) ==
+                          static_cast<size_t>(options.verify_offset);
     const std::string path = dir + "/" + file;
     OPD_CHECK(file.find('/') == std::string::npos && file.find("..") == std::string::npos,
               InvalidData, manifest_path, ": file name '", file, "' is not a plain name");
@@ -243,7 +250,7 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
               " bytes, the manifest says ", want_bytes, " (truncated or modified)");
     const bool is_tensors = file.size() > 12 && file.substr(file.size() - 12) == ".safetensors";
     // state.json is always checked: it is small and says how to read everything else.
-    if (options.verify || file == "state.json") {
+    if ((options.verify && my_share) || file == "state.json") {
       const std::string got_sha = file_sha256(path);
       OPD_CHECK(got_sha == info.value("sha256", ""), InvalidData, "checkpoint file ", path,
                 " does not match its SHA-256 in the manifest (corrupted)");

@@ -50,6 +50,9 @@ struct CheckpointData {
 struct CheckpointLoadOptions {
   bool verify = true;        // check every manifest file's size and SHA-256 (streamed, O(1) memory)
   bool load_tensors = true;  // read *.safetensors into tensor_files; false: leave them on disk
+  // Hash only the manifest's files i (in name order) with i % verify_stride == verify_offset
+  // (state.json always): several processes verify one checkpoint in parallel, each its share.
+  int verify_stride = 1, verify_offset = 0;
 };
 
 // Writes step-<step> under root (created if needed), updates LATEST, then deletes all but the

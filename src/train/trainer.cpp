@@ -546,29 +546,15 @@ void Trainer::resume_if_any() {
     return;
   }
   // Tensor files stay on disk and are read by byte range below (a rank reads only its shard's
-  // part). Rank 0 verifies every file's SHA-256 (a corrupt shard is a corrupt checkpoint: auto
-  // falls back past it) and tells the others which checkpoint to read, so all resume alike.
-  const CheckpointLoadOptions verify_all{true, false}, chosen{false, false};
-  std::string path, error;
-  if (rank0()) {
-    if (o_.resume == "auto") {
-      ck = load_latest_checkpoint(ckpt_root_, &path, verify_all);
-    } else {
-      try {
-        ck = load_checkpoint(o_.resume, verify_all);
-        path = o_.resume;
-      } catch (const Error& e) {
-        if (!distributed()) throw;
-        error = e.what();
-      }
-    }
-  }
+  // part). Every file's SHA-256 is verified first (a corrupt shard is a corrupt checkpoint: auto
+  // falls back past it); distributed, the ranks share the hashing and agree on the checkpoint.
   if (distributed()) {
-    const std::string msg =
-        store_->broadcast(error.empty() ? "ok\n" + path : "error\n" + error, 0, "resume checkpoint");
-    OPD_CHECK(msg.rfind("ok\n", 0) == 0, InvalidData, msg.substr(std::min<size_t>(6, msg.size())));
-    path = msg.substr(3);
-    if (!rank0() && !path.empty()) ck = load_checkpoint(path, chosen);
+    ck = dist::load_checkpoint_collectively(*store_, ckpt_root_,
+                                            o_.resume == "auto" ? std::string() : o_.resume);
+  } else if (o_.resume == "auto") {
+    ck = load_latest_checkpoint(ckpt_root_, nullptr, {true, false});
+  } else {
+    ck = load_checkpoint(o_.resume, {true, false});
   }
   if (!ck) return;
   std::vector<std::string> names;

@@ -316,7 +316,8 @@ TEST_F(TrainDist, SigtermToTheLauncherCheckpointsEveryRankAndExitsZero) {
   EXPECT_NE(out.find("stop requested"), std::string::npos) << out;
 }
 
-// The same on two GPUs (NCCL, f32 compute so the comparison is tight; then bf16 on-policy runs):
+// The same on two GPUs (NCCL, f32 compute so the comparison is tight, ZeRO-2 overlap and a
+// sharded checkpoint resumed on one GPU; then bf16 on-policy runs):
 // runs on a machine with 2+ GPUs (scripts/gpu_check.sh dist), skipped elsewhere.
 TEST_F(TrainDist, TwoGpuRanksTakeTheStepsOfOneGpu) {
   if (device_hooks::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
@@ -342,6 +343,26 @@ TEST_F(TrainDist, TwoGpuRanksTakeTheStepsOfOneGpu) {
   ASSERT_EQ(run(steps(gpu("g1", "f32", "0"), 1), "g1.log"), 0);
   ASSERT_EQ(run(launch(2, steps(gpu("g2", "f32", "0"), 1)), "g2.log"), 0);
   expect_close("g2", "g1", 1e-5, 1e-4);
+  // ZeRO-2 with the overlapped reductions (NCCL on the optimizer's communication stream): the
+  // same as reducing after the whole backward (test-only OPD_TEST_ZERO2_REDUCE_ALL) and as one
+  // GPU; then a sharded 2-GPU checkpoint resumed on one GPU ends where one GPU ends.
+  auto z2f = steps(gpu("g2_z2", "f32", "0"), 2);
+  z2f.insert(z2f.end(), {"--zero-stage", "2"});
+  ASSERT_EQ(run(launch(2, z2f), "g2_z2.log"), 0);
+  auto z2f_all = z2f;
+  *(std::find(z2f_all.begin(), z2f_all.end(), "--out") + 1) = path("g2_z2_all");
+  ::setenv("OPD_TEST_ZERO2_REDUCE_ALL", "1", 1);
+  const int rc_all = run(launch(2, z2f_all), "g2_z2_all.log");
+  ::unsetenv("OPD_TEST_ZERO2_REDUCE_ALL");
+  ASSERT_EQ(rc_all, 0);
+  ASSERT_EQ(run(steps(gpu("g1_2", "f32", "0"), 2), "g1_2.log"), 0);
+  expect_close("g2_z2", "g2_z2_all", 1e-5, 1e-3);
+  expect_close("g2_z2", "g1_2", 1e-5, 1e-3);
+  auto z2f_z2 = steps(gpu("gr", "f32", "0"), 1);
+  z2f_z2.insert(z2f_z2.end(), {"--zero-stage", "2"});
+  ASSERT_EQ(run(launch(2, z2f_z2), "gr_a.log"), 0);
+  ASSERT_EQ(run(steps(gpu("gr", "f32", "0"), 2), "gr_b.log"), 0);  // resume auto on 1 GPU
+  expect_close("gr", "g1_2", 1e-5, 1e-3);
   ASSERT_EQ(run(steps(gpu("b1", "bf16", "0"), 20), "b1.log"), 0);
   ASSERT_EQ(run(launch(2, steps(gpu("b2", "bf16", "0"), 20)), "b2.log"), 0);
   const auto l1 = losses("b1"), l2 = losses("b2");

@@ -120,8 +120,8 @@ class ZeroCheckpoint : public ::testing::Test {
     auto out = test::run_ranks(world, [&](int rank) {
       auto comm = make_cpu_communicator(Store::connect(test::local_env(rank, world, port), 60));
       auto zo = make(*comm, 1000);
-      std::string path;
-      auto ck = load_latest_checkpoint(root_, &path, {true, false});
+      // The ranks share the verification and agree on the newest checkpoint that verifies.
+      auto ck = load_checkpoint_collectively(comm->store(), root_, "");
       if (!ck) return std::string("no checkpoint");
       if (!ck->tensor_files.empty()) return std::string("tensors were loaded");
       load_zero_checkpoint(*zo, *ck, kNames, kShapes);
@@ -242,6 +242,19 @@ TEST_F(ZeroCheckpoint, ACorruptShardMakesTheCheckpointCorrupt) {
   ASSERT_TRUE(ck.has_value());
   EXPECT_EQ(ck->step, 1);
   resume_and_check(3, 2);  // falls back to step 1, then takes step 2
+  // An explicit path to the corrupt checkpoint is refused on every rank, naming the file.
+  const int port = pick_free_port();
+  auto out = test::run_ranks(2, [&](int rank) {
+    auto store = Store::connect(test::local_env(rank, 2, port), 60);
+    try {
+      load_checkpoint_collectively(*store, root_, root_ + "/step-00000002");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      return expect(m.find(shard) != std::string::npos && m.find("SHA-256") != std::string::npos, m);
+    }
+    return std::string("accepted");
+  });
+  EXPECT_TRUE(test::all_ok(out));
   // A missing shard too.
   fs::remove(shard);
   EXPECT_THROW(load_checkpoint(root_ + "/step-00000002", {false, false}), Error);
