@@ -4,11 +4,16 @@
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
-# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|all|quick-tests|quick-bench|racecheck-gen]
+# Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
+#        racecheck-gen|pair|final|anchor|product|memory]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
+# decode (~2 min, issue 6): the CUDA rollout/decode-fused/GEMM tests, `opd bench rollout`
+# (default, then --tuned-gemm, --max-step-tokens 512, --keep-state), one W1 decode
+# step kernel by kernel under ncu (tools/ncu_decode_step.py), and `opd bench w1` with the
+# rollout's debug timing lines (fixed costs per rollout inside the trainer).
 # quick-*: what fits one 10-minute device call: the GPU suite, the model tests and the
 # generation/scoring kernels under memcheck; the W1 training bench and the kernel benches with
 # their PyTorch twins. dist: the 2-GPU NCCL suite and `opd bench dist` under `opd launch`, on a
@@ -107,6 +112,25 @@ if [[ "$what" == rollout ]]; then
   grep -h "^opd: \|split:\|decode step\|decode reads\|peak device" "$OUT/bench_rollout.log" "$OUT/bench_rollout_eager.log" "$OUT/bench_rollout_unfused.log" 2>/dev/null
   grep -h "^transformers generate" "$OUT"/torch_rollout_*.log 2>/dev/null
 fi
+if [[ "$what" == decode ]]; then
+  run decode_tests 90 $B/test_cuda --gtest_filter='CudaRollout*:*CudaRolloutFamilies*:CudaDecodeFused*:*CudaLinear*:CudaModelStep*'
+  run bench_rollout 45 $B/opd bench rollout
+  run bench_w1 70 env OPD_LOG_LEVEL=debug $B/opd bench w1 --work-dir /tmp/opd_w1
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  # One decode step at context ~510 (launch ~75,000 of an eager 300-token rollout), each kernel
+  # alone (ncu serializes), wall clock not locked (--clock-control none).
+  run ncu_step 50 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --launch-skip 75000 --launch-count 700 $B/opd bench rollout --warmup 0 --runs 1 \
+      --no-graphs --new-tokens 300
+  # At most 8 files come back from a device call: keep the summary, drop the raw CSV.
+  python3 tools/ncu_decode_step.py "$OUT/ncu_step.log" > "$OUT/ncu_summary.txt" 2>&1 && rm -f "$OUT/ncu_step.log"
+  run bench_rollout_tuned 20 $B/opd bench rollout --warmup 1 --runs 1 --tuned-gemm
+  run bench_rollout_512 20 $B/opd bench rollout --warmup 1 --runs 1 --max-step-tokens 512
+  run bench_rollout_kept 20 $B/opd bench rollout --warmup 1 --runs 2 --keep-state
+  grep -h "^opd: \\|split:\\|decode step\\|fixed costs\\|tuned GEMM" "$OUT"/bench_rollout*.log 2>/dev/null | head -50
+  head -30 "$OUT/ncu_summary.txt"
+  grep -h "rollout: \\|rollout  \\|whole step" "$OUT/bench_w1.log" | tail -8
+fi
 if [[ "$what" == quick-tests ]]; then
   run cuda 300 $B/test_cuda
   run memcheck_model 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
@@ -159,6 +183,21 @@ if [[ "$what" == product ]]; then
   run torch_w1 150 python3 tools/bench_w1_torch.py
   run bench_rollout 90 $B/opd bench rollout
   run bench_score 90 $B/opd bench score
+fi
+if [[ "$what" == memory ]]; then
+  # Session 4: elementwise recompute and the offloaded teacher (bit-identical tests), the scorer's
+  # shared-prompt path and chunked client; W1 with default, elementwise, and elementwise +
+  # offloaded-teacher settings; W1 scoring in process / one request / chunked; shared-prompt cost
+  # (always vs never) at W1 with 4 generations and at a long-prompt shape (~6 min, 8 logs).
+  run cuda_memory 240 $B/test_cuda --gtest_filter='CudaModelRecompute*:CudaWeightOffload*:CudaTrainerTest.*:CudaScorer*:CudaTopKLmHead.*'
+  run w1_default 180 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-300
+  run w1_elementwise 120 $B/opd bench w1 --work-dir /tmp/opd_w1 --recompute-granularity elementwise
+  run w1_saving 120 $B/opd bench w1 --work-dir /tmp/opd_w1 --recompute-granularity elementwise --offload-teacher
+  grep -rh "GPU memory plan" /tmp/opd_w1/run 2>/dev/null | tail -1 | cut -c1-300
+  run bench_score 150 $B/opd bench score
+  run score_shared 200 bash -c "for m in always never; do $B/opd bench score --no-server --num-generations 4 --shared-prompt \$m; \
+    $B/opd bench score --no-server --prompt 2048 --completion 64 --sequences 32 --num-generations 8 --shared-prompt \$m; done"
 fi
 if [[ "$what" == w1 || "$what" == all ]]; then
   # The GPU training loop against the CPU backend, then the whole W1 step through `opd train`

@@ -40,6 +40,7 @@
 #include "core/cuda/allocator.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"  // gemm_tune_records: what the decode GEMM tuning chose
 #endif
 
 namespace opd::cli {
@@ -61,6 +62,8 @@ struct BenchRolloutOptions {
   int64_t max_running = 256;
   bool no_graphs = false;
   bool no_fused = false;
+  bool tuned_gemm = false;
+  bool keep_state = false;
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -171,6 +174,8 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.max_running = o.max_running;
   eo.cuda_graphs = !o.no_graphs;
   eo.cuda_fused = !o.no_fused;
+  eo.cuda_tuned_gemm = o.tuned_gemm;
+  eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
   // Floor bytes of the decode steps: every sequence in lockstep (EOS ignored, n samples share
@@ -217,6 +222,12 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
                   i, i < o.warmup ? " (warm-up)" : "", r.s, generated / r.s, r.prefill,
                   r.decode_fwd, r.sample, r.host, (long long)r.steps, (long long)r.decode_steps,
                   (long long)r.graph_steps, (long long)r.captures, (long long)r.preemptions);
+      std::printf("         fixed costs: sync wait %.2f ms, kv alloc %.2f ms, %s %.2f ms, runner %.2f "
+                  "ms, captures %.2f ms (%lld in place), teardown %.2f ms\n",
+                  st.sync_wait_seconds * 1e3, st.kv_alloc_seconds * 1e3,
+                  st.reused_device_state ? "refresh" : "pack", st.pack_seconds * 1e3,
+                  st.runner_seconds * 1e3, st.capture_seconds * 1e3, (long long)st.graph_updates,
+                  st.teardown_seconds * 1e3);
     }
     if (i >= o.warmup) runs.push_back(r);
   }
@@ -251,6 +262,9 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["temperature"] = o.temperature;
   j["graphs"] = !o.no_graphs;
   j["fused"] = !o.no_fused;
+  j["tuned_gemm"] = o.tuned_gemm;
+  j["keep_state"] = o.keep_state;
+  j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
   j["generated_tokens"] = generated;
   j["seconds"] = s;
@@ -296,6 +310,11 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
                 100 * bw / kCopyCeiling, floor_s);
     std::printf("     peak device memory: %.2f GiB in use, %.2f GiB reserved (allocator)\n",
                 as.peak_in_use / 1073741824.0, as.peak_reserved / 1073741824.0);
+    for (const cuda::GemmTuneRecord& t : cuda::gemm_tune_records())
+      std::printf("     tuned GEMM m %lld n %lld k %lld: %d candidates, heuristic %.1f us -> %.1f us "
+                  "(candidate %d, split-K %d)\n",
+                  (long long)t.m, (long long)t.n, (long long)t.k, t.candidates, t.heuristic_us,
+                  t.best_us, t.best_index, t.split_k);
   }
   if (o.with_torch) {
     cuda::device_allocator().empty_cache();  // the twin gets the memory back
@@ -351,6 +370,12 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_flag("--no-graphs", o->no_graphs, "run decode steps eagerly instead of from CUDA graphs (default off)");
   cmd->add_flag("--no-fused", o->no_fused,
                 "plain op sequence per layer (18 kernels) instead of the fused one (10) (default off)");
+  cmd->add_flag("--tuned-gemm", o->tuned_gemm,
+                "decode GEMMs take the fastest measured cuBLASLt algorithm instead of the "
+                "heuristic's first (default off)");
+  cmd->add_flag("--keep-state", o->keep_state,
+                "keep packed weights, buffers and graphs between rollouts instead of rebuilding "
+                "them in every rollout (default off)");
   cmd->add_flag("--json", o->json, "print only the JSON line (default off)");
   cmd->add_flag("--with-torch", o->with_torch,
                 "also run the transformers twin (tools/bench_rollout_torch.py) and print the "

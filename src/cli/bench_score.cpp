@@ -5,17 +5,23 @@
 //   init (model/init.h, seeded, normal std 0.02) written to a temporary model directory;
 //   64 sequences x 768 random token ids (seeded): 256 prompt + 512 scored completion positions;
 //   top-K 64 at T = 1 (plus each actual token's logprob).
-// In process: CudaScorer (teacher/cuda_scorer.h, bf16) on that directory. Served: `opd serve
-// --device cuda --port 0` started as a child process, waited for (its port line, then
+// Variants: --num-generations N (N consecutive sequences share their prompt ids: the GKD
+// setting) with --shared-prompt auto|always|never (the scorers' shared-prompt path,
+// teacher/score_plan.h); --device cpu with a small shape (--layers --hidden --intermediate
+// --heads --vocab) runs everything on the CPU scorer.
+// In process: CudaScorer (teacher/cuda_scorer.h, bf16) or CpuScorer on that directory. Served:
+// `opd serve --device D --port 0` started as a child process, waited for (its port line, then
 // GET /v1/models), the same request sent by TeacherClient (binary protocol, every response
-// validated), the answers compared with the in-process ones, the server stopped with SIGTERM.
-// Each side: `--warmup` untimed calls, then the median wall time of `--iters` calls of
-// score() (request in, validated [rows x K] results on the host out).
+// validated) twice: as one request (chunks 1), then split into --chunks concurrent chunks
+// (teacher/client.h); the answers compared with the in-process ones, the server stopped with
+// SIGTERM. Each measurement: `--warmup` untimed calls, then the median wall time of `--iters`
+// calls of score() (request in, validated [rows x K] results on the host out).
 // Reported: seconds, scored tokens/s (completion positions / s, the measure), processed
 // tokens/s (every forwarded token / s, BENCHMARKS.md's teacher-scoring figure), model TFLOP/s
 // and its fraction of the measured 776 TFLOP/s bf16 GEMM rate, peak device memory (in process).
 // Model FLOPs = 2 x (decoder-layer matmul parameters) x forwarded tokens + 2 V H x scored rows
-// (lm_head) + causal attention 2 x 2 x heads x head_dim x S (S + 1) / 2 per layer and sequence.
+// (lm_head) + causal attention 2 x 2 x heads x head_dim x S (S + 1) / 2 per layer and sequence
+// (the dense work of the request, also when a shared prompt saves part of it).
 #include <CLI/CLI.hpp>
 
 #include <signal.h>
@@ -49,7 +55,13 @@ namespace {
 
 struct BenchScoreOptions {
   std::string preset = "qwen3-1.7b";
-  int64_t layers = 0;  // 0 = the preset's
+  std::string device = "cuda";
+  int64_t layers = 0;  // 0 = the preset's (also hidden, intermediate, heads, vocab)
+  int64_t hidden = 0, intermediate = 0, heads = 0, vocab = 0;
+  int64_t num_generations = 1;
+  std::string shared_prompt = "auto";
+  int chunks = 8;
+  int64_t min_chunk_rows = 2048;
   int64_t sequences = 64, prompt = 256, completion = 512, k = 64;
   double temperature = 1.0;
   int64_t max_batch_tokens = 16384, vocab_tile = 16384, row_chunk = 2048;
@@ -132,8 +144,8 @@ Agreement compare(const ScoreResponse& a, const ScoreResponse& b) {
 // `opd serve --device cuda` as a child process; SIGTERM (then SIGKILL) when destroyed.
 class ServerChild {
  public:
-  ServerChild(const std::string& opd, const std::string& model_dir, int64_t max_batch_tokens,
-              double timeout_s) {
+  ServerChild(const std::string& opd, const std::string& model_dir, const std::string& device,
+              const std::string& shared_prompt, int64_t max_batch_tokens, double timeout_s) {
     int fds[2];
     OPD_CHECK(pipe(fds) == 0, Io, "bench score: pipe() failed");
     const std::string mbt = std::to_string(max_batch_tokens);
@@ -143,9 +155,9 @@ class ServerChild {
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);
       close(fds[1]);
-      execl(opd.c_str(), opd.c_str(), "serve", "--model", model_dir.c_str(), "--device", "cuda",
-            "--host", "127.0.0.1", "--port", "0", "--max-batch-tokens", mbt.c_str(),
-            static_cast<char*>(nullptr));
+      execl(opd.c_str(), opd.c_str(), "serve", "--model", model_dir.c_str(), "--device",
+            device.c_str(), "--host", "127.0.0.1", "--port", "0", "--max-batch-tokens",
+            mbt.c_str(), "--shared-prompt", shared_prompt.c_str(), static_cast<char*>(nullptr));
       std::perror("bench score: exec opd serve");
       _exit(127);
     }
@@ -223,10 +235,22 @@ void run_bench_score(const BenchScoreOptions& o) {
   OPD_CHECK(o.iters >= 1 && o.warmup >= 0, InvalidArgument, "--iters >= 1 and --warmup >= 0");
   OPD_CHECK(o.prompt >= 1 && o.completion >= 1 && o.sequences >= 1, InvalidArgument,
             "--sequences, --prompt and --completion must be >= 1");
-  OPD_CHECK(device_hooks::cuda_device_count() > 0, Unsupported,
-            "opd bench score needs a CUDA device (none is usable here)");
+  const bool cuda = o.device == "cuda";
+  OPD_CHECK(!cuda || device_hooks::cuda_device_count() > 0, Unsupported,
+            "opd bench score --device cuda needs a CUDA device (none is usable here; --device cpu "
+            "with a small shape runs on the CPU)");
+  OPD_CHECK(o.num_generations >= 1 && o.sequences % o.num_generations == 0, InvalidArgument,
+            "--num-generations ", o.num_generations, " must divide --sequences ", o.sequences);
   ModelConfig c = model_preset(o.preset);
   if (o.layers > 0) c.num_hidden_layers = o.layers;
+  if (o.hidden > 0) c.hidden_size = o.hidden;
+  if (o.intermediate > 0) c.intermediate_size = o.intermediate;
+  if (o.heads > 0) c.num_attention_heads = o.heads;
+  if (o.vocab > 0) c.vocab_size = o.vocab;
+  OPD_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, InvalidArgument, "--heads ",
+            c.num_attention_heads, " must be a multiple of the ", c.num_key_value_heads, " kv heads");
+  const Device device = cuda ? Device::CUDA : Device::CPU;
+  const SharedPromptMode shared_mode = parse_shared_prompt_mode(o.shared_prompt);
   OPD_CHECK(o.k >= 0 && o.k <= c.vocab_size, InvalidArgument, "--k ", o.k, " outside [0, ",
             c.vocab_size, "]");
   const std::string work =
@@ -252,9 +276,12 @@ void run_bench_score(const BenchScoreOptions& o) {
   const int64_t len = o.prompt + o.completion;
   for (int64_t s = 0; s < o.sequences; ++s) {
     ScoreSequence seq;
+    // --num-generations N: sequences s of one group (s / N) share the group's prompt ids.
+    const uint64_t prompt_stream = static_cast<uint64_t>(s / o.num_generations * o.num_generations);
     for (int64_t i = 0; i < len; ++i)
       seq.ids.push_back(static_cast<int32_t>(
-          philox_u32(o.seed, 0x5c0e0000ull + static_cast<uint64_t>(s), static_cast<uint64_t>(i)) %
+          philox_u32(o.seed, 0x5c0e0000ull + (i < o.prompt ? prompt_stream : static_cast<uint64_t>(s)),
+                     static_cast<uint64_t>(i)) %
           static_cast<uint64_t>(c.vocab_size)));
     seq.begin = o.prompt;
     seq.end = len;
@@ -266,40 +293,62 @@ void run_bench_score(const BenchScoreOptions& o) {
   const double flops = model_flops(c, q);
 
   // ---- in process
-  CudaScorer::Options so;
-  so.max_batch_tokens = o.max_batch_tokens;
-  so.vocab_tile = o.vocab_tile;
-  so.row_chunk = o.row_chunk;
   ScoreResponse local;
   Timing in_proc;
   int64_t peak_bytes = 0;
   {
     t0 = std::chrono::steady_clock::now();
-    CudaScorer scorer(model_dir, so);
-    log_info("bench score: in-process CUDA scorer ready in ", seconds_since(t0), " s");
-    reset_peak_memory(Device::CUDA);
-    in_proc = time_calls(o.warmup, o.iters, [&] { local = scorer.score(q); });
-    peak_bytes = memory_stats(Device::CUDA).peak;
+    std::unique_ptr<Scorer> scorer;
+    if (cuda) {
+      CudaScorer::Options so;
+      so.max_batch_tokens = o.max_batch_tokens;
+      so.vocab_tile = o.vocab_tile;
+      so.row_chunk = o.row_chunk;
+      so.shared_prompt.mode = shared_mode;
+      scorer = std::make_unique<CudaScorer>(model_dir, so);
+    } else {
+      CpuScorer::Options so;
+      so.max_batch_tokens = o.max_batch_tokens;
+      so.vocab_tile = o.vocab_tile;
+      so.row_chunk = o.row_chunk;
+      so.shared_prompt.mode = shared_mode;
+      scorer = std::make_unique<CpuScorer>(model_dir, so);
+    }
+    log_info("bench score: in-process ", o.device, " scorer ready in ", seconds_since(t0), " s");
+    reset_peak_memory(device);
+    in_proc = time_calls(o.warmup, o.iters, [&] { local = scorer->score(q); });
+    peak_bytes = memory_stats(device).peak;
   }
 
-  // ---- through a loopback server
-  Timing served;
-  Agreement agree;
+  // ---- through a loopback server: one request (chunks 1), then chunked (--chunks)
+  Timing served, served_whole;
+  Agreement agree, agree_whole;
   int server_exit = 0;
+  int64_t chunks_sent = 1;
   bool have_server = false;
   if (!o.no_server) {
     const std::string opd = o.opd_binary.empty() ? self_binary() : o.opd_binary;
     t0 = std::chrono::steady_clock::now();
-    ServerChild server(opd, model_dir, o.max_batch_tokens, o.server_timeout_s);
+    ServerChild server(opd, model_dir, o.device, o.shared_prompt, o.max_batch_tokens,
+                       o.server_timeout_s);
     ClientOptions co;
     co.url = cat("http://127.0.0.1:", server.port());
     co.api = TeacherApi::Opd;
     co.loss.temperature = o.temperature;
     co.loss.mode = SupportMode::TopKTail;
-    TeacherClient client(co);  // GET /v1/models: the server is up and answering
-    log_info("bench score: server on port ", server.port(), " ready in ", seconds_since(t0), " s");
+    co.chunks = 1;
+    co.min_chunk_rows = o.min_chunk_rows;
     ScoreResponse remote;
+    {
+      TeacherClient whole(co);  // GET /v1/models: the server is up and answering
+      log_info("bench score: server on port ", server.port(), " ready in ", seconds_since(t0), " s");
+      served_whole = time_calls(o.warmup, o.iters, [&] { remote = whole.score(q); });
+      agree_whole = compare(local, remote);
+    }
+    co.chunks = o.chunks;
+    TeacherClient client(co);
     served = time_calls(o.warmup, o.iters, [&] { remote = client.score(q); });
+    chunks_sent = client.stats().chunks / std::max<int64_t>(1, client.stats().requests);
     agree = compare(local, remote);
     server_exit = server.stop();
     have_server = true;
@@ -309,7 +358,14 @@ void run_bench_score(const BenchScoreOptions& o) {
   nlohmann::json j;
   j["bench"] = "score";
   j["preset"] = o.preset;
+  j["device"] = o.device;
   j["layers"] = c.num_hidden_layers;
+  j["hidden"] = c.hidden_size;
+  j["intermediate"] = c.intermediate_size;
+  j["heads"] = c.num_attention_heads;
+  j["vocab"] = c.vocab_size;
+  j["num_generations"] = o.num_generations;
+  j["shared_prompt"] = o.shared_prompt;
   j["sequences"] = o.sequences;
   j["prompt"] = o.prompt;
   j["completion"] = o.completion;
@@ -327,8 +383,15 @@ void run_bench_score(const BenchScoreOptions& o) {
                     {"fraction_of_776_tflops", flops / s_in / kMeasuredPeak},
                     {"peak_device_bytes", peak_bytes}};
   if (have_server) {
+    const double s_whole = served_whole.median_s;
+    j["server_one_request"] = {{"median_s", s_whole},
+                               {"all_s", served_whole.all_s},
+                               {"time_ratio_to_inprocess", s_whole / s_in},
+                               {"ids_equal_fraction", agree_whole.ids_equal},
+                               {"max_abs_logprob_diff", agree_whole.max_abs_logprob_diff}};
     const double s_srv = served.median_s;
     j["server"] = {{"median_s", s_srv},
+                   {"chunks", chunks_sent},
                    {"all_s", served.all_s},
                    {"scored_tokens_per_s", scored / s_srv},
                    {"forwarded_tokens_per_s", forwarded / s_srv},
@@ -342,20 +405,28 @@ void run_bench_score(const BenchScoreOptions& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("opd bench score: %s (%lld layers), %lld x (%lld prompt + %lld scored), K %lld, T %g\n",
-                o.preset.c_str(), static_cast<long long>(c.num_hidden_layers),
+    std::printf("opd bench score: %s %s (%lld layers, hidden %lld, vocab %lld), %lld x (%lld prompt "
+                "+ %lld scored), %lld generations per prompt, shared prompt %s, K %lld, T %g\n",
+                o.device.c_str(), o.preset.c_str(), static_cast<long long>(c.num_hidden_layers),
+                static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size),
                 static_cast<long long>(o.sequences), static_cast<long long>(o.prompt),
-                static_cast<long long>(o.completion), static_cast<long long>(o.k), o.temperature);
+                static_cast<long long>(o.completion), static_cast<long long>(o.num_generations),
+                o.shared_prompt.c_str(), static_cast<long long>(o.k), o.temperature);
     std::printf("  in-process: %.4f s  %.0f scored tok/s  %.0f forwarded tok/s  %.1f TFLOP/s "
                 "(%.1f%% of 776)  peak %.2f GiB\n",
                 s_in, scored / s_in, forwarded / s_in, flops / s_in / 1e12,
                 100 * flops / s_in / kMeasuredPeak, peak_bytes / 1073741824.0);
     if (have_server) {
+      const double s_whole = served_whole.median_s;
+      std::printf("  served, one request: %.4f s  %.0f scored tok/s  (%.3fx the in-process time)  "
+                  "ids equal %.4f, max |dlogprob| %.2g\n",
+                  s_whole, scored / s_whole, s_whole / s_in, agree_whole.ids_equal,
+                  agree_whole.max_abs_logprob_diff);
       const double s_srv = served.median_s;
-      std::printf("  served:     %.4f s  %.0f scored tok/s  (%.3fx the in-process time)  ids "
-                  "equal %.4f, max |dlogprob| %.2g, exit %d after SIGTERM\n",
-                  s_srv, scored / s_srv, s_srv / s_in, agree.ids_equal,
-                  agree.max_abs_logprob_diff, server_exit);
+      std::printf("  served, %lld chunks:  %.4f s  %.0f scored tok/s  (%.3fx the in-process time)  "
+                  "ids equal %.4f, max |dlogprob| %.2g, exit %d after SIGTERM\n",
+                  static_cast<long long>(chunks_sent), s_srv, scored / s_srv, s_srv / s_in,
+                  agree.ids_equal, agree.max_abs_logprob_diff, server_exit);
     }
     std::printf("  goal: >= %.0f scored tok/s in process, server within 10%%\n", kGoalTokensPerS);
   }
@@ -366,9 +437,30 @@ void run_bench_score(const BenchScoreOptions& o) {
 void register_bench_score(CLI::App& bench) {
   auto o = std::make_shared<BenchScoreOptions>();
   CLI::App* cmd = bench.add_subcommand(
-      "score", "W1 teacher scoring on CUDA: in process and through a loopback `opd serve`");
+      "score", "W1 teacher scoring: in process and through a loopback `opd serve` (one request, "
+               "then chunked)");
   cmd->add_option("--preset", o->preset, "teacher shape (model/presets.h)")->default_val("qwen3-1.7b");
+  cmd->add_option("--device", o->device, "cuda (bf16, the W1 measurement) | cpu (f32; use a small shape)")
+      ->default_val("cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--layers", o->layers, "decoder layers (0 = the preset's)")->default_val(0);
+  cmd->add_option("--hidden", o->hidden, "hidden size (0 = the preset's)")->default_val(0);
+  cmd->add_option("--intermediate", o->intermediate, "MLP size (0 = the preset's)")->default_val(0);
+  cmd->add_option("--heads", o->heads, "query heads of 128 dims (0 = the preset's)")->default_val(0);
+  cmd->add_option("--vocab", o->vocab, "vocabulary (0 = the preset's)")->default_val(0);
+  cmd->add_option("--num-generations", o->num_generations,
+                  "consecutive sequences sharing one prompt (divides --sequences)")
+      ->default_val(1);
+  cmd->add_option("--shared-prompt", o->shared_prompt,
+                  "scorer's shared-prompt mode, in process and in the server: auto | always | never")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
+  cmd->add_option("--chunks", o->chunks,
+                  "client chunks for the second served run (the first sends one request)")
+      ->default_val(8)
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--min-chunk-rows", o->min_chunk_rows, "client: scored rows per chunk at least")
+      ->default_val(2048);
   cmd->add_option("--sequences", o->sequences, "sequences per request")->default_val(64);
   cmd->add_option("--prompt", o->prompt, "prompt tokens per sequence (not scored)")->default_val(256);
   cmd->add_option("--completion", o->completion, "scored positions per sequence")->default_val(512);

@@ -67,6 +67,7 @@ struct BenchTrainOptions {
   int warmup = 1;
   int steps = 3;
   bool recompute = false;
+  std::string recompute_granularity = "none";
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -156,7 +157,7 @@ OpdResult run_opd(const BenchTrainOptions& o, const ModelConfig& c) {
     else cuda::fill_normal(t.raw(), t.numel(), DType::F32, seed++, 0.0f, 0.02f, stream);
   });
   Transformer model(c, weights_to(master, Device::CUDA, DType::BF16));
-  model.set_recompute(o.recompute ? Recompute::PerLayer : Recompute::Off);
+  model.set_recompute(o.recompute ? Recompute::PerLayer : parse_recompute(o.recompute_granularity));
   ModelWeights grads = zeros_weights(c, DType::F32, Device::CUDA);
   std::vector<Tensor> mt, gt, bt;
   master.for_each([&](const std::string&, Tensor& t) { mt.push_back(t); });
@@ -384,7 +385,8 @@ void run_bench_train(const BenchTrainOptions& o) {
                 "beta %g T %g, recompute %s\n",
                 (long long)o.layers, (long long)o.sequences, (long long)S, (long long)o.prompt,
                 (long long)o.completion, (long long)o.micro_batch, o.mode.c_str(),
-                (long long)o.k, o.beta, o.temperature, o.recompute ? "per layer" : "off");
+                (long long)o.k, o.beta, o.temperature,
+                o.recompute ? "layer" : o.recompute_granularity.c_str());
   }
   OpdResult r = run_opd(o, c);
   cuda::device_allocator().empty_cache();  // the twin gets the memory back
@@ -398,7 +400,7 @@ void run_bench_train(const BenchTrainOptions& o) {
   j["sequences"] = o.sequences;
   j["seq_len"] = S;
   j["micro_batch"] = o.micro_batch;
-  j["recompute"] = o.recompute;
+  j["recompute"] = o.recompute ? "layer" : o.recompute_granularity;
   j["loss_tile"] = o.loss_tile;
   j["params"] = r.params;
   j["step_s"] = s;
@@ -483,6 +485,9 @@ void register_bench_train(CLI::App& bench) {
                   "gives them, like the twin) or f32")
       ->capture_default_str();
   cmd->add_flag("--recompute", o->recompute, "per-layer activation recompute (default off)");
+  cmd->add_option("--recompute-granularity", o->recompute_granularity,
+                  "activation recompute: none | elementwise | layer (the twin recomputes only "
+                  "with --recompute)")->capture_default_str();
   cmd->add_flag("--json", o->json, "print only the JSON line (default off)");
   cmd->add_flag("--with-torch", o->with_torch,
                 "also run the PyTorch twin (tools/bench_train_torch.py) and print the ratio "

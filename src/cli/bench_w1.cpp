@@ -50,7 +50,8 @@ struct BenchW1Options {
   int64_t prompts = 64, prompt_len = 256, completion_len = 512, k = 64, micro_batch = 8;
   int warmup = 1, steps = 2;
   double kv_cache_gb = 8;
-  bool recompute = false;
+  bool recompute = false, offload_teacher = false;
+  std::string recompute_granularity = "none";
   int zero_stage = 1;  // under opd launch (data parallel)
   std::string tokenizer = "demo/tokenizer";
   std::string work_dir;
@@ -148,6 +149,8 @@ void run_bench_w1(const BenchW1Options& o) {
   t.dtype = "bf16";
   t.recompute = o.recompute;
   t.zero_stage = o.zero_stage;
+  t.recompute_granularity = o.recompute_granularity;
+  t.offload_teacher = o.offload_teacher;
   t.lmbda = 1;
   t.beta = 0.5;
   t.loss_support = "topk+tail";
@@ -208,7 +211,8 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"prompt_len", o.prompt_len},
                       {"completion_len", o.completion_len},
                       {"k", o.k},
-                      {"recompute", o.recompute},
+                      {"recompute", o.recompute ? "layer" : o.recompute_granularity},
+                      {"offload_teacher", o.offload_teacher},
                       {"zero_stage", o.zero_stage},
                       {"measured_steps", step.size()},
                       {"completion_tokens", n},
@@ -229,7 +233,12 @@ void run_bench_w1(const BenchW1Options& o) {
                 o.student.c_str(), o.teacher.c_str(), static_cast<long long>(o.prompts),
                 static_cast<long long>(o.prompt_len), static_cast<long long>(o.completion_len),
                 static_cast<long long>(o.k), static_cast<long long>(o.micro_batch),
-                o.recompute ? ", recompute" : "", step.size(), o.warmup);
+                (o.recompute || o.recompute_granularity != "none"
+                     ? cat(", recompute ", o.recompute ? "layer" : o.recompute_granularity)
+                     : std::string())
+                        .append(o.offload_teacher ? ", teacher offloaded" : "")
+                        .c_str(),
+                step.size(), o.warmup);
     std::printf("  rollout          %8.3f s  %10.0f tok/s   (goal >= 40,000 tok/s)\n", rs, n / rs);
     std::printf("  teacher scoring  %8.3f s  %10.0f tok/s   (goal >= 200,000 tok/s)\n", ss, n / ss);
     std::printf("  student train    %8.3f s  MFU %5.1f%% of 776 TFLOP/s (goal >= 45%%)\n", ts,
@@ -271,7 +280,8 @@ nlohmann::json run_json(const std::string& cmd) {
 struct BenchW2Options {
   int nproc = 2;
   std::string work_dir = "/tmp/opd_bench_w2";
-  bool recompute = false, json = false;
+  bool recompute = false, json = false, offload_teacher = false;
+  std::string recompute_granularity = "none";
   int warmup = 1, steps = 2;
   int zero_stage = 1;
 };
@@ -282,6 +292,8 @@ void run_bench_w2(const BenchW2Options& o) {
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
   const std::string common = cat(" bench w1 --json --work-dir ", o.work_dir, " --warmup ", o.warmup,
                                  " --steps ", o.steps, o.recompute ? " --recompute" : "",
+                                 " --recompute-granularity ", o.recompute_granularity,
+                                 o.offload_teacher ? " --offload-teacher" : "",
                                  " --zero-stage ", o.zero_stage);
   const nlohmann::json w1 = run_json(cat(exe, common, " --prompts 64"));
   const nlohmann::json w2 = run_json(cat(exe, " launch --nproc-per-node ", o.nproc,
@@ -322,6 +334,10 @@ void register_bench_w2(CLI::App& bench) {
                 "backward, overlapped)")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
+  c->add_option("--recompute-granularity", o->recompute_granularity, "student activation "
+                "recompute: none | elementwise | layer (opd train's flag)")->capture_default_str();
+  c->add_flag("--offload-teacher", o->offload_teacher, "the teacher on the GPU only while it "
+              "scores (opd train's flag)");
   c->add_flag("--json", o->json, "print one JSON object");
   c->callback([o] { run_bench_w2(*o); });
 }
@@ -351,6 +367,10 @@ void register_bench_w1(CLI::App& bench) {
                 "ZeRO stage when run data parallel under opd launch (1 or 2; ignored on one GPU)")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
+  c->add_option("--recompute-granularity", o->recompute_granularity, "student activation "
+                "recompute: none | elementwise | layer (opd train's flag)")->capture_default_str();
+  c->add_flag("--offload-teacher", o->offload_teacher, "the teacher on the GPU only while it "
+              "scores (opd train's flag)");
   c->add_option("--tokenizer", o->tokenizer, "tokenizer files for the random models")
       ->capture_default_str();
   c->add_option("--work-dir", o->work_dir, "where the random models, prompts and the run go "

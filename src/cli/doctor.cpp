@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "teacher/client.h"
+#include "model/transformer.h"
 #include "train/doctor.h"
 
 namespace opd::cli {
@@ -20,6 +21,8 @@ struct DoctorOptions {
   double kv_cache_gb = 1.0;
   std::string device = "cpu", dtype = "bf16";
   bool recompute = false;
+  std::string recompute_granularity = "none";
+  bool offload_teacher = false;
   int nproc = 1, zero_stage = 1;
 };
 
@@ -67,21 +70,26 @@ void run_doctor(const DoctorOptions& o) {
   if (o.device == "cuda") {
     MemoryPlanOptions po;
     po.dtype = o.dtype == "f32" ? DType::F32 : DType::BF16;
-    po.recompute = o.recompute;
+    po.recompute = o.recompute ? Recompute::PerLayer : parse_recompute(o.recompute_granularity);
+    po.offload_teacher = o.offload_teacher && !o.teacher.empty();
     po.world_size = o.nproc;
     po.zero_stage = o.nproc > 1 ? o.zero_stage : 0;
     po.micro_batch_tokens = o.micro_batch_tokens;
     po.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_gb * (1 << 30));
     const MemoryPlan p = plan_gpu_memory(s, o.teacher.empty() ? nullptr : &t, po);
-    std::printf("info  memory          GPU plan per device (%d rank%s%s): peak ~%s = resident %s "
-                "(model %s, f32 master %s, AdamW %s, f32 grads %s, teacher %s) + max(training "
-                "activations %s at %lld tokens/micro-batch%s, rollout KV + packed weights %s)\n",
+    std::printf("info  memory          GPU plan per device (%d rank%s%s): peak ~%s = max(rollout "
+                "%s, scoring %s, training %s); model %s, f32 master %s, AdamW %s, f32 grads %s "
+                "(%s), teacher %s (%s), training activations %s at %lld tokens/micro-batch "
+                "(recompute %s), rollout KV + packed weights %s\n",
                 o.nproc, o.nproc > 1 ? "s" : "",
                 o.nproc > 1 ? cat(", ZeRO-", po.zero_stage).c_str() : "", gib(p.peak()).c_str(),
-                gib(p.resident()).c_str(), gib(p.model).c_str(), gib(p.master).c_str(),
-                gib(p.optimizer).c_str(), gib(p.grads).c_str(), gib(p.teacher).c_str(),
+                gib(p.rollout_phase()).c_str(), gib(p.scoring_phase()).c_str(),
+                gib(p.training_phase()).c_str(), gib(p.model).c_str(), gib(p.master).c_str(),
+                gib(p.optimizer).c_str(), gib(p.grads).c_str(),
+                p.grads_whole_run ? "whole run" : "training phase only", gib(p.teacher).c_str(),
+                p.teacher_whole_run ? "whole run" : "offloaded: scoring phase only",
                 gib(p.activations).c_str(), static_cast<long long>(o.micro_batch_tokens),
-                o.recompute ? ", recompute" : "", gib(p.rollout).c_str());
+                recompute_name(po.recompute), gib(p.rollout).c_str());
   }
   if (o.device == "cuda") {
     std::printf("%d error(s), %d warning(s)\n", errors, warnings);
@@ -122,6 +130,11 @@ void register_doctor(CLI::App& app) {
                 "(as opd train --device cuda would use it)")->capture_default_str();
   c->add_option("--dtype", o->dtype, "GPU compute dtype: bf16 | f32")->capture_default_str();
   c->add_flag("--recompute", o->recompute, "plan with per-layer activation recompute");
+  c->add_option("--recompute-granularity", o->recompute_granularity, "plan with this student "
+                "activation recompute: none | elementwise | layer (as opd train)")
+      ->capture_default_str();
+  c->add_flag("--offload-teacher", o->offload_teacher, "plan with the in-process teacher on the "
+              "GPU only while it scores (as opd train --offload-teacher)");
   c->add_option("--nproc", o->nproc, "ranks (GPUs) of a data-parallel run")->capture_default_str();
   c->add_option("--zero-stage", o->zero_stage, "ZeRO stage with --nproc > 1: 1 | 2")
       ->capture_default_str();

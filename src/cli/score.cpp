@@ -28,6 +28,8 @@ struct ScoreOptions {
   int64_t top_k = 0;
   double temperature = 1.0;
   int64_t batch = 64;
+  int chunks = 8;
+  int64_t min_chunk_rows = 2048;
 };
 
 ScoreSequence parse_line(const std::string& line, int64_t lineno, const std::string& file) {
@@ -69,6 +71,8 @@ void run_score(const ScoreOptions& o) {
     co.api = parse_teacher_api(o.api);
     co.loss.temperature = o.temperature;
     co.loss.mode = SupportMode::TopKTail;
+    co.chunks = o.chunks;
+    co.min_chunk_rows = o.min_chunk_rows;
     scorer = std::make_unique<TeacherClient>(co);
   }
   std::ifstream in(o.input);
@@ -142,6 +146,15 @@ void register_score(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "sequences per request")
       ->default_val(64)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--chunks", o->chunks,
+                  "--teacher-url: split each request into up to this many concurrent chunks of "
+                  "whole sequences (1 = never; docs/teacher.md)")
+      ->default_val(8)
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--min-chunk-rows", o->min_chunk_rows,
+                  "--teacher-url: scored positions per chunk at least (smaller requests go whole)")
+      ->default_val(2048)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->callback([o] { run_score(*o); });
 }
 

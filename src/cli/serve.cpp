@@ -30,6 +30,7 @@ struct ServeOptions {
   int64_t max_request_mb = 256;
   int threads = 16;
   std::string served_model_name;
+  std::string shared_prompt = "auto";
 };
 
 // SIGTERM / SIGINT -> one byte on a self-pipe (write() is async-signal-safe); a watcher thread
@@ -78,10 +79,12 @@ void run_serve(const ServeOptions& o) {
   if (o.device == "cuda") {
     CudaScorer::Options so;
     so.max_batch_tokens = o.max_batch_tokens;
+    so.shared_prompt.mode = parse_shared_prompt_mode(o.shared_prompt);
     owned = std::make_unique<CudaScorer>(o.model, so);
   } else {
     CpuScorer::Options so;
     so.max_batch_tokens = o.max_batch_tokens;
+    so.shared_prompt.mode = parse_shared_prompt_mode(o.shared_prompt);
     owned = std::make_unique<CpuScorer>(o.model, so);
   }
   Scorer& scorer = *owned;
@@ -138,6 +141,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "HTTP connection threads")
       ->default_val(16)
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--shared-prompt", o->shared_prompt,
+                  "completions of one prompt share its K/V: auto (when the cost model predicts "
+                  "less work) | always | never (docs/teacher.md)")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_option("--served-model-name", o->served_model_name,
                   "model id reported by /v1/models (default: the directory name)");
   cmd->callback([o] { run_serve(*o); });

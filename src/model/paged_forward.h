@@ -100,9 +100,23 @@ class PagedForward {
   // fused (CUDA models): q/k/v as one GEMM over a packed weight, q/k norm + RoPE + the K/V store
   // as one kernel, gate/up as one GEMM with SwiGLU over the packed output (decode_fused.cu):
   // 10 kernels per layer instead of 18. The packed weights are copied from the model's at
-  // construction (per rollout, so they are the live weights): 2 x (Hq + 2 Hkv) D H + 2 x 2 I H
-  // bytes per layer in bf16 (W1: 577 MB). Ignored for CPU models.
+  // construction: 2 x (Hq + 2 Hkv) D H + 2 x 2 I H bytes per layer in bf16 (W1: 577 MB), except
+  // where the model's q|k|v or gate|up matrices already lie back to back in memory (a flat
+  // parameter buffer, e.g. ZeRO's): those are used in place, no copy. Ignored for CPU models.
   explicit PagedForward(const Transformer& model, bool fused = true);
+
+#ifdef OPD_WITH_CUDA
+  // Copies the live weights into the packed buffers again (same addresses; stream-ordered on
+  // `stream`): a forward kept across rollouts sees weights updated in place since. Returns the
+  // bytes copied (0 when nothing is packed).
+  int64_t refresh_packed(cudaStream_t stream);
+  // Device addresses of every weight the forward reads (the model's and the packed ones): a
+  // forward (and the CUDA graphs captured from it) can be reused while this is unchanged.
+  std::vector<const void*> weight_addresses() const;
+  // Decode-shaped GEMMs (steps of <= 256 tokens) pick their cuBLASLt algorithm by timing
+  // (kernels/cuda/gemm.h GemmArgs::tune) instead of the heuristic's first choice.
+  void set_tuned_gemm(bool on) { tuned_gemm_ = on; }
+#endif
 
   // Runs one step: ids validated against the vocabulary (error names sequence, position, value
   // and limit), K/V stored into `cache` at their slots, returns logits f32 [B, V] of the last
@@ -112,6 +126,14 @@ class PagedForward {
   // CUDA models: the logits are a CUDA tensor; indices are checked on the host, uploaded in one
   // copy, the kernels' error flag is read once at the end (one synchronization per step).
   Tensor step(const PagedStep& step, KvCache& cache) const;
+
+  // The same step returning the final (normed) hidden states [num_tokens, H] of every new token
+  // (model dtype, on the model's device) instead of logits: the rows the lm_head would read. For
+  // the teacher scorer's shared-prompt path (teacher/score_plan.h: completions run over the
+  // cached K/V of their common prompt). Memory: the step's activations and T x H outputs.
+  // Defined in paged_forward_hidden.cpp (CPU: the step's layers; CUDA: step_device, then its
+  // final-norm rows).
+  Tensor step_hidden(const PagedStep& step, KvCache& cache) const;
 
 #ifdef OPD_WITH_CUDA
   // CUDA models: the step's kernels on `stream`, no host synchronization and no allocation
@@ -127,13 +149,18 @@ class PagedForward {
  private:
 #ifdef OPD_WITH_CUDA
   Tensor step_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
+  Tensor step_hidden_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
   void pack_weights();
 #endif
   const Transformer* model_;
   Tensor inv_freq_;         // f32, host
   Tensor inv_freq_device_;  // f32 on the device (CUDA models)
   bool fused_ = false;      // CUDA models with packed weights below
+  bool tuned_gemm_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
+  // What the fused layers read: the packed tensors above, or the model's own q_proj / gate_proj
+  // when the parts are contiguous (then the packed tensor is empty).
+  std::vector<const void*> qkv_ptr_, gu_ptr_;
 };
 
 }  // namespace opd

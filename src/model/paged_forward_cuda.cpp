@@ -27,6 +27,9 @@
 
 namespace opd {
 
+// Steps of at most this many tokens count as decode-shaped for GEMM tuning (a decode bucket).
+constexpr int64_t kTunedRows = 256;
+
 PagedWorkspace::PagedWorkspace(const ModelConfig& c, DType dt, int64_t max_tokens)
     : max_tokens_(std::max<int64_t>(1, max_tokens)) {
   const int64_t T = max_tokens_, H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
@@ -64,45 +67,113 @@ void* PagedWorkspace::split_workspace(size_t bytes) {
   return split.raw();
 }
 
+namespace {
+
+// True when the tensors lie back to back in this order (their concatenation needs no copy).
+bool contiguous(std::initializer_list<const Tensor*> parts) {
+  const char* at = nullptr;
+  for (const Tensor* p : parts) {
+    if (at && static_cast<const char*>(p->raw()) != at) return false;
+    at = static_cast<const char*>(p->raw()) + p->nbytes();
+  }
+  return true;
+}
+
+// Row-concatenation of [out_i, in] matrices (and [out_i] biases) = byte concatenation.
+int64_t copy_parts(Tensor& out, std::initializer_list<const Tensor*> parts, cudaStream_t stream) {
+  size_t at = 0;
+  for (const Tensor* p : parts) {
+    OPD_CHECK(p->dtype() == out.dtype() && p->device() == Device::CUDA, Internal,
+              "PagedForward: packing ", p->describe());
+    OPD_CHECK(at + p->nbytes() <= out.nbytes(), Internal, "PagedForward: packing overflows");
+    if (p->nbytes() > 0)
+      OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.raw()) + at, p->raw(), p->nbytes(),
+                                     cudaMemcpyDeviceToDevice, stream));
+    at += p->nbytes();
+  }
+  OPD_CHECK(at == out.nbytes(), Internal, "PagedForward: packed ", at, " of ", out.nbytes(), " bytes");
+  return static_cast<int64_t>(at);
+}
+
+}  // namespace
+
 void PagedForward::pack_weights() {
   const ModelConfig& c = model_->config();
   const ModelWeights& W = model_->weights();
   const DType dt = model_->dtype();
   cudaStream_t stream = cuda::current_stream();
-  // Row-concatenation of [out_i, in] matrices (and [out_i] biases) = byte concatenation.
-  auto concat = [&](std::initializer_list<const Tensor*> parts, int64_t rows_total,
-                    int64_t cols) -> Tensor {
-    Tensor out = cols > 0 ? Tensor::empty({rows_total, cols}, dt, Device::CUDA)
-                          : Tensor::empty({rows_total}, dt, Device::CUDA);
-    size_t at = 0;
-    for (const Tensor* p : parts) {
-      OPD_CHECK(p->dtype() == dt && p->device() == Device::CUDA, Internal,
-                "PagedForward: packing ", p->describe());
-      if (p->nbytes() > 0)
-        OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.raw()) + at, p->raw(), p->nbytes(),
-                                       cudaMemcpyDeviceToDevice, stream));
-      at += p->nbytes();
-    }
-    OPD_CHECK(at == out.nbytes(), Internal, "PagedForward: packed ", at, " of ", out.nbytes(), " bytes");
-    return out;
-  };
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, R = (Hq + 2 * Hkv) * D;
   for (const LayerWeights& L : W.layers) {
-    qkv_w_.push_back(concat({&L.q_proj, &L.k_proj, &L.v_proj}, R, H));
+    if (contiguous({&L.q_proj, &L.k_proj, &L.v_proj})) {
+      qkv_w_.push_back(Tensor());
+      qkv_ptr_.push_back(L.q_proj.raw());
+    } else {
+      qkv_w_.push_back(Tensor::empty({R, H}, dt, Device::CUDA));
+      copy_parts(qkv_w_.back(), {&L.q_proj, &L.k_proj, &L.v_proj}, stream);
+      qkv_ptr_.push_back(qkv_w_.back().raw());
+    }
     if (L.q_bias.defined() || L.k_bias.defined() || L.v_bias.defined()) {
       // A missing bias among present ones is zeros (the GEMM epilogue adds one vector).
       Tensor zq = Tensor::zeros({Hq * D}, dt, Device::CUDA), zk = Tensor::zeros({Hkv * D}, dt, Device::CUDA);
       const Tensor& bq = L.q_bias.defined() ? L.q_bias : zq;
       const Tensor& bk = L.k_bias.defined() ? L.k_bias : zk;
       const Tensor& bv = L.v_bias.defined() ? L.v_bias : zk;
-      qkv_b_.push_back(concat({&bq, &bk, &bv}, R, 0));
+      qkv_b_.push_back(Tensor::empty({R}, dt, Device::CUDA));
+      copy_parts(qkv_b_.back(), {&bq, &bk, &bv}, stream);
     } else {
       qkv_b_.push_back(Tensor());
     }
-    gu_w_.push_back(concat({&L.gate_proj, &L.up_proj}, 2 * I, H));
+    if (contiguous({&L.gate_proj, &L.up_proj})) {
+      gu_w_.push_back(Tensor());
+      gu_ptr_.push_back(L.gate_proj.raw());
+    } else {
+      gu_w_.push_back(Tensor::empty({2 * I, H}, dt, Device::CUDA));
+      copy_parts(gu_w_.back(), {&L.gate_proj, &L.up_proj}, stream);
+      gu_ptr_.push_back(gu_w_.back().raw());
+    }
   }
   fused_ = true;
+}
+
+int64_t PagedForward::refresh_packed(cudaStream_t stream) {
+  if (!fused_) return 0;
+  const ModelConfig& c = model_->config();
+  const ModelWeights& W = model_->weights();
+  const DType dt = model_->dtype();
+  int64_t bytes = 0;
+  for (size_t li = 0; li < W.layers.size(); ++li) {
+    const LayerWeights& L = W.layers[li];
+    if (qkv_w_[li].defined()) bytes += copy_parts(qkv_w_[li], {&L.q_proj, &L.k_proj, &L.v_proj}, stream);
+    if (qkv_b_[li].defined()) {
+      // Zeros for missing biases are constant: copy only the present ones, at their offsets.
+      const int64_t qb = c.num_attention_heads * c.head_dim * dtype_size(dt);
+      const int64_t kb = c.num_key_value_heads * c.head_dim * dtype_size(dt);
+      char* out = static_cast<char*>(qkv_b_[li].raw());
+      const std::pair<const Tensor*, int64_t> parts[] = {{&L.q_bias, 0}, {&L.k_bias, qb}, {&L.v_bias, qb + kb}};
+      for (const auto& [t, off] : parts) {
+        if (!t->defined() || t->nbytes() == 0) continue;
+        OPD_CUDA_CHECK(cudaMemcpyAsync(out + off, t->raw(), t->nbytes(), cudaMemcpyDeviceToDevice, stream));
+        bytes += static_cast<int64_t>(t->nbytes());
+      }
+    }
+    if (gu_w_[li].defined()) bytes += copy_parts(gu_w_[li], {&L.gate_proj, &L.up_proj}, stream);
+  }
+  return bytes;
+}
+
+std::vector<const void*> PagedForward::weight_addresses() const {
+  std::vector<const void*> out;
+  const ModelWeights& W = model_->weights();
+  W.for_each([&](const std::string&, const Tensor& t) {
+    out.push_back(t.defined() ? t.raw() : nullptr);
+  });
+  out.push_back(W.lm_head.defined() ? W.lm_head.raw() : nullptr);
+  for (const void* p : qkv_ptr_) out.push_back(p);
+  for (const void* p : gu_ptr_) out.push_back(p);
+  for (const Tensor& b : qkv_b_) out.push_back(b.defined() ? b.raw() : nullptr);
+  out.push_back(inv_freq_device_.defined() ? inv_freq_device_.raw() : nullptr);
+  return out;
 }
 
 void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws,
@@ -125,6 +196,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
             c.num_hidden_layers, " layers of ", dtype_name(dt), " on the device");
   const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
   const float* inv_freq = inv_freq_device_.data<float>();
+  const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
   void* x = ws.x.raw();
   void* x2 = ws.x2.raw();
   void* h = ws.h.raw();
@@ -168,8 +240,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     const LayerWeights& L = W.layers[li];
     if (fused_) {  // 10 kernels per layer (decode_fused.cu)
       const int64_t R = (Hq + 2 * Hkv) * D;
-      cuda::linear_forward(h, qkv_w_[li].raw(), bias(qkv_b_[li]), T, H, R, dt, dt, ws.qkv.raw(),
-                           stream);
+      cuda::linear_forward(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, dt, ws.qkv.raw(),
+                           stream, tune);
       cuda::QkvNormRopeStoreArgs f;
       f.q = ws.qkv.raw();
       f.k = static_cast<const char*>(ws.qkv.raw()) + Hq * D * dtype_size(dt);
@@ -194,13 +266,13 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       cuda::qkv_norm_rope_store(f, stream);
       attend(li, ws.qn.raw());
       cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
-                           ws.o.raw(), stream);
+                           ws.o.raw(), stream, tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
                                      ws.rstd.data<float>(), stream);
-      cuda::linear_forward(h, gu_w_[li].raw(), nullptr, T, H, 2 * I, dt, dt, ws.gu.raw(), stream);
+      cuda::linear_forward(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, dt, ws.gu.raw(), stream, tune);
       cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream);
       cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
-                           stream);
+                           stream, tune);
       const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
       cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
                                      ws.rstd.data<float>(), stream);
@@ -259,7 +331,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
     rows = ws.last.raw();
   }
-  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream);
+  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
+                       tuned_gemm_ && B <= kTunedRows);
 }
 
 Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache) const {

@@ -9,6 +9,23 @@
 
 namespace opd {
 
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none" || name == "off") return Recompute::Off;
+  if (name == "elementwise") return Recompute::Elementwise;
+  if (name == "layer") return Recompute::PerLayer;
+  OPD_FAIL(InvalidArgument, "recompute granularity '", name,
+            "' is not one of none, elementwise, layer");
+}
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::Off: return "none";
+    case Recompute::Elementwise: return "elementwise";
+    case Recompute::PerLayer: return "layer";
+  }
+  return "?";
+}
+
 Batch make_batch(const std::vector<std::vector<int32_t>>& sequences, int64_t vocab_size) {
   int64_t total = 0;
   for (const auto& s : sequences) total += static_cast<int64_t>(s.size());
@@ -155,6 +172,8 @@ Tensor Transformer::layer_forward(size_t li, const Tensor& x, const Batch& batch
 }
 
 Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) const {
+  OPD_CHECK(weights_.embed_tokens.defined(), InvalidArgument,
+            "transformer: the weights are not loaded (offloaded to the host: upload them first)");
   if (device() == Device::CUDA) return forward_hidden_cuda(batch, cache);
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), H = c.hidden_size;

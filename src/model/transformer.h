@@ -7,7 +7,11 @@
 // The backward uses the activations of the forward (ForwardCache): all of them, or with
 // Recompute::PerLayer only each layer's input x, the layer's forward being recomputed from it
 // during the backward (activation checkpointing per layer: memory T x H per layer instead of
-// ~21 T x H, for one extra forward of the layers).
+// ~21 T x H, for one extra forward of the layers), or with Recompute::Elementwise (CUDA) every
+// GEMM and attention output but not what one elementwise pass rebuilds from them: the two norm
+// outputs h1 = RMSNorm(x), h2 = RMSNorm(x2), Qwen3's normed+RoPE'd q and k, and
+// act = silu(gate) * up (5 H + I of the 13 H + 3 I values per token and layer; at the Qwen3-0.6B
+// shape 36% of the activations, for ~2% more backward time and no extra GEMM).
 //
 // Devices: a model whose weights are host tensors (f32/f64) runs the CPU reference ops; a model
 // whose weights are CUDA tensors (Transformer::to(Device::CUDA, DType::BF16), or f32) runs
@@ -43,8 +47,13 @@ struct Batch {
 // value and limit), empty sequences are allowed.
 Batch make_batch(const std::vector<std::vector<int32_t>>& sequences, int64_t vocab_size);
 
-// Activation recompute (see the top of this file). Off keeps every activation.
-enum class Recompute { Off, PerLayer };
+// Activation recompute (see the top of this file). Off keeps every activation. On the CPU
+// Elementwise keeps everything too (the CPU path is the readable reference; its memory is not
+// the constraint), so it computes exactly what Off computes.
+enum class Recompute { Off, Elementwise, PerLayer };
+// "none" | "elementwise" | "layer" (what --recompute-granularity takes); throws InvalidArgument.
+Recompute parse_recompute(const std::string& name);
+const char* recompute_name(Recompute mode);
 
 // The device-side form of a Batch for the CUDA path (transformer_cuda.cpp): validated ids and
 // positions on the device and the attention work plan of cu_seqlens, built once per forward.

@@ -16,6 +16,9 @@
 // - Recompute::PerLayer recomputes a layer from its cached x with the same kernels: the plain
 //   RMSNorm of the stored sum gives the same bits as the fused kernel did (same code on the
 //   same rounded values), so gradients with and without recompute are bit-identical.
+//   Recompute::Elementwise keeps the GEMM/attention outputs and rebuilds only the norm outputs,
+//   the normed+RoPE'd q/k and the SwiGLU product in the backward (LayerRun::restore_elementwise),
+//   also bit-identical.
 #include <cmath>
 #include <map>
 #include <string>
@@ -223,6 +226,49 @@ struct LayerRun {
     return m;
   }
 
+  // Recompute::Elementwise: the forward drops what one elementwise pass rebuilds from the kept
+  // tensors (h1, h2, act, and the normed+RoPE'd q and k when the model has q/k norms).
+  static void drop_elementwise(LayerCache& lc) {
+    lc.h1 = Tensor();
+    lc.h2 = Tensor();
+    lc.act = Tensor();
+    if (lc.q_raw.defined()) {  // q/k norm models: q, k are rebuilt from q_raw, k_raw
+      lc.q = Tensor();
+      lc.k = Tensor();
+    }
+  }
+
+  // The inverse of drop_elementwise, with the forward's own kernels on the same stored values, so
+  // the rebuilt tensors are bit-identical: h1 = RMSNorm(x) (the fused residual norm that first
+  // produced it normalizes the same stored sum), h2 = RMSNorm(x2), q/k = RoPE(RMSNorm_head(raw)),
+  // act = silu(gate) * up. Memory: one layer's worth, freed after its backward.
+  void restore_elementwise(const LayerCache& saved, LayerCache& lc) const {
+    const int64_t T = plan.tokens, H = c.hidden_size, D = c.head_dim;
+    const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+    const double eps = c.rms_norm_eps;
+    const DType dt = saved.x.dtype();
+    lc = saved;
+    Tensor rstd = empty_dev({T}, DType::F32);  // recomputed rstds equal the kept ones; unused
+    lc.h1 = empty_dev({T, H}, dt);
+    ops::rmsnorm_forward(saved.x, L.input_norm, eps, lc.h1, rstd);
+    lc.h2 = empty_dev({T, H}, dt);
+    ops::rmsnorm_forward(saved.x2, L.post_norm, eps, lc.h2, rstd);
+    lc.act = empty_dev(saved.gate.shape(), dt);
+    ops::swiglu_forward(saved.gate, saved.up, lc.act);
+    if (!saved.q.defined()) {
+      Tensor q = empty_dev({T, Hq * D}, dt), k = empty_dev({T, Hkv * D}, dt);
+      Tensor qv = q.reshape({T * Hq, D}), kv = k.reshape({T * Hkv, D});
+      Tensor rq = empty_dev({T * Hq}, DType::F32), rk = empty_dev({T * Hkv}, DType::F32);
+      ops::rmsnorm_forward(saved.q_raw.reshape({T * Hq, D}), L.q_norm, eps, qv, rq);
+      ops::rmsnorm_forward(saved.k_raw.reshape({T * Hkv, D}), L.k_norm, eps, kv, rk);
+      lc.q = q.reshape({T, Hq, D});
+      lc.k = k.reshape({T, Hkv, D});
+      const int32_t* pos = plan.positions.data<int32_t>();
+      cuda::rope(lc.q.raw(), pos, inv_freq.data<float>(), T, Hq, D, dt, false, stream());
+      cuda::rope(lc.k.raw(), pos, inv_freq.data<float>(), T, Hkv, D, dt, false, stream());
+    }
+  }
+
   // dx: d(loss)/d(x_next) on entry (the residual stream after this layer); on return
   // d(loss)/d(x), the gradient at this layer's input (computed in place: no new [T, H]).
   void backward(const LayerCache& lc, Tensor& dx, LayerWeights& G) const {
@@ -306,8 +352,12 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
     rstd1 = empty_dev({T}, DType::F32);
     ops::rmsnorm_residual_forward(lc.x2, m, next_w, eps, x_next, h1, rstd1);
     if (cache) {
-      if (recompute_ == Recompute::PerLayer) cache->layers[li].x = x;  // the rest is recomputed
-      else cache->layers[li] = std::move(lc);
+      if (recompute_ == Recompute::PerLayer) {
+        cache->layers[li].x = x;  // the rest is recomputed
+      } else {
+        if (recompute_ == Recompute::Elementwise) LayerRun::drop_elementwise(lc);
+        cache->layers[li] = std::move(lc);
+      }
     }
     x = x_next;
   }
@@ -355,7 +405,9 @@ void Transformer::backward_hidden_cuda(const ForwardCache& cache, const Tensor& 
     LayerRun run{c, weights_.layers[li], plan, inv_freq_};
     const LayerCache& saved = cache.layers[li];
     LayerCache recomputed;
-    if (!saved.h1.defined()) {
+    if (!saved.h1.defined() && saved.gate.defined()) {
+      run.restore_elementwise(saved, recomputed);  // Recompute::Elementwise
+    } else if (!saved.h1.defined()) {
       OPD_CHECK(saved.x.defined(), InvalidArgument,
                 "backward: the forward cache has no input for layer ", li);
       run.forward(saved.x, Tensor(), Tensor(), recomputed);  // m is dropped at once

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -55,6 +56,24 @@ RolloutEngine::RolloutEngine(const Transformer& model, EngineOptions options,
               " is outside the vocabulary [0, ", V, ")");
 }
 
+// What keep_device_state keeps between generate() calls (CUDA models): the forward with its
+// packed weights and the step runner with its buffers and graphs, and the weight addresses
+// they were built for.
+struct RolloutEngine::DeviceState {
+  std::vector<const void*> weights;  // every model weight's address at construction
+  bool fused = true;
+  std::unique_ptr<PagedForward> forward;
+#ifdef OPD_WITH_CUDA
+  std::unique_ptr<CudaStepRunner> runner;  // after forward: destroyed first
+#endif
+};
+
+RolloutEngine::~RolloutEngine() = default;
+RolloutEngine::RolloutEngine(RolloutEngine&&) noexcept = default;
+RolloutEngine& RolloutEngine::operator=(RolloutEngine&&) noexcept = default;
+
+void RolloutEngine::release_device_state() { device_.reset(); }
+
 int64_t RolloutEngine::num_blocks() const {
   const DType dtype = model_->weights().embed_tokens.dtype();
   return options_.kv_cache_bytes /
@@ -90,6 +109,14 @@ cudaStream_t rollout_stream() {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::vector<const void*> model_weight_addresses(const Transformer& model) {
+  std::vector<const void*> out;
+  model.weights().for_each([&](const std::string&, const Tensor& t) {
+    out.push_back(t.defined() ? t.raw() : nullptr);
+  });
+  return out;
 }
 
 }  // namespace
@@ -151,11 +178,14 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   stats_.num_blocks = num_blocks;
   const bool on_cuda = model_->device() == Device::CUDA;
   std::vector<RequestOutput> outputs(requests.size());
+  auto t_teardown = std::chrono::steady_clock::now();
 #ifdef OPD_WITH_CUDA
   std::optional<cuda::StreamScope> stream_scope;
   if (on_cuda) {
     // The weights may have just been written on another stream (an optimizer step).
+    const auto t_sync = std::chrono::steady_clock::now();
     OPD_CUDA_CHECK(cudaDeviceSynchronize());
+    stats_.sync_wait_seconds = seconds_since(t_sync);
     stream_scope.emplace(rollout_stream());
   }
 #else
@@ -164,14 +194,49 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   {  // everything on the device lives in this scope; its blocks are released after it
   // CUDA: one block beyond the budget, held for the whole rollout: the padding rows of decode
   // buckets write there (rollout/engine_cuda.h).
+  auto t_phase = std::chrono::steady_clock::now();
   KvCache cache(cfg, bs, num_blocks + (on_cuda ? 1 : 0), dtype, model_->weights().embed_tokens.device());
   const int32_t scratch_block = on_cuda ? cache.allocate() : -1;
-  PagedForward forward(*model_, options_.cuda_fused);
+  stats_.kv_alloc_seconds = seconds_since(t_phase);
+  std::optional<PagedForward> local_forward;  // CPU models, and CUDA without a kept state
+  const PagedForward* forward_ptr = nullptr;
 #ifdef OPD_WITH_CUDA
-  std::unique_ptr<CudaStepRunner> runner;
+  CudaStepRunner* runner = nullptr;
+  // On every exit path: the runner forgets this call's cache (which dies right after); a
+  // rollout that threw drops the kept device state (a capture or step may have stopped
+  // half-way).
+  struct EndRollout {
+    CudaStepRunner** r;
+    std::unique_ptr<DeviceState>* state;
+    int exceptions;
+    ~EndRollout() {
+      if (*r) (*r)->end_rollout();
+      if (std::uncaught_exceptions() > exceptions) state->reset();
+    }
+  } end_rollout{&runner, &device_, std::uncaught_exceptions()};
   if (on_cuda) {
+    t_phase = std::chrono::steady_clock::now();
+    std::vector<const void*> addresses = model_weight_addresses(*model_);
+    const bool reuse = device_ && device_->fused == options_.cuda_fused &&
+                       device_->weights == addresses;
+    if (!reuse) {
+      device_.reset();  // the runner's graphs hold the old buffers: drop them before new ones
+      device_ = std::make_unique<DeviceState>();
+      device_->weights = std::move(addresses);
+      device_->fused = options_.cuda_fused;
+      device_->forward = std::make_unique<PagedForward>(*model_, options_.cuda_fused);
+    } else {
+      device_->forward->refresh_packed(cuda::current_stream());
+    }
+    device_->forward->set_tuned_gemm(options_.cuda_tuned_gemm);
+    OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
+    stats_.pack_seconds = seconds_since(t_phase);
+    stats_.reused_device_state = reuse && device_->runner != nullptr;
+    forward_ptr = device_->forward.get();
+
     // Bounds of one step: sequences <= max_step_tokens (each has a token) and <= the running
     // set, which admission keeps <= max(max_running, the largest n); draws <= the running set.
+    t_phase = std::chrono::steady_clock::now();
     int64_t total_samples = 0, max_n = 1, max_kv = 1;
     for (const GenerationRequest& q : requests) {
       total_samples += q.n;
@@ -186,9 +251,17 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     lim.max_seq_len = max_kv;
     lim.scratch_block = scratch_block;
     lim.use_graphs = options_.cuda_graphs;
-    runner = std::make_unique<CudaStepRunner>(forward, cache, lim, cuda::current_stream());
+    if (device_->runner)
+      device_->runner->begin_rollout(cache, lim);
+    else
+      device_->runner = std::make_unique<CudaStepRunner>(*device_->forward, cache, lim,
+                                                         cuda::current_stream());
+    runner = device_->runner.get();
+    stats_.runner_seconds = seconds_since(t_phase);
   }
 #endif
+  if (!forward_ptr) forward_ptr = &local_forward.emplace(*model_, options_.cuda_fused);
+  const PagedForward& forward = *forward_ptr;
   double step_wall = 0;  // wall time inside the step calls (forward + sampling)
   std::vector<std::unique_ptr<Sequence>> all;  // owns every sequence
   std::deque<Sequence*> waiting;
@@ -441,16 +514,37 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     stats_.decode_steps = t.decode_steps;
     stats_.graph_steps = t.graph_steps;
     stats_.graph_captures = t.graph_captures;
+    stats_.graph_updates = t.graph_updates;
+    stats_.capture_seconds = t.capture_ms * 1e-3;
   }
 #endif
-  stats_.seconds = seconds_since(t0);
-  stats_.host_seconds = stats_.seconds - step_wall;
-  }  // the cache, workspace and graphs are gone
+  stats_.host_seconds = seconds_since(t0) - step_wall;
+  t_teardown = std::chrono::steady_clock::now();
+#ifdef OPD_WITH_CUDA
+  if (runner) runner->end_rollout();
+  runner = nullptr;
+  if (on_cuda && !options_.keep_device_state) device_.reset();
+#endif
+  }  // the cache (and without keep_device_state the workspace and graphs) are gone
 #ifdef OPD_WITH_CUDA
   // Give the cache's memory back to the device (not only to this stream's free list): the
   // training phase that follows allocates on another stream.
   if (on_cuda) cuda::device_allocator().release_stream(cuda::current_stream());
 #endif
+  stats_.teardown_seconds = seconds_since(t_teardown);
+  stats_.seconds = seconds_since(t0);
+  stats_.host_seconds += stats_.teardown_seconds;
+  if (on_cuda)
+    log_debug("rollout: ", stats_.seconds * 1e3, " ms: sync wait ", stats_.sync_wait_seconds * 1e3,
+              " ms, kv alloc ", stats_.kv_alloc_seconds * 1e3, " ms, ",
+              stats_.reused_device_state ? "refresh" : "pack", " ", stats_.pack_seconds * 1e3,
+              " ms, runner ", stats_.runner_seconds * 1e3, " ms, ", stats_.graph_captures,
+              " captures (", stats_.graph_updates, " in place) ", stats_.capture_seconds * 1e3,
+              " ms, teardown ", stats_.teardown_seconds * 1e3, " ms; prefill ",
+              stats_.prefill_seconds * 1e3, " ms, decode forward ",
+              stats_.decode_forward_seconds * 1e3, " ms, sampling ", stats_.sample_seconds * 1e3,
+              " ms over ", stats_.decode_steps, " decode steps (", stats_.graph_steps,
+              " from graphs), ", stats_.steps, " steps");
   return outputs;
 }
 

@@ -16,18 +16,22 @@
 //   4. finished sequences (EOS, stop string, max_new_tokens) leave and free their blocks.
 // A draw depends only on (seed, prompt, sample index, step) and its logits (rollout/sampler.h),
 // so outputs do not depend on batch composition, n, max_step_tokens or preemption.
-// The cache is allocated by generate() and released before it returns (nothing is held
-// between rollouts, e.g. during the training phase).
+// The cache is allocated by generate() and released before it returns (the training phase
+// between rollouts gets its memory back).
 // CUDA models (weights on the device, bf16 or f32): the KV cache is in the model's dtype on the
 // device, the forward runs PagedForward's CUDA path and the draws run on the GPU with the same
 // Philox streams (rollout/engine_cuda.h): only ids and log-probabilities come back, one host
 // synchronization per step; decode steps are replayed from CUDA graphs (cuda_graphs). The
 // rollout runs on its own stream, after a device synchronization (the weights may have just
-// been updated on another stream).
+// been updated on another stream). With keep_device_state, the packed weights, step buffers
+// and graphs stay between generate() calls while the weights keep their addresses (a trainer
+// updating them in place): a later rollout refreshes the packed copy (one device copy) and
+// re-captures a graph only if the new KV cache landed at other addresses.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +81,20 @@ struct EngineOptions {
   // norm + RoPE + K/V-store kernel: 10 kernels per layer instead of 18); false runs the plain
   // op sequence (the reference the fused path is tested against).
   bool cuda_fused = true;
+  // CUDA models: decode-shaped GEMMs (steps of <= 256 tokens) choose their cuBLASLt algorithm
+  // by timing the candidates once per shape (kernels/cuda/gemm.h GemmArgs::tune). Off by
+  // default: on the H200 at W1 only the lm_head gained (~6 us of ~100 per step), the rollout
+  // did not measurably (docs/rollout.md), and a timed choice can differ between processes.
+  bool cuda_tuned_gemm = false;
+  // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
+  // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
+  // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).
+  // They are reused while every weight keeps its device address (else rebuilt); the packed
+  // weights are refreshed from the live weights at each call. The KV cache is never kept.
+  // Off by default: measured on the H200 at W1 (docs/rollout.md, "Fixed costs per rollout"),
+  // the kept state saved no fixed cost (the new KV cache lands elsewhere, so the graphs are
+  // re-captured anyway, ~6-18 ms either way) and its decode steps were ~4% slower.
+  bool keep_device_state = false;
   // Polled once per step: returning true stops generate() with a Cancelled error (a training
   // run's stop signal must not wait for a long rollout to finish).
   std::function<bool()> should_cancel;
@@ -96,6 +114,15 @@ struct EngineStats {
   double sample_seconds = 0;          // decode steps: sampling (CUDA: and the id read-back)
   double host_seconds = 0;
   int64_t decode_steps = 0, graph_steps = 0, graph_captures = 0;  // graphs: CUDA only
+  // CUDA: the fixed costs of one generate() call (wall time; each phase synchronized).
+  double sync_wait_seconds = 0;  // the device synchronization before the rollout
+  double kv_alloc_seconds = 0;   // allocating the KV cache
+  double pack_seconds = 0;       // packing (or refreshing) the fused decode weights
+  double runner_seconds = 0;     // creating (or re-arming) the step runner: buffers, pinned io
+  double capture_seconds = 0;    // graph captures (+ instantiation or in-place update)
+  double teardown_seconds = 0;   // freeing the cache and returning the stream's memory
+  int64_t graph_updates = 0;     // captures that updated an existing graph in place
+  bool reused_device_state = false;  // packed weights, buffers and graphs came from a previous call
 };
 
 class RolloutEngine {
@@ -104,6 +131,9 @@ class RolloutEngine {
   // text and stop strings. The model and tokenizer must outlive the engine.
   RolloutEngine(const Transformer& model, EngineOptions options, std::vector<int32_t> eos_ids,
                 const Tokenizer* tokenizer = nullptr);
+  ~RolloutEngine();
+  RolloutEngine(RolloutEngine&&) noexcept;
+  RolloutEngine& operator=(RolloutEngine&&) noexcept;
 
   // Generates every request to completion. Errors (InvalidData / InvalidArgument /
   // OutOfMemory) name the request and the value; a request that cannot fit the KV budget even
@@ -112,13 +142,17 @@ class RolloutEngine {
 
   const EngineStats& stats() const { return stats_; }
   int64_t num_blocks() const;  // blocks the budget buys
+  // Drops what keep_device_state holds (packed weights, buffers, graphs).
+  void release_device_state();
 
  private:
+  struct DeviceState;  // engine.cpp
   const Transformer* model_;
   EngineOptions options_;
   std::vector<int32_t> eos_ids_;
   const Tokenizer* tokenizer_;
   EngineStats stats_;
+  std::unique_ptr<DeviceState> device_;
 };
 
 // EOS ids for generation: the union of config.json eos_token_id, generation_config.json

@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <utility>
 #include <functional>
 #include <map>
 
@@ -63,9 +65,32 @@ Layout make_layout(int64_t T, int64_t B, int64_t W, int64_t D) {
   return l;
 }
 
+// What a captured graph holds besides the runner's fixed buffers: the rollout's cache layers and
+// the bounds baked into kernel arguments. A graph is replayed only under the key it was
+// captured with.
+struct CaptureKey {
+  std::vector<const void*> kv;  // k(l), v(l) of every layer
+  int64_t num_blocks = 0, block_size = 0, table_width = 0, max_seq_len = 0;
+  bool operator==(const CaptureKey&) const = default;
+};
+
+CaptureKey capture_key(KvCache& cache, const CudaRunnerLimits& l) {
+  CaptureKey k;
+  for (int64_t i = 0; i < cache.num_layers(); ++i) {
+    k.kv.push_back(cache.k(i).raw());
+    k.kv.push_back(cache.v(i).raw());
+  }
+  k.num_blocks = cache.num_blocks();
+  k.block_size = cache.block_size();
+  k.table_width = l.table_width;
+  k.max_seq_len = l.max_seq_len;
+  return k;
+}
+
 struct Graph {
   cudaGraphExec_t forward = nullptr, sample = nullptr;
   int64_t generation = -1;  // PagedWorkspace::generation() at capture
+  int64_t key = -1;         // CudaStepRunner::Impl::key_id at capture
   int64_t eager_runs = 0;
   bool failed = false;      // capture failed once: this bucket stays eager
   void reset() {
@@ -79,8 +104,10 @@ struct Graph {
 
 struct CudaStepRunner::Impl {
   const PagedForward& forward;
-  KvCache& cache;
+  KvCache* cache_ = nullptr;  // the current rollout's (begin_rollout)
   CudaRunnerLimits limits;
+  CaptureKey key;
+  int64_t key_id = 0;  // bumped when key changes: graphs of an older id are re-captured
   cudaStream_t stream;
   int64_t vocab = 0, rows_cap = 0, tokens_cap = 0, draws_cap = 0;
   std::unique_ptr<PagedWorkspace> ws;
@@ -92,14 +119,39 @@ struct CudaStepRunner::Impl {
   CudaStepTimes times;
 
   Impl(const PagedForward& f, KvCache& c, const CudaRunnerLimits& l, cudaStream_t s)
-      : forward(f), cache(c), limits(l), stream(s), vocab(f.model().config().vocab_size) {
+      : forward(f), limits(l), stream(s), vocab(f.model().config().vocab_size) {
+    begin_rollout(c, l);
+  }
+
+  void begin_rollout(KvCache& c, const CudaRunnerLimits& l) {
     OPD_CHECK(l.scratch_block >= 0 && l.scratch_block < c.num_blocks() &&
                   c.ref_count(l.scratch_block) > 0,
               Internal, "CudaStepRunner: scratch block ", l.scratch_block, " is not held");
     OPD_CHECK(l.table_width >= 1 && l.max_seq_len >= 1, Internal, "CudaStepRunner: limits");
+    // The io layout depends on the table width: a new width moves every field, so the buffers
+    // are laid out again (and every graph dropped) by ensure().
+    const bool width_changed = io.defined() && l.table_width != limits.table_width;
+    cache_ = &c;
+    limits = l;
+    times = CudaStepTimes{};
+    if (width_changed) {
+      for (auto& [b, g] : graphs) g.reset();
+      graphs.clear();
+      io = Tensor();
+    }
     ensure(std::max<int64_t>(1, l.max_tokens), std::max<int64_t>(1, l.max_rows),
            std::max<int64_t>(1, l.max_draws));
+    CaptureKey k = capture_key(c, l);
+    if (!(k == key)) {
+      // A new max_seq_len changes the decode grid (and may grow the split workspace on the
+      // first step): that bucket runs one eager step again before its capture.
+      if (k.max_seq_len != key.max_seq_len)
+        for (auto& [b, g] : graphs) g.eager_runs = 0;
+      key = std::move(k);
+      ++key_id;
+    }
   }
+  void end_rollout() { cache_ = nullptr; }
   ~Impl() {
     for (auto& [b, g] : graphs) g.reset();
     if (host) (void)cudaFreeHost(host);
@@ -110,6 +162,7 @@ struct CudaStepRunner::Impl {
   // them. Called between steps only (the previous step has been synchronized).
   void ensure(int64_t T, int64_t B, int64_t D) {
     if (io.defined() && T <= tokens_cap && B <= rows_cap && D <= draws_cap) return;
+    OPD_CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing queued may still use the old buffers
     for (auto& [b, g] : graphs) g.reset();
     graphs.clear();
     rows_cap = std::max(rows_cap, decode_bucket(B));
@@ -139,7 +192,11 @@ struct CudaStepRunner::Impl {
                       d<unsigned>(L.flags) + 1, stream, mapped ? d<int32_t>(L.rows) : nullptr);
   }
 
-  cudaGraphExec_t capture(const std::function<void()>& body) {
+  // Captures body into a graph. `old` (an executable graph of the same bucket, or nullptr) is
+  // updated in place when the new graph has its topology (cudaGraphExecUpdate: only kernel
+  // arguments such as the cache addresses changed); otherwise it is destroyed and a new one
+  // instantiated. `old` is consumed (set to nullptr) once it is returned or destroyed.
+  cudaGraphExec_t capture(const std::function<void()>& body, cudaGraphExec_t& old) {
     cudaGraph_t g = nullptr;
     OPD_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
@@ -150,6 +207,19 @@ struct CudaStepRunner::Impl {
       throw;
     }
     OPD_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    if (old) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(old, g, &info) == cudaSuccess) {
+        (void)cudaGraphDestroy(g);
+        times.graph_updates += 1;
+        cudaGraphExec_t exec = old;
+        old = nullptr;
+        return exec;
+      }
+      (void)cudaGetLastError();  // the update was refused: instantiate anew
+      (void)cudaGraphExecDestroy(old);
+      old = nullptr;
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
     (void)cudaGraphDestroy(g);
@@ -158,6 +228,8 @@ struct CudaStepRunner::Impl {
   }
 
   std::vector<SampledToken> run(const PagedStep& step, const std::vector<Draw>& draws) {
+    OPD_CHECK(cache_, Internal, "CudaStepRunner: a step outside a rollout (no begin_rollout)");
+    KvCache& cache = *cache_;
     const PagedStepPlan p = plan_paged_step(step, vocab, cache, limits.table_width);
     const int64_t B = p.batch, T = p.tokens, D = static_cast<int64_t>(draws.size());
     bool decode = T == B && D == B;
@@ -237,25 +309,36 @@ struct CudaStepRunner::Impl {
     bool graphed = false;
     if (decode && limits.use_graphs) {
       Graph& g = graphs[Bn];
-      if (g.forward && g.generation != ws.generation()) g.reset();  // the workspace moved
-      if (!g.forward && !g.failed && g.eager_runs >= 1) {  // warm: GEMM plans, workspaces exist
+      // Stale: the workspace moved, or the cache / bounds changed since the capture.
+      const bool stale = g.forward && (g.generation != ws.generation() || g.key != key_id);
+      if ((!g.forward || stale) && !g.failed && g.eager_runs >= 1) {  // warm: GEMM plans, workspaces exist
         const int64_t gen = ws.generation();
+        const auto t0 = std::chrono::steady_clock::now();
+        cudaGraphExec_t old_forward = std::exchange(g.forward, nullptr);
+        cudaGraphExec_t old_sample = std::exchange(g.sample, nullptr);
         try {
-          g.forward = capture(run_forward);
-          g.sample = capture(run_sample);
+          g.forward = capture(run_forward, old_forward);
+          g.sample = capture(run_sample, old_sample);
           OPD_CHECK(ws.generation() == gen, Internal,
                     "CudaStepRunner: the workspace moved during a capture");
           g.generation = gen;
+          g.key = key_id;
           times.graph_captures += 1;
         } catch (const Error& e) {
           // A capture that fails (a library call that cannot be captured) leaves this bucket
           // eager: slower, same results. Nothing of the failed capture ran.
           (void)cudaGetLastError();
+          if (old_forward) (void)cudaGraphExecDestroy(old_forward);
+          if (old_sample) (void)cudaGraphExecDestroy(old_sample);
           g.reset();
           g.failed = true;
           log_warn("rollout: CUDA graph capture for decode batch ", Bn, " failed (", e.what(),
                    "); running it eagerly");
         }
+        times.capture_ms += std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0).count();
+      } else if (stale) {
+        g.reset();  // not warm for the new bounds yet: eager until it is
       }
       if (g.forward) {
         OPD_CUDA_CHECK(cudaGraphLaunch(g.forward, stream));
@@ -315,6 +398,11 @@ CudaStepRunner::CudaStepRunner(const PagedForward& forward, KvCache& cache,
                                const CudaRunnerLimits& limits, cudaStream_t stream)
     : impl_(std::make_unique<Impl>(forward, cache, limits, stream)) {}
 CudaStepRunner::~CudaStepRunner() = default;
+
+void CudaStepRunner::begin_rollout(KvCache& cache, const CudaRunnerLimits& limits) {
+  impl_->begin_rollout(cache, limits);
+}
+void CudaStepRunner::end_rollout() { impl_->end_rollout(); }
 
 std::vector<SampledToken> CudaStepRunner::run(const PagedStep& step, const std::vector<Draw>& draws) {
   return impl_->run(step, draws);

@@ -14,6 +14,12 @@
 // the graphs of the old address are then re-captured). The decode grid is sized for the
 // longest sequence of the rollout (max_seq_len) in both the graph and the eager path, so the
 // two give bit-identical results.
+//
+// A runner serves successive rollouts (begin_rollout): its buffers and graphs stay, and a graph
+// is re-captured only when something it holds changed since its capture: the KV cache's layer
+// addresses (the cache is allocated per rollout and released before the training phase),
+// num_blocks, table width or max_seq_len. A re-capture updates the existing executable graph in
+// place (cudaGraphExecUpdate: no new instantiation) when the topology is unchanged.
 #pragma once
 
 #ifdef OPD_WITH_CUDA
@@ -45,6 +51,8 @@ struct CudaStepTimes {
   double decode_forward_ms = 0;  // decode steps: upload + forward
   double sample_ms = 0;          // decode steps: sampling + read-back
   int64_t decode_steps = 0, graph_steps = 0, graph_captures = 0;
+  int64_t graph_updates = 0;     // captures that updated an existing executable graph in place
+  double capture_ms = 0;         // host time of captures + instantiation/update
 };
 
 // The smallest bucket >= batch: 1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192,
@@ -57,9 +65,15 @@ class CudaStepRunner {
     int64_t row = 0;  // logits row (the sequence's index in the step)
     cuda::SampleRowParams params;
   };
-  // forward and cache must outlive the runner; the cache must hold limits.scratch_block.
+  // forward must outlive the runner, the cache the rollout (begin_rollout's cache: until the
+  // next begin_rollout or end_rollout); the cache must hold limits.scratch_block.
   CudaStepRunner(const PagedForward& forward, KvCache& cache, const CudaRunnerLimits& limits,
                  cudaStream_t stream);
+  // The next rollout of the same forward: a new cache and limits. Buffers grow if needed;
+  // graphs whose captured addresses or bounds changed are marked for re-capture. Resets times().
+  void begin_rollout(KvCache& cache, const CudaRunnerLimits& limits);
+  // The rollout's cache is about to be destroyed: no step may run until begin_rollout.
+  void end_rollout();
   ~CudaStepRunner();
   CudaStepRunner(const CudaStepRunner&) = delete;
   CudaStepRunner& operator=(const CudaStepRunner&) = delete;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <exception>
 #include <thread>
 
 #include "core/error.h"
@@ -263,10 +265,189 @@ TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) 
 TeacherClient::~TeacherClient() = default;
 
 ClientStats TeacherClient::stats() const {
-  return {requests_.load(), attempts_.load(), retries_.load()};
+  return {requests_.load(), chunks_.load(), attempts_.load(), retries_.load()};
 }
 
+std::vector<std::pair<size_t, size_t>> plan_score_chunks(const ScoreRequest& q, int max_chunks,
+                                                         int64_t min_chunk_rows) {
+  const size_t n = q.sequences.size();
+  const int64_t rows = q.num_rows();
+  int64_t parts = max_chunks;
+  if (min_chunk_rows > 0) parts = std::min<int64_t>(parts, rows / min_chunk_rows);
+  parts = std::min<int64_t>(parts, static_cast<int64_t>(n));
+  if (parts <= 1) return {{0, n}};
+  const double share = static_cast<double>(rows) / static_cast<double>(parts);
+  auto rows_of = [&](size_t i) {
+    return std::max<int64_t>(0, q.sequences[i].end - q.sequences[i].begin);
+  };
+  auto same_prompt = [&](const ScoreSequence& a, const ScoreSequence& b) {
+    return a.begin == b.begin && std::equal(a.ids.begin(), a.ids.begin() + (a.begin - 1),
+                                            b.ids.begin(), b.ids.begin() + (b.begin - 1));
+  };
+  // Units: runs of sequences sharing a prompt; a run over 1.5 shares is cut into pieces of
+  // about one share.
+  struct Unit {
+    size_t first, last;
+    int64_t rows;
+  };
+  std::vector<Unit> units;
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    int64_t run = rows_of(i);
+    while (j < n && same_prompt(q.sequences[j - 1], q.sequences[j])) run += rows_of(j++);
+    if (static_cast<double>(run) <= 1.5 * share) {
+      units.push_back({i, j, run});
+    } else {
+      size_t first = i;
+      int64_t acc = 0;
+      for (size_t t = i; t < j; ++t) {
+        acc += rows_of(t);
+        if (static_cast<double>(acc) >= share || t + 1 == j) {
+          units.push_back({first, t + 1, acc});
+          first = t + 1;
+          acc = 0;
+        }
+      }
+    }
+    i = j;
+  }
+  // Greedy: a part ends before the unit whose middle would land past its share.
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t first = 0;
+  double acc = 0;
+  for (const Unit& u : units) {
+    const double r = static_cast<double>(u.rows);
+    if (acc > 0 && acc + r / 2 > share && static_cast<int64_t>(out.size()) + 1 < parts) {
+      out.emplace_back(first, u.first);
+      first = u.first;
+      acc = 0;
+    }
+    acc += r;
+  }
+  out.emplace_back(first, n);
+  return out;
+}
+
+namespace {
+
+// Rows [first, first + rows) of `dst` <- all of `src` (host tensors of the same row width).
+void copy_rows(Tensor& dst, int64_t first, const Tensor& src) {
+  if (src.nbytes() == 0) return;
+  const size_t row_bytes = dst.nbytes() / static_cast<size_t>(std::max<int64_t>(dst.shape()[0], 1));
+  std::memcpy(static_cast<char*>(dst.raw()) + static_cast<size_t>(first) * row_bytes, src.raw(),
+              src.nbytes());
+}
+
+Tensor empty_like_rows(const Tensor& t, int64_t rows) {
+  Shape shape = t.shape();
+  shape[0] = rows;
+  return Tensor::empty(shape, t.dtype());
+}
+
+}  // namespace
+
 TeacherClient::Validated TeacherClient::score_validated(const ScoreRequest& request) {
+  const auto ranges = plan_score_chunks(request, opts_.chunks, opts_.min_chunk_rows);
+  if (ranges.size() <= 1) {
+    Validated v = score_one(request);
+    ++requests_;
+    return v;
+  }
+  const size_t m = ranges.size();
+  std::vector<ScoreRequest> parts(m);
+  for (size_t c = 0; c < m; ++c) {
+    parts[c].k = request.k;
+    parts[c].temperature = request.temperature;
+    parts[c].model_fingerprint = request.model_fingerprint;
+    parts[c].with_ranks = request.with_ranks;
+    parts[c].sequences.assign(request.sequences.begin() + static_cast<int64_t>(ranges[c].first),
+                              request.sequences.begin() + static_cast<int64_t>(ranges[c].second));
+  }
+  // One thread per chunk; the pool bounds how many requests are in flight. Each chunk's result
+  // lands in its own slot, so a retried chunk still contributes its rows once.
+  std::vector<std::optional<Validated>> got(m);
+  std::vector<std::exception_ptr> failed(m);
+  {
+    std::vector<std::thread> threads;
+    threads.reserve(m);
+    for (size_t c = 0; c < m; ++c) {
+      threads.emplace_back([&, c] {
+        try {
+          got[c] = score_one(parts[c]);
+        } catch (const Error& e) {
+          failed[c] = std::make_exception_ptr(Error(
+              e.kind(), cat("teacher client: chunk ", c + 1, " of ", m, " (sequences ",
+                            ranges[c].first, "..", ranges[c].second - 1, "): ", e.what())));
+        } catch (...) {
+          failed[c] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (size_t c = 0; c < m; ++c)
+    if (failed[c]) std::rethrow_exception(failed[c]);
+
+  // Reassemble in request order.
+  Validated out;
+  ScoreResponse& r = out.response;
+  const ScoreResponse& r0 = got[0]->response;
+  r.k = r0.k;
+  r.temperature = r0.temperature;
+  r.vocab_size = r0.vocab_size;
+  r.row_offsets.push_back(0);
+  int64_t rows = 0;
+  for (size_t c = 0; c < m; ++c) {
+    const ScoreResponse& p = got[c]->response;
+    OPD_CHECK(p.k == r.k && p.temperature == r.temperature && p.vocab_size == r.vocab_size,
+              InvalidData, "teacher client: chunk ", c + 1, " of ", m, " answered k ", p.k,
+              ", temperature ", p.temperature, ", vocabulary ", p.vocab_size, "; chunk 1 k ", r.k,
+              ", temperature ", r.temperature, ", vocabulary ", r.vocab_size);
+    r.seq_begin.insert(r.seq_begin.end(), p.seq_begin.begin(), p.seq_begin.end());
+    for (size_t s = 1; s < p.row_offsets.size(); ++s) r.row_offsets.push_back(rows + p.row_offsets[s]);
+    rows += p.num_rows();
+    r.ids.insert(r.ids.end(), p.ids.begin(), p.ids.end());
+    r.logprobs.insert(r.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+    r.actual_logprobs.insert(r.actual_logprobs.end(), p.actual_logprobs.begin(),
+                             p.actual_logprobs.end());
+    r.actual_ranks.insert(r.actual_ranks.end(), p.actual_ranks.begin(), p.actual_ranks.end());
+    const PayloadStats& st = got[c]->stats;
+    out.stats.rows += st.rows;
+    out.stats.padding_rows += st.padding_rows;
+    out.stats.clipped_ids += st.clipped_ids;
+    out.stats.clipped_rows += st.clipped_rows;
+    out.stats.max_clipped_mass = std::max(out.stats.max_clipped_mass, st.max_clipped_mass);
+  }
+  ScoreRequest whole_shape;  // the full request's layout, for the final shape check
+  whole_shape.k = request.k;
+  whole_shape.sequences = request.sequences;
+  check_response_matches(r, whole_shape);
+  // The validated dense rows, concatenated.
+  const TeacherTopK& t0 = got[0]->topk;
+  TeacherTopK& t = out.topk;
+  t.rows = rows;
+  t.k = t0.k;
+  t.ids = empty_like_rows(t0.ids, rows);
+  t.logprobs = empty_like_rows(t0.logprobs, rows);
+  t.actual_logprobs = empty_like_rows(t0.actual_logprobs, rows);
+  t.valid = empty_like_rows(t0.valid, rows);
+  int64_t at = 0;
+  for (size_t c = 0; c < m; ++c) {
+    const TeacherTopK& p = got[c]->topk;
+    OPD_CHECK(p.k == t.k && p.rows == got[c]->response.num_rows(), Internal,
+              "teacher client: chunk ", c + 1, " validated ", p.rows, " rows x ", p.k);
+    copy_rows(t.ids, at, p.ids);
+    copy_rows(t.logprobs, at, p.logprobs);
+    copy_rows(t.actual_logprobs, at, p.actual_logprobs);
+    copy_rows(t.valid, at, p.valid);
+    at += p.rows;
+  }
+  ++requests_;
+  return out;
+}
+
+TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
+  ++chunks_;
   ScoreRequest q = request;
   if (q.model_fingerprint.empty()) q.model_fingerprint = info_.fingerprint;
   ScoreResponse r;
@@ -304,7 +485,6 @@ TeacherClient::Validated TeacherClient::score_validated(const ScoreRequest& requ
   v.topk = validate_teacher_payload(to_teacher_payload(r), completion_layout(q),
                                     opts_.student_vocab, opts_.loss, DType::F32, &v.stats);
   v.response = std::move(r);
-  ++requests_;
   return v;
 }
 

@@ -17,6 +17,13 @@
 //   not retried (they would fail again). Scoring is a pure function of the request, so a retry
 //   after a server died mid-request is safe, and each score() call returns exactly one
 //   response (or throws): the caller sees every result exactly once.
+// - Chunking (issue 7): a large score request is split into up to `chunks` requests of whole
+//   sequences (plan_score_chunks), sent concurrently over the pool, so the server scores chunk
+//   i + 1 while chunk i is encoded, sent, decoded and validated (the GPU work no longer waits
+//   for the whole ~17 MB answer of W1). Each chunk is its own request: retried on its own,
+//   shape-checked against its own sub-request and validated like an unsplit response; a chunk
+//   that fails after its attempts fails the call (no partial result), and the chunks' results
+//   are placed by index, so every row is returned exactly once, in request order.
 #pragma once
 
 #include <atomic>
@@ -27,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loss/loss_config.h"
@@ -66,13 +74,28 @@ struct ClientOptions {
   std::optional<int64_t> assume_teacher_vocab;
   std::string assume_teacher_fingerprint;
   std::string vllm_model;          // model id for vLLM requests ("" = the first of /v1/models)
+  // Split a score request into at most `chunks` concurrent requests of >= min_chunk_rows scored
+  // rows each (1: never split; a request under 2 x min_chunk_rows rows is sent whole). The
+  // pool (`connections`) bounds how many are in flight.
+  int chunks = 8;
+  int64_t min_chunk_rows = 2048;
 };
 
 struct ClientStats {
   int64_t requests = 0;   // score() calls that returned a response
+  int64_t chunks = 0;     // score requests sent for them (one per chunk; 1 per unsplit call)
   int64_t attempts = 0;   // HTTP attempts, including retries
   int64_t retries = 0;
 };
+
+// The sequence ranges [first, last) a request is sent as: n = min(max_chunks, rows /
+// min_chunk_rows) (at least 1) ranges of about rows / n scored rows, in order, covering every
+// sequence once, never splitting one. Ranges end between runs of sequences that share a prompt
+// (same begin and ids before it), where a run's middle would pass the range's share of rows, so
+// the server's prefix and shared-prompt reuse sees whole groups; only a run of more than 1.5
+// shares is itself cut.
+std::vector<std::pair<size_t, size_t>> plan_score_chunks(const ScoreRequest& request,
+                                                         int max_chunks, int64_t min_chunk_rows);
 
 class TeacherClient : public Scorer {
  public:
@@ -96,6 +119,8 @@ class TeacherClient : public Scorer {
   ClientStats stats() const;
 
  private:
+  // One request (no chunking): send with retries, decode, check, validate.
+  Validated score_one(const ScoreRequest& request);
   struct Http;  // one pooled connection
   struct Reply {
     int status = 0;
@@ -118,7 +143,7 @@ class TeacherClient : public Scorer {
   std::condition_variable pool_cv_;
   std::vector<std::unique_ptr<Http>> idle_;
   int open_ = 0;
-  std::atomic<int64_t> requests_{0}, attempts_{0}, retries_{0}, seq_{0};
+  std::atomic<int64_t> requests_{0}, chunks_{0}, attempts_{0}, retries_{0}, seq_{0};
 };
 
 }  // namespace opd

@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"  // gather_rows
+#include "model/kv_cache.h"
+#include "model/paged_forward.h"
 #include "model/transformer.h"
 #include "teacher/score_plan.h"
 #include "teacher/topk_lm_head.h"  // topk_lm_head_device
@@ -54,7 +56,8 @@ CudaScorer::CudaScorer(std::shared_ptr<const Transformer> cuda_model, TeacherInf
 CudaScorer::~CudaScorer() = default;
 
 void CudaScorer::check_setup() const {
-  OPD_CHECK(opts_.max_batch_tokens > 0 && opts_.vocab_tile > 0 && opts_.row_chunk > 0,
+  OPD_CHECK(opts_.max_batch_tokens > 0 && opts_.vocab_tile > 0 && opts_.row_chunk > 0 &&
+                opts_.shared_prompt.block_size > 0,
             InvalidArgument, "CUDA scorer options: max_batch_tokens ", opts_.max_batch_tokens,
             ", vocab_tile ", opts_.vocab_tile, ", row_chunk ", opts_.row_chunk, " must be > 0");
   OPD_CHECK(model_->device() == Device::CUDA &&
@@ -70,31 +73,43 @@ void CudaScorer::check_setup() const {
 ScoreResponse CudaScorer::score(const ScoreRequest& req) {
   check_request_for(req, info_, opts_.limits);
   ScoreResponse out = response_skeleton(req, info_.vocab_size);
-  const ScorePlan plan = plan_score_request(req, opts_.max_batch_tokens);
+  const ScorePlan plan =
+      plan_score_request(req, opts_.max_batch_tokens, model_->config(), opts_.shared_prompt);
   if (plan.rows == 0) return out;
 
   const std::lock_guard<std::mutex> lock(mutex_);
   const ModelConfig& c = model_->config();
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  // Gathered order: batch by batch, take by take; seq_row[s] = first gathered row of s.
+  // Gathered order: batch by batch (dense batches, then shared-prompt steps), take by take;
+  // seq_row[s] = first gathered row of s.
   Tensor hidden = Tensor::empty({plan.rows, H}, model_->dtype(), Device::CUDA);
   std::vector<int64_t> seq_row(req.sequences.size(), -1);
   std::vector<int32_t> actual;
   actual.reserve(static_cast<size_t>(plan.rows));
   int64_t pos = 0;
-  for (const ScorePlan::ForwardBatch& b : plan.batches) {
+  // The rows `takes` need from a forward's hidden states h [tokens, H] (device).
+  auto gather = [&](const Tensor& h, const std::vector<ScorePlan::Take>& takes) {
     std::vector<int32_t> src;
-    for (const ScorePlan::Take& t : b.takes) {
+    for (const ScorePlan::Take& t : takes) {
       seq_row[t.seq] = pos + static_cast<int64_t>(src.size());
       for (int64_t r = 0; r < t.rows; ++r) src.push_back(static_cast<int32_t>(t.src_row + r));
       actual.insert(actual.end(), plan.actual[t.seq].begin(), plan.actual[t.seq].end());
     }
     const int64_t m = static_cast<int64_t>(src.size());
-    const Tensor h = model_->forward_hidden(make_batch(b.sequences, V));  // [tokens, H]
+    OPD_CHECK(pos + m <= plan.rows, Internal, "CUDA scorer: ", pos + m, " rows gathered, ",
+              plan.rows, " planned");
     const Tensor rows = Tensor::from_vector(src, {m}).to(Device::CUDA);
     Tensor dst = hidden.slice_rows(pos, pos + m);
     ops::gather_rows(h, rows, dst);
     pos += m;
+  };
+  for (const ScorePlan::ForwardBatch& b : plan.batches)
+    gather(model_->forward_hidden(make_batch(b.sequences, V)), b.takes);  // [tokens, H]
+  if (!plan.shared.empty()) {  // shared prompts: K/V once, completions over it
+    // Unfused layers: the fused path would copy packed q|k|v and gate|up weights per call.
+    const PagedForward paged(*model_, /*fused=*/false);
+    KvCache cache(c, plan.block_size, plan.cache_blocks, model_->dtype(), Device::CUDA);
+    run_shared_prompts(plan, paged, cache, opts_.max_batch_tokens, gather);
   }
   OPD_CHECK(pos == plan.rows, Internal, "CUDA scorer: gathered ", pos, " rows, planned ",
             plan.rows);

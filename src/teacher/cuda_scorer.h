@@ -4,6 +4,8 @@
 // (bf16 by default, or f32):
 //   per packed batch of <= max_batch_tokens tokens: h = forward_hidden(batch)   [T_b, H] device
 //   the scored rows of h gathered on the device (ops::gather_rows) into one [rows, H] tensor
+//   shared-prompt groups (teacher/score_plan.h): prompt K/V once in a paged KV cache, the
+//   completions' rows from PagedForward::step_hidden, gathered the same way
 //   top-K / LSE / actual logprob / rank over vocabulary tiles (topk_lm_head_device, cuBLASLt
 //   tiles + per-row online LSE and running top-K: teacher/topk_lm_head_cuda.h)
 // Only the [rows x K] outputs come back to the host. Rows are gathered batch by batch; the
@@ -12,7 +14,9 @@
 // Device memory beyond the weights: one batch's forward activations (O(max_batch_tokens x
 // max(H, I)), no cache kept), the gathered hidden rows rows x H (model dtype), the top-K
 // workspace min(rows, row_chunk) x min(V, vocab_tile) x 4 + rows x (32 + 8 K) and the outputs
-// rows x (8 K + 8). Never [tokens x V].
+// rows x (8 K + 8). Never [tokens x V]. With a shared-prompt group also its KV cache, (prompt +
+// max_batch_tokens + a block per suffix) tokens x 2 x layers x Hkv x D x dtype bytes, freed
+// after the call.
 //
 // next_tokens() is Unsupported on CUDA (the CUDA top-K pass does not sample; `opd serve
 // --device cuda` answers /v1/completions generation requests with that error; scoring through
@@ -39,6 +43,13 @@ class CudaScorer : public Scorer {
     int64_t row_chunk = 2048;     // scored rows per logit tile
     DType dtype = DType::BF16;    // BF16 or F32: the model directory's weights are converted to it
     ScoreLimits limits;
+    // Shared prompts (teacher/score_plan.h). paged_attention_cost 63, measured on the H200
+    // (2026-11-30, `opd bench score --no-server --shared-prompt always|never`, Qwen3-1.7B shape):
+    // solving the cost model for the measured times gives 60 (64 x (256 + 512), 4 per prompt:
+    // shared 0.810 s vs dense 0.336 s) and 66 (32 x (2048 + 64), 8 per prompt: 0.433 vs 0.406 s).
+    // The paged prefill attention runs on CUDA cores, so Auto shares only where the prompt is
+    // long and the completions short enough to beat that (neither measured shape qualifies).
+    SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 63.0};
   };
   // Loads the model directory (f32 on the host), converts it to CUDA `options.dtype`. Throws
   // Unsupported in builds without CUDA or without a usable device.

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/kv_cache.h"
+#include "model/paged_forward.h"
 #include "model/transformer.h"
 #include "teacher/cuda_scorer.h"
 #include "teacher/score_plan.h"
@@ -134,7 +136,8 @@ Transformer make_trunk(const Transformer& model) {
 struct CpuScorer::Impl {
   Impl(const std::string& dir, Options o)
       : opts(o), model(Transformer::load(dir)), trunk(make_trunk(model)) {
-    OPD_CHECK(opts.max_batch_tokens > 0 && opts.vocab_tile > 0 && opts.row_chunk > 0,
+    OPD_CHECK(opts.max_batch_tokens > 0 && opts.vocab_tile > 0 && opts.row_chunk > 0 &&
+                  opts.shared_prompt.block_size > 0,
               InvalidArgument, "scorer options: max_batch_tokens ", opts.max_batch_tokens,
               ", vocab_tile ", opts.vocab_tile, ", row_chunk ", opts.row_chunk, " must be > 0");
     info = describe_teacher(dir, model.config());
@@ -151,6 +154,17 @@ struct CpuScorer::Impl {
         std::memcpy(hidden.data<float>() + out_row[t.seq] * H, h.data<float>() + t.src_row * H,
                     static_cast<size_t>(t.rows * H) * sizeof(float));
       }
+    }
+    if (!plan.shared.empty()) {  // shared prompts: K/V once, completions over it
+      const PagedForward paged(model, /*fused=*/false);
+      KvCache cache(model.config(), plan.block_size, plan.cache_blocks);
+      run_shared_prompts(plan, paged, cache, opts.max_batch_tokens,
+                         [&](const Tensor& h, const std::vector<ScorePlan::Take>& takes) {
+                           for (const ScorePlan::Take& t : takes)
+                             std::memcpy(hidden.data<float>() + out_row[t.seq] * H,
+                                         h.data<float>() + t.src_row * H,
+                                         static_cast<size_t>(t.rows * H) * sizeof(float));
+                         });
     }
     return hidden;
   }
@@ -191,7 +205,8 @@ ScoreResponse CpuScorer::score(const ScoreRequest& req) {
   const TeacherInfo& info = impl_->info;
   check_request_for(req, info, impl_->opts.limits);
   ScoreResponse out = response_skeleton(req, info.vocab_size);
-  const ScorePlan plan = plan_score_request(req, impl_->opts.max_batch_tokens);
+  const ScorePlan plan = plan_score_request(req, impl_->opts.max_batch_tokens,
+                                            impl_->model.config(), impl_->opts.shared_prompt);
   std::vector<int32_t> actual;
   for (const auto& a : plan.actual) actual.insert(actual.end(), a.begin(), a.end());
   TopKLmHeadArgs a = impl_->lm_args(impl_->hidden_rows(plan, out.row_offsets), req.k, req.temperature);

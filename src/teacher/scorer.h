@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"  // Device
@@ -88,6 +89,25 @@ TeacherPayload to_teacher_payload(const ScoreResponse& response);
 // The completion layout the payload must line up with, from the request.
 CompletionLayout completion_layout(const ScoreRequest& request);
 
+// Shared prompts (teacher/score_plan.h): how the in-process scorers run completions of one prompt.
+enum class SharedPromptMode : uint8_t {
+  Auto,    // share a group when shared_prompt_cost predicts less work
+  Always,  // share every eligible group (tests; measuring)
+  Never,   // the dense path only (each carrier recomputes its prompt)
+};
+std::string_view shared_prompt_mode_name(SharedPromptMode mode);
+SharedPromptMode parse_shared_prompt_mode(std::string_view name);  // "auto", "always", "never"
+
+struct SharedPromptOptions {
+  SharedPromptMode mode = SharedPromptMode::Auto;
+  int64_t min_prompt_tokens = 64;  // a shorter shared prompt is recomputed per carrier
+  int64_t block_size = 16;         // KV cache block (tokens); the shared prompt is cut to a multiple
+  // Auto's cost model: one FLOP of paged attention (PagedForward's prefill kernel) costs this
+  // many FLOPs of the dense forward (GEMMs and the dense attention kernel). The scorers set it
+  // per backend (CpuScorer, CudaScorer Options; docs/teacher.md has the measurements).
+  double paged_attention_cost = 1.0;
+};
+
 // One next token per sequence (for /v1/completions with max_tokens = 1): sampled from
 // softmax(z / sample_temperature) by the Gumbel-max trick over vocabulary tiles with Philox
 // noise keyed by (seed, sequence index, id), or argmax when sample_temperature == 0.
@@ -122,12 +142,15 @@ class Scorer {
 // states, since causal attention makes row p depend on ids[0..p] only), packed into batches of
 // at most max_batch_tokens tokens, then the lm_head in vocabulary tiles of `vocab_tile` ids
 // over the scored rows only, keeping per row a running top-K heap and an online log-sum-exp.
-// Prompt KV sharing between different completions of one prompt comes with the rollout KV
-// cache (the CUDA engine); without a KV cache a shared prompt is recomputed per sequence.
+// Completions of one prompt (different tokens after a common prompt) can share the prompt's
+// K/V instead of recomputing it per sequence: the shared-prompt path of teacher/score_plan.h
+// (PagedForward over a KV cache), chosen per group by `shared_prompt` (Auto: a cost model).
 //
 // Memory beyond the weights: the forward's per-layer activations of one batch
 // (O(batch tokens x max(H, I))), hidden rows O(rows x H), one logit tile of
-// row_chunk x vocab_tile floats, and the output O(rows x K); never O(tokens x V).
+// row_chunk x vocab_tile floats, and the output O(rows x K); never O(tokens x V). With shared
+// prompts also the KV cache of one group's step: (prompt + max_batch_tokens + a block per
+// suffix) tokens x 2 x layers x Hkv x D x 4 bytes.
 class CpuScorer : public Scorer {
  public:
   struct Options {
@@ -135,6 +158,8 @@ class CpuScorer : public Scorer {
     int64_t vocab_tile = 4096;
     int64_t row_chunk = 512;      // scored rows per lm_head GEMM
     ScoreLimits limits;
+    // CPU cost of a paged-attention FLOP vs a dense-forward FLOP: measured in docs/teacher.md.
+    SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 6.0};
   };
   CpuScorer(const std::string& model_dir, Options options);
   CpuScorer(const std::string& model_dir);

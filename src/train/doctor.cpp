@@ -134,11 +134,16 @@ MemoryPlan plan_gpu_memory(const ModelSide& s, const ModelSide* teacher,
   m.master = P * 4 / ranks;
   m.optimizer = P * 8 / ranks;
   m.grads = P * 4 + (o.zero_stage == 2 ? P * 4 / ranks : 0);
+  m.grads_whole_run = o.zero_stage > 0;
   if (teacher) m.teacher = teacher->num_parameters * bytes;
-  const int64_t per_layer = o.micro_batch_tokens * (12 * s.hidden_size + 3 * s.intermediate_size) * bytes;
-  m.activations = o.recompute
-                      ? o.micro_batch_tokens * s.hidden_size * bytes * s.num_layers + per_layer
-                      : per_layer * s.num_layers;
+  m.teacher_whole_run = !o.offload_teacher;
+  const int64_t H = s.hidden_size, I = s.intermediate_size, T = o.micro_batch_tokens;
+  const int64_t per_layer = T * (12 * H + 3 * I) * bytes;
+  switch (o.recompute) {
+    case Recompute::Off: m.activations = per_layer * s.num_layers; break;
+    case Recompute::Elementwise: m.activations = T * (7 * H + 2 * I) * bytes * s.num_layers; break;
+    case Recompute::PerLayer: m.activations = T * H * bytes * s.num_layers + per_layer; break;
+  }
   m.rollout = o.kv_cache_bytes + P * bytes / 2;
   return m;
 }

@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+
 #include "core/dtype.h"
+#include "model/transformer.h"  // Recompute
 
 namespace opd {
 
@@ -54,19 +57,27 @@ MemoryEstimate estimate_memory(const ModelSide& student, const ModelSide* in_pro
                                int64_t micro_batch_tokens, double kv_cache_gb);
 int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unknown)
 
-// The memory plan of a GPU run, per GPU: what stays resident for the whole run, plus the larger
-// of the two phases that never overlap (the rollout's KV cache is released before training):
-//   model copy  P x dtype;  f32 master 4P and AdamW moments 8P (divided by the ranks under ZeRO);
-//   f32 gradients 4P (ZeRO-2 adds the reduced shard 4P / ranks; the local buffer stays);
-//   in-process teacher Pt x dtype;
-//   training: activations of one micro-batch, T x layers x (12 H + 3 I) x dtype without
-//             recompute (calibrated on the W1 student: 7.6 GiB measured, 7.0 predicted), or
-//             T x H x dtype per layer + one layer's worth with per-layer recompute;
-//   rollout:  the KV cache (the budget, or what the rollout needs when given) + the packed
-//             decode weights (q|k|v and gate|up, ~P x dtype x 0.5).
+// The memory plan of a GPU run, per GPU: what stays resident for the whole run, plus what each
+// phase of a step adds (the phases never overlap; the rollout's KV cache is released before the
+// teacher scores and the student trains):
+//   always      model copy P x dtype;  f32 master 4P and AdamW moments 8P (divided by the ranks
+//               under ZeRO);
+//   gradients   f32 4P (+ the reduced shard 4P / ranks under ZeRO-2): only in the training phase
+//               on one GPU (the trainer binds them when it starts and drops them after AdamW); for
+//               the whole run under ZeRO (its buffers are fixed);
+//   teacher     in-process Pt x dtype: for the whole run, or only while it scores with
+//               --offload-teacher;
+//   rollout:    the KV cache (the budget, or what the rollout needs when given) + the packed
+//               decode weights (q|k|v and gate|up, ~P x dtype x 0.5);
+//   training:   activations of one micro-batch, T x layers x (12 H + 3 I) x dtype without
+//               recompute (calibrated on the W1 student: 7.6 GiB measured, 7.0 predicted),
+//               T x layers x (7 H + 2 I) x dtype with elementwise recompute, or T x H x dtype per
+//               layer + one layer's worth with per-layer recompute.
+// The teacher's scoring activations (one packed batch) are small next to these and not counted.
 struct MemoryPlanOptions {
   DType dtype = DType::BF16;   // compute dtype on the GPU
-  bool recompute = false;
+  Recompute recompute = Recompute::Off;
+  bool offload_teacher = false;
   int world_size = 1;
   int zero_stage = 0;          // 0 = no ZeRO (one GPU), 1 or 2
   int64_t micro_batch_tokens = 8192;
@@ -75,8 +86,19 @@ struct MemoryPlanOptions {
 struct MemoryPlan {
   int64_t model = 0, master = 0, optimizer = 0, grads = 0, teacher = 0;
   int64_t activations = 0, rollout = 0;
-  int64_t resident() const { return model + master + optimizer + grads + teacher; }
-  int64_t peak() const { return resident() + (activations > rollout ? activations : rollout); }
+  bool grads_whole_run = false, teacher_whole_run = true;
+  int64_t resident() const {
+    return model + master + optimizer + (grads_whole_run ? grads : 0) +
+           (teacher_whole_run ? teacher : 0);
+  }
+  int64_t rollout_phase() const { return resident() + rollout; }
+  int64_t scoring_phase() const { return resident() + (teacher_whole_run ? 0 : teacher); }
+  int64_t training_phase() const {
+    return resident() + (grads_whole_run ? 0 : grads) + activations;
+  }
+  int64_t peak() const {
+    return std::max(rollout_phase(), std::max(scoring_phase(), training_phase()));
+  }
 };
 MemoryPlan plan_gpu_memory(const ModelSide& student, const ModelSide* in_process_teacher,
                            const MemoryPlanOptions& options);

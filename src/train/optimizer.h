@@ -55,6 +55,18 @@ class AdamW {
   StepReport step(double lr, double max_norm = 0);
   // The global L2 norm of the current gradients (no update).
   double grad_norm();
+  // The norm first (one computation, read back once); when it is finite, the step of
+  // step(lr, max_norm) with that norm's clip coefficient, and true; otherwise nothing changes
+  // (not even the step count) and false. *report gets the norm either way. Bit-identical to
+  // grad_norm() followed by step(), with one norm pass instead of two.
+  bool step_if_finite(double lr, double max_norm, StepReport* report);
+
+  // Gradient buffers can leave between steps (the trainer frees them during the rollout):
+  // release_grads() drops this optimizer's references (step/grad_norm then throw until
+  // bind_grads), bind_grads() takes new f32 tensors shaped like the parameters, same device.
+  void release_grads();
+  void bind_grads(const std::vector<Tensor>& grads);
+  bool grads_bound() const { return grads_bound_; }
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t steps);  // checkpoint restore, with exp_avg()/exp_avg_sq() contents
@@ -69,6 +81,10 @@ class AdamW {
   std::vector<Tensor> m_, v_;
   int64_t step_ = 0;
   Device device_ = Device::CPU;
+  bool grads_bound_ = true;
+  void check_param(size_t i) const;
+  void build_device_state();
+  void check_bound(const char* what) const;
   struct CudaState;
   std::unique_ptr<CudaState> cuda_;
 };

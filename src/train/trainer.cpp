@@ -26,6 +26,7 @@
 #include "dist/tcp_store.h"
 #include "dist/zero.h"
 #include "dist/zero_checkpoint.h"  // sharded checkpoints (save, resume on any world size)
+#include "model/offload.h"
 #include "kernels/ops.h"
 #include "loss/fused_loss.h"
 #include "loss/fused_loss_cuda.h"  // teacher_to_device
@@ -35,6 +36,8 @@
 #include "model/transformer.h"
 #include "rollout/engine.h"
 #include "teacher/client.h"
+#include "teacher/cuda_scorer.h"
+#include "teacher/score_plan.h"
 #include "teacher/scorer.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/fingerprint.h"
@@ -64,7 +67,9 @@ nlohmann::json TrainOptions::to_json() const {
       {"max_completion_length", max_completion_length},
       {"max_prompt_length", max_prompt_length}, {"truncation", truncation},
       {"kv_cache_gb", kv_cache_gb}, {"ignore_eos", ignore_eos}, {"device", device},
-      {"dtype", dtype}, {"recompute", recompute}, {"zero_stage", zero_stage}, {"batch_size", batch_size},
+      {"dtype", dtype}, {"recompute", recompute},
+      {"recompute_granularity", recompute_granularity}, {"offload_teacher", offload_teacher},
+      {"zero_stage", zero_stage}, {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size}, {"learning_rate", learning_rate},
       {"lr_scheduler_type", lr_scheduler_type}, {"warmup_steps", warmup_steps},
       {"warmup_ratio", warmup_ratio}, {"min_lr_ratio", min_lr_ratio},
@@ -135,6 +140,12 @@ void TrainOptions::validate() const {
   parse_vocab_policy(vocab_policy);
   parse_lr_schedule(lr_scheduler_type);
   parse_truncation(truncation);
+  parse_recompute(recompute_granularity);
+  OPD_CHECK(!offload_teacher || (device == "cuda" && !teacher.empty()), InvalidArgument,
+            "--offload-teacher needs --device cuda and an in-process --teacher DIR");
+  OPD_CHECK(!offload_teacher || loss_support != "full", InvalidArgument,
+            "--offload-teacher cannot be used with --loss-support full (the dense teacher runs "
+            "inside the training phase, so its weights must stay on the GPU)");
   SamplingParams{temperature, top_p, top_k, min_p, 0}.validate();
 }
 
@@ -293,7 +304,13 @@ class Trainer {
   ModelWeights grads_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Scorer> scorer_;
-  std::unique_ptr<Transformer> teacher_model_;  // seq_kd generation
+  // The in-process teacher as a model: seq_kd generation, the full-support loss, and (on CUDA)
+  // the scorer's model, one copy shared by all three.
+  std::shared_ptr<Transformer> teacher_model_;
+  std::unique_ptr<WeightOffload> teacher_offload_;  // --offload-teacher
+  // Gradient buffers live only through the training phase (single process; ZeRO owns its own).
+  void bind_grads();
+  void release_grads();
   std::vector<int32_t> student_eos_, teacher_eos_;
   std::unique_ptr<Dataset> data_, eval_data_;
   std::unique_ptr<Sampler> sampler_;
@@ -395,7 +412,8 @@ void Trainer::setup() {
     if (compute_dtype_ != DType::F32)
       compute_ = std::make_unique<Transformer>(host.to(Device::CUDA, compute_dtype_));
   }
-  model().set_recompute(o_.recompute ? Recompute::PerLayer : Recompute::Off);
+  model().set_recompute(o_.recompute ? Recompute::PerLayer
+                                     : parse_recompute(o_.recompute_granularity));
   const ModelConfig& sc = student_->config();
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(o_.student));
   OPD_CHECK(tokenizer_->vocab_size() <= sc.vocab_size, InvalidData, o_.student,
@@ -446,14 +464,29 @@ void Trainer::setup_teacher() {
   const TokenizerFingerprint sfp = tokenizer_fingerprint(o_.student, sc.vocab_size);
   if (!o_.teacher.empty()) {
     log_info("loading teacher ", o_.teacher, " (in-process)");
-    scorer_ = make_local_scorer(o_.teacher, device_, compute_dtype_);
+    if (device_ == Device::CUDA) {
+      // One device copy serves the scorer, seq_kd generation and the full-support loss.
+      teacher_model_ = std::make_shared<Transformer>(
+          Transformer::load(o_.teacher).to(Device::CUDA, compute_dtype_));
+      CudaScorer::Options so;
+      so.dtype = compute_dtype_;
+      scorer_ = std::make_unique<CudaScorer>(
+          teacher_model_, describe_teacher(o_.teacher, teacher_model_->config()), so);
+    } else {
+      scorer_ = make_local_scorer(o_.teacher, device_, compute_dtype_);
+    }
     teacher_side_ = describe_model_dir(o_.teacher);
     run_doctor_checks(*teacher_side_);
     if (o_.seq_kd || loss_.mode == SupportMode::Full) {
-      teacher_model_ = std::make_unique<Transformer>(Transformer::load(o_.teacher));
-      if (device_ == Device::CUDA)
-        teacher_model_ = std::make_unique<Transformer>(teacher_model_->to(device_, compute_dtype_));
+      if (!teacher_model_)
+        teacher_model_ = std::make_shared<Transformer>(Transformer::load(o_.teacher));
       teacher_eos_ = generation_eos_ids(o_.teacher, teacher_model_->config(), tokenizer_.get());
+    }
+    if (o_.offload_teacher) {
+      teacher_offload_ = std::make_unique<WeightOffload>(teacher_model_);
+      log_info("teacher weights offloaded to pinned host memory (",
+               static_cast<double>(teacher_offload_->bytes()) / (1 << 30),
+               " GiB, on the GPU only while it scores)");
     }
   } else {
     ClientOptions c;
@@ -529,6 +562,22 @@ void Trainer::build_optimizer() {
       o_.warmup_steps > 0 ? o_.warmup_steps
                           : static_cast<int64_t>(std::ceil(o_.warmup_ratio * schedule_.total_steps));
   schedule_.min_lr_ratio = o_.min_lr_ratio;
+}
+
+void Trainer::bind_grads() {
+  if (zero_ || optimizer_->grads_bound()) return;
+  grads_ = zeros_weights(student_->config(), DType::F32, device_);
+  std::vector<Tensor> g;
+  grads_.for_each([&](const std::string&, Tensor& t) { g.push_back(t); });
+  optimizer_->bind_grads(g);
+}
+
+// Between steps the f32 gradients (4P bytes) are not needed: dropping them leaves the rollout
+// and the teacher's scoring that much more device memory.
+void Trainer::release_grads() {
+  if (zero_) return;
+  optimizer_->release_grads();
+  grads_ = ModelWeights{};
 }
 
 int64_t Trainer::total_steps() const {
@@ -742,6 +791,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
     return seqs;
   }
   const auto t0 = Clock::now();
+  if (source == Source::Teacher && teacher_offload_) teacher_offload_->upload();
   const Transformer& gen_model = source == Source::OnPolicy ? model() : *teacher_model_;
   const auto& eos = source == Source::OnPolicy ? student_eos_ : teacher_eos_;
   std::vector<GenerationRequest> reqs;
@@ -760,6 +810,10 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
   }
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+  // 2048 (as `opd bench rollout`): W1's 64 prompts prefill in 8 steps, then decode in lockstep;
+  // at the default 512 the admissions stagger over 32 steps and the finishes over the last ~30,
+  // which run at small, newly captured batch buckets (W1 rollout 1.43 vs 1.38 s, docs/rollout.md).
+  eo.max_step_tokens = 2048;
   eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
   RolloutEngine engine(gen_model, eo, eos);
   auto out = engine.generate(reqs);
@@ -851,22 +905,37 @@ TrainResult Trainer::run_steps() {
     const std::optional<ModelSide>& tm = teacher_side_;
     MemoryPlanOptions po;
     po.dtype = compute_dtype_;
-    po.recompute = o_.recompute;
+    po.recompute = model().recompute();
+    po.offload_teacher = o_.offload_teacher;
     po.world_size = env_.world_size;
     po.zero_stage = distributed() ? static_cast<int>(o_.zero_stage) : 0;
     int64_t longest = 0;
     for (size_t i = 0; i < data_->size(); ++i)
       longest = std::max<int64_t>(longest, (*data_)[i].sequence_length());
     po.micro_batch_tokens = o_.micro_batch_size * (longest + o_.max_completion_length);
-    po.kv_cache_bytes = static_cast<int64_t>(o_.kv_cache_gb * (1 << 30));
+    // The rollout allocates only the KV blocks its requests can use: at most this rank's prompts
+    // x samples x their longest length (in blocks of 16) x 2 (K, V) x layers x kv heads x D.
+    const ModelConfig& sc = student_->config();
+    const int64_t local_prompts = (o_.batch_size + env_.world_size - 1) / env_.world_size;
+    const int64_t tokens_needed = local_prompts * o_.num_generations *
+                                  ((longest + o_.max_completion_length + 15) / 16 * 16);
+    const int64_t kv_needed = tokens_needed * 2 * sc.num_hidden_layers * sc.num_key_value_heads *
+                              sc.head_dim * static_cast<int64_t>(dtype_size(compute_dtype_));
+    po.kv_cache_bytes =
+        std::min<int64_t>(static_cast<int64_t>(o_.kv_cache_gb * (1 << 30)), kv_needed);
     const MemoryPlan p = plan_gpu_memory(sm, tm ? &*tm : nullptr, po);
     auto g = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
-    log_info("GPU memory plan (upper bound): peak ~", g(p.peak()), " GiB = resident ",
-             g(p.resident()), " GiB + max(training activations ", g(p.activations),
-             " GiB, rollout ", g(p.rollout), " GiB)");
+    log_info("GPU memory plan (upper bound): peak ~", g(p.peak()), " GiB = max(rollout ",
+             g(p.rollout_phase()), ", scoring ", g(p.scoring_phase()), ", training ",
+             g(p.training_phase()), " GiB); always resident ", g(p.resident()),
+             " GiB, training activations ", g(p.activations), " GiB (recompute ",
+             recompute_name(po.recompute), "), rollout KV + packed weights ", g(p.rollout),
+             " GiB", o_.offload_teacher ? ", teacher offloaded" : "");
   }
   build_optimizer();
   resume_if_any();
+  // memory/peak_device_bytes is this run's peak (an earlier run in the process does not count).
+  if (device_ == Device::CUDA) reset_peak_memory(Device::CUDA);
   const int64_t total = total_steps();
   result_.first_step = step_;
   if (rank0()) {  // one writer of the run's files
@@ -990,6 +1059,7 @@ TrainResult Trainer::run_steps() {
       // The teacher's hidden states are computed per micro-batch below (dense logits in tiles).
     } else {
       const auto t0 = Clock::now();
+      if (teacher_offload_) teacher_offload_->upload();  // its copy is part of the scoring time
       try {
         teacher = score(seqs, &pstats);
       } catch (const Error&) {
@@ -1003,7 +1073,9 @@ TrainResult Trainer::run_steps() {
       }
       score_s = seconds_since(t0);
     }
+    if (teacher_offload_) teacher_offload_->release();  // the training phase has its bytes
     // 4. micro-batches: forward, fused loss, backward
+    bind_grads();
     const auto train_t0 = Clock::now();
     double loss = 0, div_sum = 0, ce_sum = 0;
     int64_t tail_clamped = 0;
@@ -1104,10 +1176,11 @@ TrainResult Trainer::run_steps() {
       gnorm = rep.grad_norm;
       skipped = skipped || !std::isfinite(loss);
     } else {
-      gnorm = optimizer_->grad_norm();
-      skipped = !std::isfinite(loss) || !std::isfinite(gnorm);
-      if (!skipped) optimizer_->step(lr_now, o_.max_grad_norm);
-      grads_.for_each([](const std::string&, Tensor& g) { g.fill_zero(); });
+      StepReport rep;
+      // One norm pass: it decides the skip and (when clipping) gives the clip coefficient.
+      skipped = !std::isfinite(loss) || !optimizer_->step_if_finite(lr_now, o_.max_grad_norm, &rep);
+      gnorm = rep.grad_norm;
+      release_grads();  // the next step binds zeroed buffers when its training phase starts
     }
     if (skipped) {
       ++bad_steps_;

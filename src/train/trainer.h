@@ -77,7 +77,16 @@ struct TrainOptions {
   // in-process teacher, the rollout and the loss run there too.
   std::string device = "cpu";         // cpu | cuda
   std::string dtype = "bf16";         // cuda compute dtype: bf16 | f32
-  bool recompute = false;             // per-layer activation recompute (less memory, +1 forward)
+  bool recompute = false;             // = recompute_granularity "layer"
+  // Activation recompute of the student (model/transformer.h): none | elementwise (CUDA: the
+  // norm outputs, normed q/k and SwiGLU product are rebuilt in the backward, 36% fewer
+  // activations at the Qwen3 shapes, no extra GEMM) | layer (only each layer's input is kept,
+  // +1 forward).
+  std::string recompute_granularity = "none";
+  // cuda, in-process teacher: its weights live in pinned host memory and are uploaded for the
+  // scoring (and a --seq-kd rollout) of each step and released before the rollout and training
+  // phases (less device memory for one host-to-device copy of the teacher per step).
+  bool offload_teacher = false;
   // Data parallel (launched by `opd launch` / torchrun / srun: WORLD_SIZE > 1): batch_size is the
   // global number of prompts per step, split round-robin over the ranks; ZeRO-1 shards the f32
   // master weights and AdamW moments, ZeRO-2 also the reduced gradients (reduce-scattered

@@ -27,6 +27,7 @@
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
 #include "model/safetensors.h"
+#include "model/offload.h"
 #include "model/transformer.h"
 
 namespace opd::test {
@@ -151,8 +152,9 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(dtype_name(std::get<1>(info.param)));
     });
 
-// Recompute::PerLayer recomputes each layer from its saved input with the same kernels on the
-// same values, so the gradients equal those of the full cache bit for bit. Determinism of two
+// Recompute::PerLayer recomputes each layer from its saved input, Recompute::Elementwise only the
+// norm outputs, normed q/k and the SwiGLU product, with the same kernels on the same values, so
+// the gradients equal those of the full cache bit for bit. Determinism of two
 // full-cache runs is checked first, so a failure names the right cause.
 class CudaModelRecompute : public ::testing::TestWithParam<const char*> {};
 
@@ -163,13 +165,21 @@ TEST_P(CudaModelRecompute, GradientsBitIdenticalWithAndWithoutRecompute) {
   const ModelConfig& c = model.config();
   Batch batch = fixture_batch(c.vocab_size);
   Tensor dhidden = rand_in({batch.num_tokens(), c.hidden_size}, DType::F32, 9, -1, 1);
-  std::map<std::string, Tensor> runs[3];
-  Tensor hidden[3];
-  for (int r = 0; r < 3; ++r) {
-    model.set_recompute(r == 2 ? Recompute::PerLayer : Recompute::Off);
+  // Runs: 0, 1 Off (determinism), 2 PerLayer, 3 Elementwise.
+  std::map<std::string, Tensor> runs[4];
+  Tensor hidden[4];
+  for (int r = 0; r < 4; ++r) {
+    model.set_recompute(r == 2 ? Recompute::PerLayer
+                               : r == 3 ? Recompute::Elementwise : Recompute::Off);
     ForwardCache cache;
     hidden[r] = model.forward_hidden(batch, &cache);
-    for (const LayerCache& lc : cache.layers) EXPECT_EQ(lc.gate.defined(), r != 2);
+    for (const LayerCache& lc : cache.layers) {
+      EXPECT_EQ(lc.gate.defined(), r != 2);
+      EXPECT_EQ(lc.act.defined(), r < 2);  // Elementwise drops act, h1, h2 (and q/k after q/k norm)
+      EXPECT_EQ(lc.h2.defined(), r < 2);
+      EXPECT_EQ(lc.attn.defined(), r != 2);
+      if (r == 3) EXPECT_EQ(lc.q.defined(), !c.qk_norm);
+    }
     ModelWeights grads = zeros_weights(c, DType::F32, Device::CUDA);
     model.backward_hidden(batch, cache, dhidden.to(Device::CUDA), grads);  // f32 dhidden
     runs[r] = by_name(grads);
@@ -177,12 +187,51 @@ TEST_P(CudaModelRecompute, GradientsBitIdenticalWithAndWithoutRecompute) {
   for (const auto& [name, g] : runs[0]) {
     ASSERT_TRUE(same_host_bits(g, runs[1].at(name))) << "not deterministic: " << name;
   }
-  EXPECT_TRUE(same_host_bits(hidden[0], hidden[2]));
-  for (const auto& [name, g] : runs[0]) EXPECT_TRUE(same_host_bits(g, runs[2].at(name))) << name;
+  for (int r : {2, 3}) {
+    EXPECT_TRUE(same_host_bits(hidden[0], hidden[r])) << recompute_name(model.recompute());
+    for (const auto& [name, g] : runs[0])
+      EXPECT_TRUE(same_host_bits(g, runs[r].at(name))) << "run " << r << ": " << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelRecompute,
                          ::testing::Values("qwen3", "qwen2", "llama"));
+
+// WeightOffload moves every parameter (q/k norms and biases included: the families cover both)
+// to pinned host memory and back: after each upload the forward gives the same bits; while
+// released, using the model is an error, not a read of freed memory.
+class CudaWeightOffload : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaWeightOffload, UploadGivesTheSameBitsAndReleasedWeightsAreRefused) {
+  REQUIRE_GPU();
+  auto model = std::make_shared<Transformer>(
+      Transformer::load(fixture_path(std::string("models/") + GetParam())).to(Device::CUDA, DType::BF16));
+  Batch batch = fixture_batch(model->config().vocab_size);
+  const Tensor before = host(model->forward_hidden(batch));
+  int64_t params = 0;
+  model->weights().for_each([&](const std::string&, const Tensor&) { ++params; });
+  WeightOffload off(model);
+  EXPECT_FALSE(off.resident());
+  EXPECT_GT(off.bytes(), 0);
+  EXPECT_THROW(model->forward_hidden(batch), Error);
+  for (int round = 0; round < 2; ++round) {
+    off.upload();
+    off.upload();  // no-op when resident
+    EXPECT_TRUE(off.resident());
+    int64_t bound = 0;
+    model->weights().for_each([&](const std::string&, const Tensor& t) {
+      EXPECT_EQ(t.device(), Device::CUDA);
+      ++bound;
+    });
+    EXPECT_EQ(bound, params);
+    EXPECT_TRUE(same_host_bits(before, model->forward_hidden(batch))) << "round " << round;
+    off.release();
+    EXPECT_FALSE(off.resident());
+  }
+  EXPECT_EQ(off.uploads(), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaWeightOffload, ::testing::Values("qwen3", "qwen2", "llama"));
 
 // Ids, positions and cu_seqlens are checked when the forward starts, for host and device
 // batches, with the messages of the CPU checks; nothing runs on bad data.

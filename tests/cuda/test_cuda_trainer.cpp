@@ -174,5 +174,43 @@ TEST_F(CudaTrainerTest, ResumeOnTheGpuIsBitwiseExact) {
   }
 }
 
+// The memory options change where bytes live, not what is computed: elementwise recompute
+// rebuilds bit-identical activations and the offloaded teacher is the same bits after its
+// upload, so 3 on-policy steps (teacher scoring every step, seq-kd's teacher rollout in a second
+// run) end with bit-identical weights, at a lower peak.
+TEST_F(CudaTrainerTest, MemoryOptionsGiveBitIdenticalStepsWithLessMemory) {
+  REQUIRE_GPU();
+  for (bool seq_kd : {false, true}) {
+    auto opts = [&](const std::string& out, bool saving) {
+      TrainOptions o = base(out + (seq_kd ? "_seqkd" : ""), "cuda", "bf16");
+      o.lmbda = seq_kd ? 0 : 1;
+      o.seq_kd = seq_kd;
+      o.recompute_granularity = saving ? "elementwise" : "none";
+      o.offload_teacher = saving;
+      return o;
+    };
+    TrainResult plain = train(opts("plain", false));
+    TrainResult saving = train(opts("saving", true));
+    EXPECT_EQ(saving.steps, 3);
+    const auto a = checkpoint_weights(plain.last_checkpoint);
+    const auto b = checkpoint_weights(saving.last_checkpoint);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, t] : a) {
+      const Tensor& u = b.at(name);
+      ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+      EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " (seq_kd " << seq_kd << ")";
+    }
+    auto peak = [&](const std::string& out) {
+      int64_t p = 0;
+      for (const auto& l : MetricsLog::read(path(out) + "/metrics.jsonl"))
+        if (l.contains("memory/peak_device_bytes"))
+          p = std::max(p, l.at("memory/peak_device_bytes").get<int64_t>());
+      return p;
+    };
+    const std::string sfx = seq_kd ? "_seqkd" : "";
+    EXPECT_LT(peak("saving" + sfx), peak("plain" + sfx)) << "seq_kd " << seq_kd;
+  }
+}
+
 }  // namespace
 }  // namespace opd

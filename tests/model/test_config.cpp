@@ -8,7 +8,7 @@
 
 #include "common/test_util.h"
 #include "model/config.h"
-#include "model/model_test_util.h"
+#include "common/python_oracle.h"
 
 namespace opd {
 namespace {

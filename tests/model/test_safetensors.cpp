@@ -15,7 +15,7 @@
 #include "common/test_util.h"
 #include "core/sha256.h"
 #include "model/config.h"
-#include "model/model_test_util.h"
+#include "common/python_oracle.h"
 #include "model/safetensors.h"
 
 namespace opd {

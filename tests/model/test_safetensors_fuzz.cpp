@@ -16,7 +16,7 @@
 
 #include "common/test_util.h"
 #include "core/philox.h"
-#include "model/model_test_util.h"
+#include "common/python_oracle.h"
 #include "model/safetensors.h"
 
 namespace opd {

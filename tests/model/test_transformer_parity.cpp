@@ -169,6 +169,25 @@ TEST_P(Parity, RecomputeGivesBitIdenticalGradients) {
   }
   // The flag survives Transformer::to (the copy used on another device).
   EXPECT_EQ(model.to(Device::CPU, DType::F32).recompute(), Recompute::PerLayer);
+  // Elementwise is a CUDA memory mode; on the CPU it keeps the whole cache (same as Off).
+  model.set_recompute(Recompute::Elementwise);
+  ForwardCache cache;
+  Tensor logits = model.forward(batch, &cache);
+  for (const LayerCache& lc : cache.layers) EXPECT_TRUE(lc.act.defined() && lc.h1.defined());
+  EXPECT_TRUE(identical(logits, logits_by_mode[0]));
+}
+
+TEST(Transformer, RecomputeGranularityNamesRoundTrip) {
+  for (Recompute r : {Recompute::Off, Recompute::Elementwise, Recompute::PerLayer})
+    EXPECT_EQ(parse_recompute(recompute_name(r)), r);
+  EXPECT_EQ(parse_recompute("off"), Recompute::Off);
+  try {
+    parse_recompute("selective");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'selective' is not one of none, elementwise, layer"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Transformer, ToConvertsEveryWeightAndKeepsTiedEmbeddingsOneTensor) {

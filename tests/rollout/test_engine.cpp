@@ -354,6 +354,38 @@ TEST(CompletionText, FindsTheEarliestStopAndHoldsIncompleteCharacters) {
   (void)e_acute;
 }
 
+// One engine for successive rollouts with the weights updated in place between them (how the
+// trainer uses it: engine kept across steps, AdamW writing the same tensors) gives what a
+// fresh engine gives on the updated weights. On the CPU nothing device-side is kept; the CUDA
+// version (CudaRollout.KeptDeviceState...) checks the kept packed weights and graphs.
+TEST(Engine, AnEngineKeptAcrossInPlaceWeightUpdatesEqualsAFreshOne) {
+  Transformer model = Transformer::load(test::model_dir("qwen3"));
+  const int64_t V = model.config().vocab_size;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r = request(seeded_prompt(40 + i, 5 + i, V), 9, 1.0, 70 + i, 2);
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  RolloutEngine kept(model, EngineOptions{}, {});
+  const auto before = kept.generate(reqs);
+  for (LayerWeights& L : model.weights().layers) {
+    float* w = L.q_proj.data<float>();
+    for (int64_t i = 0; i < L.q_proj.numel(); ++i) w[i] *= (i % 3 == 0) ? 1.7f : 0.6f;
+  }
+  const auto after = kept.generate(reqs);
+  const auto want = RolloutEngine(model, EngineOptions{}, {}).generate(reqs);
+  bool changed = false;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(after[r].samples[k].ids, want[r].samples[k].ids) << "request " << r;
+      EXPECT_EQ(after[r].samples[k].model_logprobs, want[r].samples[k].model_logprobs);
+      changed = changed || after[r].samples[k].ids != before[r].samples[k].ids;
+    }
+  }
+  EXPECT_TRUE(changed) << "the update did not change any sample";
+}
+
 TEST(Engine, BudgetTooSmallForOneSequenceIsANamedError) {
   Transformer model = Transformer::load(test::model_dir("qwen3"));
   const int64_t V = model.config().vocab_size;

@@ -98,11 +98,27 @@ TEST(DoctorPlan, GpuPlanOfW1IsCloseToTheMeasuredPeak) {
   const double gib = static_cast<double>(p.peak()) / (1 << 30);
   EXPECT_NEAR(gib, 20.69, 0.1 * 20.69) << "plan " << gib << " GiB";
   EXPECT_GT(p.activations, p.rollout) << "W1's peak is in the training phase";
+  EXPECT_EQ(p.peak(), p.training_phase());
+  // One GPU: the gradients exist only in the training phase.
+  EXPECT_EQ(p.rollout_phase(), p.model + p.master + p.optimizer + p.teacher + p.rollout);
+  EXPECT_EQ(p.training_phase(), p.model + p.master + p.optimizer + p.grads + p.teacher + p.activations);
+  // Elementwise recompute keeps 7 H + 2 I of 12 H + 3 I per token and layer.
+  o.recompute = Recompute::Elementwise;
+  const MemoryPlan e = plan_gpu_memory(s, &t, o);
+  EXPECT_NEAR(static_cast<double>(e.activations) / p.activations,
+              (7.0 * 1024 + 2 * 3072) / (12.0 * 1024 + 3 * 3072), 1e-9);
+  // + teacher offload: W1 fits the 16 GiB goal in every phase.
+  o.offload_teacher = true;
+  const MemoryPlan eo = plan_gpu_memory(s, &t, o);
+  EXPECT_EQ(eo.training_phase(), e.training_phase() - e.teacher);
+  EXPECT_EQ(eo.scoring_phase(), eo.model + eo.master + eo.optimizer + eo.teacher);
+  EXPECT_LT(static_cast<double>(eo.peak()) / (1 << 30), 16.0);
+  o.offload_teacher = false;
   // Recompute shrinks the training phase below the rollout phase; ZeRO divides master + moments.
-  o.recompute = true;
+  o.recompute = Recompute::PerLayer;
   const MemoryPlan r = plan_gpu_memory(s, &t, o);
   EXPECT_LT(r.activations, p.activations / 4);
-  EXPECT_EQ(r.peak(), r.resident() + r.rollout);
+  EXPECT_EQ(r.peak(), r.rollout_phase());
   o.world_size = 2;
   o.zero_stage = 1;
   const MemoryPlan z = plan_gpu_memory(s, &t, o);

@@ -125,6 +125,64 @@ TEST(AdamW, ResumeFromSavedStateIsBitExact) {
   EXPECT_TRUE(test::same_bits(a.exp_avg_sq()[0], c.exp_avg_sq()[0]));
 }
 
+// step_if_finite is grad_norm() + step() with one norm pass: same bits, clipping or not; a
+// non-finite gradient leaves everything (weights, moments, step count) as it was.
+TEST(AdamW, StepIfFiniteEqualsNormThenStepAndSkipsNonFinite) {
+  const AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
+  Tensor pa = test::random_uniform({9, 11}, DType::F32, 7), pb = pa.clone();
+  Tensor ga = Tensor::zeros({9, 11}, DType::F32), gb = ga.clone();
+  Tensor ma = Tensor::zeros({9, 11}, DType::BF16), mb = ma.clone();
+  AdamW a({{pa, ga, ma}}, cfg);
+  AdamW b({{pb, gb, mb}}, cfg);
+  for (int s = 0; s < 4; ++s) {
+    const Tensor g = test::random_uniform({9, 11}, DType::F32, 300 + s, -4, 4);
+    ga.copy_from(g);
+    gb.copy_from(g);
+    const double max_norm = s % 2 ? 0.5 : 0.0;  // clipping active, then off
+    const double norm = a.grad_norm();
+    const StepReport ra = a.step(1e-2, max_norm);
+    StepReport rb;
+    ASSERT_TRUE(b.step_if_finite(1e-2, max_norm, &rb));
+    EXPECT_EQ(rb.grad_norm, norm);
+    if (max_norm > 0) EXPECT_EQ(rb.clip_coef, ra.clip_coef);
+    EXPECT_LT(rb.clip_coef, max_norm > 0 ? 1.0 : 1.5);
+  }
+  EXPECT_TRUE(test::same_bits(pa, pb));
+  EXPECT_TRUE(test::same_bits(ma, mb));
+  EXPECT_TRUE(test::same_bits(a.exp_avg_sq()[0], b.exp_avg_sq()[0]));
+  EXPECT_EQ(b.steps(), 4);
+  // A NaN gradient: no update, no step counted, the norm reported.
+  const Tensor before = pb.clone(), m_before = b.exp_avg()[0].clone();
+  gb.data<float>()[5] = std::nanf("");
+  StepReport r;
+  EXPECT_FALSE(b.step_if_finite(1e-2, 1.0, &r));
+  EXPECT_TRUE(std::isnan(r.grad_norm));
+  EXPECT_TRUE(test::same_bits(pb, before));
+  EXPECT_TRUE(test::same_bits(b.exp_avg()[0], m_before));
+  EXPECT_EQ(b.steps(), 4);
+}
+
+// Gradient buffers can be released between steps and new ones bound: the step reads the new
+// buffers; using the optimizer while released is an error, and bad buffers are refused.
+TEST(AdamW, ReleasedGradientsMustBeBoundAgain) {
+  const AdamWConfig cfg{0.9, 0.95, 1e-8, 0.0};
+  Tensor pa = test::random_uniform({5, 6}, DType::F32, 3), pb = pa.clone();
+  Tensor ga = test::random_uniform({5, 6}, DType::F32, 4), gb_old = Tensor::zeros({5, 6}, DType::F32);
+  AdamW a({{pa, ga, Tensor()}}, cfg);
+  AdamW b({{pb, gb_old, Tensor()}}, cfg);
+  a.step(1e-2);
+  b.release_grads();
+  EXPECT_FALSE(b.grads_bound());
+  EXPECT_THROW(b.step(1e-2), Error);
+  EXPECT_THROW(b.grad_norm(), Error);
+  EXPECT_THROW(b.bind_grads({Tensor::zeros({6, 5}, DType::F32)}), Error);  // wrong shape
+  EXPECT_THROW(b.bind_grads({}), Error);                                   // wrong count
+  b.bind_grads({ga.clone()});
+  EXPECT_TRUE(b.grads_bound());
+  b.step(1e-2);
+  EXPECT_TRUE(test::same_bits(pa, pb));
+}
+
 TEST(AdamW, ZeroLearningRateAndNoDecayLeaveWeightsButMoveMoments) {
   Tensor p = test::random_uniform({50}, DType::F32, 6), p0 = p.clone();
   Tensor g = test::random_uniform({50}, DType::F32, 7);

@@ -12,8 +12,10 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/python_oracle.h"
 #include "common/test_util.h"
 #include "core/error.h"
 #include "model/init.h"
@@ -159,6 +161,51 @@ TEST_F(TrainerTest, EverySourceOfCompletionsRuns) {
     EXPECT_EQ(back.config().hidden_size, 32);
     EXPECT_TRUE(fs::exists(r.last_checkpoint + "/tokenizer.json"));
   }
+}
+
+// The exported checkpoint is a Hugging Face model directory for transformers itself (DESIGN.md:
+// "checkpoints are written back in that layout so transformers and vLLM load them unchanged"):
+// AutoModelForCausalLM loads it and gives opd's logits (f32, to rounding), and AutoTokenizer
+// encodes text to opd's ids. Skips (reported) where python3 lacks transformers/torch.
+TEST_F(TrainerTest, CheckpointLoadsInTransformersWithTheSameLogitsAndIds) {
+  std::string why;
+  if (!test::python_can_import("transformers, torch", &why)) GTEST_SKIP() << why;
+  TrainOptions o = base("hf");
+  o.max_steps = 2;
+  const TrainResult r = train(o);
+  const std::string dir = r.last_checkpoint;
+  const std::string text = "12+34=46";
+  const std::vector<int32_t> ids = Tokenizer::load(dir).encode(text);
+  ASSERT_GE(ids.size(), 3u);
+  const Transformer model = Transformer::load(dir);
+  const Tensor logits = model.forward(make_batch({ids}, model.config().vocab_size));  // f32 [T, V]
+  const char* code = R"PY(
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+d, text = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(d)
+ids = tok(text, add_special_tokens=False)["input_ids"]
+m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+with torch.no_grad():
+    out = m(torch.tensor([ids])).logits[0]
+print(json.dumps({"ids": ids, "logits": out.flatten().tolist()}))
+)PY";
+  std::string out;
+  ASSERT_EQ(test::run_python(code, dir + " '" + text + "'", &out), 0) << out;
+  const nlohmann::json got = nlohmann::json::parse(out.substr(0, out.find("\n--- python3 stderr")));
+  EXPECT_EQ(got.at("ids").get<std::vector<int32_t>>(), ids);
+  const std::vector<float> hf = got.at("logits").get<std::vector<float>>();
+  ASSERT_EQ(static_cast<int64_t>(hf.size()), logits.numel());
+  const float* mine = logits.data<float>();
+  double num = 0, den = 0, worst = 0;
+  for (size_t i = 0; i < hf.size(); ++i) {
+    num += (mine[i] - hf[i]) * (mine[i] - hf[i]);
+    den += static_cast<double>(hf[i]) * hf[i];
+    worst = std::max(worst, std::fabs(mine[i] - hf[i]) / (1e-4 + std::fabs(hf[i])));
+  }
+  EXPECT_GT(den, 0);
+  EXPECT_LT(std::sqrt(num / den), 1e-5) << "relative L2 between opd and transformers logits";
+  EXPECT_LT(worst, 1e-2) << "worst elementwise relative difference";
 }
 
 TEST_F(TrainerTest, FullSupportEqualsTopKTailWithEveryId) {

@@ -1,4 +1,4 @@
-// Helpers for the model tests: scratch directories, whole-file I/O, and running python3 as an
+// Helpers shared by the test suites: scratch directories, whole-file I/O, and running python3 as an
 // oracle (transformers / safetensors) with a clean skip when it is not installed.
 #pragma once
 

@@ -1,5 +1,5 @@
-// Scratch directories, file I/O and the python3 oracle runner (see model_test_util.h).
-#include "model/model_test_util.h"
+// Scratch directories, file I/O and the python3 oracle runner (see python_oracle.h).
+#include "common/python_oracle.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@ namespace opd::test {
 
 ScratchDir::ScratchDir() {
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/opd_model_test_XXXXXX";
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/opd_test_XXXXXX";
   if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
   path_ = pattern;
 }
