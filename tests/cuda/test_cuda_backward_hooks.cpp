@@ -11,8 +11,11 @@ namespace {
 TEST(CudaBackwardHooks, OrderFinalityAndSameResult) {
   REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16}) {
-    for (Recompute rc : {Recompute::Off, Recompute::PerLayer}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + (rc == Recompute::Off ? "" : " recompute"));
+    for (Recompute rc : {Recompute::Off, Recompute::Elementwise, Recompute::PerLayer}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + 
+                   (rc == Recompute::Off           ? ""
+                    : rc == Recompute::Elementwise ? " elementwise recompute"
+                                                   : " layer recompute"));
       Transformer loaded = Transformer::load(fixture_path("models/qwen3"));
       Transformer model = loaded.to(Device::CUDA, dt);
       model.set_recompute(rc);

@@ -1,6 +1,6 @@
 // The backward's GradsReady hook on the CPU reference (model/transformer.h; the ZeRO-2 overlap
-// in train/trainer.cpp relies on it): order, finality and no effect on the result, with and
-// without activation recompute. Checks in backward_hooks_check.h.
+// in train/trainer.cpp relies on it): order, finality and no effect on the result, without
+// activation recompute and with each granularity. Checks in backward_hooks_check.h.
 #include "model/backward_hooks_check.h"
 
 namespace opd::test {
@@ -22,9 +22,12 @@ ModelWeights nonzero_grads(const ModelConfig& c) {
 }
 
 TEST(BackwardHooks, CpuOrderFinalityAndSameResult) {
-  for (Recompute rc : {Recompute::Off, Recompute::PerLayer}) {
+  for (Recompute rc : {Recompute::Off, Recompute::Elementwise, Recompute::PerLayer}) {
     for (const char* fixture : {"models/qwen3", "models/llama"}) {
-      SCOPED_TRACE(std::string(fixture) + (rc == Recompute::Off ? "" : " recompute"));
+      SCOPED_TRACE(std::string(fixture) + 
+                   (rc == Recompute::Off           ? ""
+                    : rc == Recompute::Elementwise ? " elementwise recompute"
+                                                   : " layer recompute"));
       Transformer model = Transformer::load(fixture_path(fixture));
       model.set_recompute(rc);
       const ModelConfig& c = model.config();
