@@ -52,6 +52,7 @@ struct BenchW1Options {
   double kv_cache_gb = 8;
   bool recompute = false, offload_teacher = false;
   std::string recompute_granularity = "none";
+  int zero_stage = 1;  // under opd launch (data parallel)
   std::string tokenizer = "demo/tokenizer";
   std::string work_dir;
   bool keep = false, json = false, with_torch = false;
@@ -147,6 +148,7 @@ void run_bench_w1(const BenchW1Options& o) {
   t.device = "cuda";
   t.dtype = "bf16";
   t.recompute = o.recompute;
+  t.zero_stage = o.zero_stage;
   t.recompute_granularity = o.recompute_granularity;
   t.offload_teacher = o.offload_teacher;
   t.lmbda = 1;
@@ -211,6 +213,7 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"k", o.k},
                       {"recompute", o.recompute ? "layer" : o.recompute_granularity},
                       {"offload_teacher", o.offload_teacher},
+                      {"zero_stage", o.zero_stage},
                       {"measured_steps", step.size()},
                       {"completion_tokens", n},
                       {"rollout_s", rs},
@@ -280,6 +283,7 @@ struct BenchW2Options {
   bool recompute = false, json = false, offload_teacher = false;
   std::string recompute_granularity = "none";
   int warmup = 1, steps = 2;
+  int zero_stage = 1;
 };
 
 void run_bench_w2(const BenchW2Options& o) {
@@ -289,7 +293,8 @@ void run_bench_w2(const BenchW2Options& o) {
   const std::string common = cat(" bench w1 --json --work-dir ", o.work_dir, " --warmup ", o.warmup,
                                  " --steps ", o.steps, o.recompute ? " --recompute" : "",
                                  " --recompute-granularity ", o.recompute_granularity,
-                                 o.offload_teacher ? " --offload-teacher" : "");
+                                 o.offload_teacher ? " --offload-teacher" : "",
+                                 " --zero-stage ", o.zero_stage);
   const nlohmann::json w1 = run_json(cat(exe, common, " --prompts 64"));
   const nlohmann::json w2 = run_json(cat(exe, " launch --nproc-per-node ", o.nproc,
                                          " --master-port 0 --no-prefix -- ", exe, common,
@@ -316,7 +321,7 @@ void run_bench_w2(const BenchW2Options& o) {
 void register_bench_w2(CLI::App& bench) {
   auto o = std::make_shared<BenchW2Options>();
   CLI::App* c = bench.add_subcommand(
-      "w2", "W2: W1 per GPU on several GPUs (data parallel, ZeRO-1, under opd launch) against W1 "
+      "w2", "W2: W1 per GPU on several GPUs (data parallel, ZeRO, under opd launch) against W1 "
             "on one GPU: per-phase times and scaling efficiency");
   c->add_option("--nproc", o->nproc, "GPUs (ranks)")->capture_default_str();
   c->add_option("--work-dir", o->work_dir, "random models, prompts and runs (kept, reused)")
@@ -324,6 +329,11 @@ void register_bench_w2(CLI::App& bench) {
   c->add_option("--warmup", o->warmup, "steps not measured")->capture_default_str();
   c->add_option("--steps", o->steps, "measured steps")->capture_default_str();
   c->add_flag("--recompute", o->recompute, "per-layer activation recompute in the student");
+  c->add_option("--zero-stage", o->zero_stage,
+                "ZeRO stage of the N-GPU run: 1, or 2 (gradients reduce-scattered during the "
+                "backward, overlapped)")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
   c->add_option("--recompute-granularity", o->recompute_granularity, "student activation "
                 "recompute: none | elementwise | layer (opd train's flag)")->capture_default_str();
   c->add_flag("--offload-teacher", o->offload_teacher, "the teacher on the GPU only while it "
@@ -353,6 +363,10 @@ void register_bench_w1(CLI::App& bench) {
   c->add_option("--steps", o->steps, "measured steps (median reported)")->capture_default_str();
   c->add_option("--kv-cache-gb", o->kv_cache_gb, "rollout KV cache budget")->capture_default_str();
   c->add_flag("--recompute", o->recompute, "per-layer activation recompute in the student");
+  c->add_option("--zero-stage", o->zero_stage,
+                "ZeRO stage when run data parallel under opd launch (1 or 2; ignored on one GPU)")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
   c->add_option("--recompute-granularity", o->recompute_granularity, "student activation "
                 "recompute: none | elementwise | layer (opd train's flag)")->capture_default_str();
   c->add_flag("--offload-teacher", o->offload_teacher, "the teacher on the GPU only while it "

@@ -9,7 +9,8 @@
 
 #include "kernels/ops.h"  // add_inplace (shard gradient accumulation)
 #ifdef OPD_WITH_CUDA
-#include "core/cuda/allocator.h"  // cuda::current_stream
+#include "core/cuda/allocator.h"  // cuda::current_stream, StreamScope
+#include "core/cuda/stream.h"     // Stream, Event (the communication stream of reduce_bucket)
 #include "dist/zero_cuda.h"
 #endif
 
@@ -36,6 +37,7 @@ ShardLayout make_shard_layout(const std::vector<Shape>& shapes, int world_size,
   ShardLayout L;
   L.world_size = world_size;
   L.align = align;
+  L.bucket_numel = bucket_numel;
   const int64_t unit = world_size * align;
   ShardLayout::Bucket cur;
   int64_t used = 0;  // elements of the open bucket, aligned starts included
@@ -98,7 +100,23 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, const std::vector<Shape>& shape
   adamw_ = std::make_unique<AdamW>(std::move(params), config_.adamw);
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+#ifdef OPD_WITH_CUDA
+struct ZeroOptimizer::CommStream {
+  ::opd::cuda::Stream stream;
+  ::opd::cuda::Event compute_done;  // on the compute stream: the bucket's gradients are final
+  ::opd::cuda::Event comm_done;     // on `stream`, after the latest reduction
+  bool pending = false;             // reductions issued since the last wait_reductions()
+};
+#else
+struct ZeroOptimizer::CommStream {};
+#endif
+
+ZeroOptimizer::~ZeroOptimizer() {
+#ifdef OPD_WITH_CUDA
+  // Queued reductions still use the buffers released below.
+  if (comm_stream_ && comm_stream_->pending) (void)cudaStreamSynchronize(comm_stream_->stream.get());
+#endif
+}
 
 Tensor ZeroOptimizer::shard_view(const Tensor& buf, int b) const {
   const auto& bk = layout_.buckets[b];
@@ -156,6 +174,33 @@ void ZeroOptimizer::load_weights(const std::vector<Tensor>& weights) {
 void ZeroOptimizer::reduce_bucket(int b) {
   OPD_CHECK(b >= 0 && b < static_cast<int>(layout_.buckets.size()), InvalidArgument,
             "ZeRO: bucket ", b, " of ", layout_.buckets.size());
+  if (device_ == Device::CPU) return reduce_bucket_now(b);
+#ifdef OPD_WITH_CUDA
+  if (!comm_stream_) comm_stream_ = std::make_unique<CommStream>();
+  CommStream& cs = *comm_stream_;
+  // The communication stream starts this bucket only after the compute stream's work so far
+  // (the backward kernels that wrote it); everything of the reduction, including the shard
+  // accumulation and the clearing of the local bucket, runs there in order.
+  cs.compute_done.record(::opd::cuda::current_stream());
+  OPD_CUDA_CHECK(cudaStreamWaitEvent(cs.stream.get(), cs.compute_done.get(), 0));
+  {
+    ::opd::cuda::StreamScope on_comm(cs.stream.get());
+    reduce_bucket_now(b);
+  }
+  cs.comm_done.record(cs.stream.get());
+  cs.pending = true;
+#endif
+}
+
+void ZeroOptimizer::wait_reductions() {
+#ifdef OPD_WITH_CUDA
+  if (!comm_stream_ || !comm_stream_->pending) return;
+  OPD_CUDA_CHECK(cudaStreamWaitEvent(::opd::cuda::current_stream(), comm_stream_->comm_done.get(), 0));
+  comm_stream_->pending = false;
+#endif
+}
+
+void ZeroOptimizer::reduce_bucket_now(int b) {
   const auto& bk = layout_.buckets[b];
   Tensor local = grad_local_.slice_rows(bk.offset, bk.offset + bk.numel);
   Tensor reduced = scratch_.slice_rows(0, bk.shard_numel);
@@ -170,6 +215,7 @@ void ZeroOptimizer::reduce_all() {
 }
 
 void ZeroOptimizer::zero_grad() {
+  wait_reductions();
   grad_local_.fill_zero();
   grad_shard_.fill_zero();
 }
@@ -187,6 +233,7 @@ double ZeroOptimizer::local_sum_squares() {
 }
 
 double ZeroOptimizer::grad_norm() {
+  wait_reductions();
   auto s = comm_.store().all_reduce({local_sum_squares()}, HostReduce::Sum, "zero grad norm");
   return std::sqrt(s[0]);
 }
@@ -196,6 +243,7 @@ int64_t ZeroOptimizer::steps() const { return adamw_->steps(); }
 StepReport ZeroOptimizer::step(double lr, double max_norm) {
   OPD_CHECK(!std::isnan(max_norm), InvalidArgument, "ZeRO: max_norm is NaN");
   if (config_.stage == ZeroStage::One) reduce_all();
+  wait_reductions();
   StepReport report;
   if (max_norm > 0 && std::isfinite(max_norm)) {
     report.grad_norm = grad_norm();
@@ -208,6 +256,7 @@ StepReport ZeroOptimizer::step(double lr, double max_norm) {
 bool ZeroOptimizer::step_if_finite(double lr, double max_norm, StepReport* report) {
   OPD_CHECK(!std::isnan(max_norm), InvalidArgument, "ZeRO: max_norm is NaN");
   if (config_.stage == ZeroStage::One) reduce_all();
+  wait_reductions();
   StepReport r;
   r.grad_norm = grad_norm();  // all-reduced: every rank takes the same branch
   r.norm_computed = true;
@@ -253,6 +302,7 @@ void ZeroOptimizer::gather_model() {
 }
 
 ZeroOptimizer::FullState ZeroOptimizer::gather_state() {
+  wait_reductions();
   auto gather = [&](auto shard_of) {
     Tensor host_full = Tensor::zeros({layout_.total_numel}, DType::F32);
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
@@ -276,6 +326,7 @@ ZeroOptimizer::FullState ZeroOptimizer::gather_state() {
 }
 
 void ZeroOptimizer::load_state(const FullState& state) {
+  wait_reductions();
   Tensor master = flat_to_host_full(state.master, "master weights");
   Tensor m = flat_to_host_full(state.exp_avg, "exp_avg");
   Tensor v = flat_to_host_full(state.exp_avg_sq, "exp_avg_sq");
@@ -289,6 +340,67 @@ void ZeroOptimizer::load_state(const FullState& state) {
   adamw_->set_steps(state.steps);
   model_.copy_from(config_.model_dtype == DType::F32 ? master : master.to_dtype(config_.model_dtype));
   zero_grad();
+}
+
+ZeroOptimizer::ShardState ZeroOptimizer::shard_state() {
+  wait_reductions();
+  comm_.synchronize();  // the last step's AdamW and collectives have finished (NCCL errors surface)
+  ShardState s;
+  s.master = master_.to(Device::CPU);
+  auto concat = [&](const std::vector<Tensor>& per_bucket) {
+    Tensor host = Tensor::empty({layout_.shard_numel}, DType::F32);
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      Tensor dst = shard_view(host, static_cast<int>(b));
+      dst.copy_from(per_bucket[b]);
+    }
+    return host;
+  };
+  s.exp_avg = concat(adamw_->exp_avg());
+  s.exp_avg_sq = concat(adamw_->exp_avg_sq());
+  s.steps = adamw_->steps();
+  return s;
+}
+
+void ZeroOptimizer::load_shard_state(const ShardState& state) {
+  wait_reductions();
+  for (const auto* t : {&state.master, &state.exp_avg, &state.exp_avg_sq})
+    OPD_CHECK(t->defined() && t->dtype() == DType::F32 && t->shape() == Shape{layout_.shard_numel},
+              InvalidArgument, "ZeRO: a shard state tensor is ",
+              t->defined() ? t->describe() : std::string("undefined"), ", expected f32[",
+              layout_.shard_numel, "]");
+  OPD_CHECK(state.steps >= 0, InvalidArgument, "ZeRO: negative step count ", state.steps);
+  master_.copy_from(state.master);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    adamw_->exp_avg()[b].copy_from(shard_view(state.exp_avg, static_cast<int>(b)));
+    adamw_->exp_avg_sq()[b].copy_from(shard_view(state.exp_avg_sq, static_cast<int>(b)));
+  }
+  adamw_->set_steps(state.steps);
+  model_from_master();
+  zero_grad();
+}
+
+void ZeroOptimizer::model_from_master() {
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const int64_t begin = layout_.shard_begin(static_cast<int>(b), comm_.rank());
+    Tensor src = shard_view(master_, static_cast<int>(b));
+    Tensor dst = model_.slice_rows(begin, begin + layout_.buckets[b].shard_numel);
+    if (config_.model_dtype == DType::F32) dst.copy_from(src);
+    else if (device_ == Device::CPU) dst.copy_from(src.to_dtype(config_.model_dtype));
+    else ops::convert(src, dst);  // round to nearest even, as AdamW's model copy
+  }
+  gather_model();
+}
+
+Tensor ZeroOptimizer::gather_master_bucket(int b, bool want_host) {
+  OPD_CHECK(b >= 0 && b < static_cast<int>(layout_.buckets.size()), InvalidArgument,
+            "ZeRO: bucket ", b, " of ", layout_.buckets.size());
+  wait_reductions();  // no NCCL call of the communication stream may run alongside this one
+  const auto& bk = layout_.buckets[b];
+  Tensor full = Tensor::empty({bk.numel}, DType::F32, device_);
+  comm_.all_gather(shard_view(master_, b), full);
+  comm_.synchronize();
+  if (!want_host) return Tensor();
+  return device_ == Device::CPU ? full : full.to(Device::CPU);
 }
 
 }  // namespace opd::dist

@@ -20,7 +20,10 @@
 // ZeRO-1: step() reduce-scatters every bucket (after the last micro-batch). ZeRO-2: the caller
 // calls reduce_bucket(b) as soon as the backward of a micro-batch has finished bucket b (or
 // reduce_all() after it), overlapping communication with the remaining backward; step() then
-// reduces nothing. Deterministic: with the CPU backend the result equals a single-process AdamW
+// reduces nothing. On CUDA the reductions run on a communication stream of their own: an event
+// recorded on the compute stream at reduce_bucket() orders them after the backward kernels that
+// produced the bucket, and wait_reductions() (an event the other way) orders the next use of the
+// gradient memory after them. Deterministic: with the CPU backend the result equals a single-process AdamW
 // on the rank-ordered sum of the gradients except for the f64 summation order of the norm.
 // Memory per rank: model P x sizeof(model dtype) + grad_local 4P + (master, m, v, grad shard,
 // one bucket scratch) 16P/world + 4 bucket_numel/world.
@@ -53,6 +56,7 @@ struct ShardLayout {
   };
   int world_size = 1;
   int64_t align = 64;
+  int64_t bucket_numel = 0;  // the target bucket size it was made with (recorded in checkpoints)
   std::vector<Param> params;
   std::vector<Bucket> buckets;
   int64_t total_numel = 0;  // flat buffer length
@@ -84,6 +88,7 @@ class ZeroOptimizer {
 
   const ShardLayout& layout() const { return layout_; }
   const ZeroConfig& config() const { return config_; }
+  Communicator& comm() const { return comm_; }
   // Parameter i of the replicated model copy (model_dtype), a view into the flat buffer:
   // forward passes read it, step() rewrites it.
   Tensor param(size_t i) const;
@@ -98,8 +103,16 @@ class ZeroOptimizer {
 
   // Reduce-scatters bucket b's local gradient into this rank's gradient shard (+=) and clears
   // the local bucket. Every rank must reduce the same buckets in the same order.
+  // CUDA: asynchronous on a communication stream of its own, ordered after the work queued so
+  // far on the current (compute) stream by an event, so the backward of later layers overlaps it
+  // (ZeRO-2). The gradient memory is the communication stream's until wait_reductions().
   void reduce_bucket(int b);
   void reduce_all();
+  // Makes the current stream wait for every reduction issued so far (an event; the host does not
+  // block). Call it before the next write into the local gradients (the next micro-batch's loss
+  // and backward); step(), grad_norm(), zero_grad() and the state functions call it themselves.
+  // No-op on the CPU backend, where reductions are synchronous.
+  void wait_reductions();
   // Clears the local gradients and the gradient shard (e.g. after a skipped step).
   void zero_grad();
 
@@ -124,6 +137,24 @@ class ZeroOptimizer {
   // Loads a FullState (from any world size); refreshes the model copy from the master.
   void load_state(const FullState& state);
 
+  // This rank's shard of the optimizer state: 1-D host f32 vectors of layout().shard_numel
+  // elements each (the shard buffers above, padding included), for sharded checkpoints
+  // (memory: 12P/world). On the CPU backend `master` aliases the live buffer: write it out
+  // before the next step.
+  struct ShardState {
+    Tensor master, exp_avg, exp_avg_sq;
+    int64_t steps = 0;
+  };
+  ShardState shard_state();
+  // Loads this rank's shard (1-D f32 vectors of shard_numel elements on any device, e.g. built
+  // by dist/reshard.h from a checkpoint of another world size); the model copy is rebuilt from
+  // the master shards by an all-gather (collective: every rank calls it). Gradients are cleared.
+  void load_shard_state(const ShardState& state);
+  // The full f32 master weights of bucket b (an all-gather of its master shards: collective),
+  // copied to the host when want_host (else an undefined tensor is returned). Memory: one bucket.
+  // For writing the model export bucket by bucket.
+  Tensor gather_master_bucket(int b, bool want_host);
+
  private:
   double local_sum_squares();
   void apply(double lr, double max_norm, StepReport& report);  // clip, AdamW, all-gather
@@ -131,6 +162,8 @@ class ZeroOptimizer {
   Tensor flat_to_host_full(const std::vector<Tensor>& per_param, const char* what) const;
   void scatter_full_into_shard(const Tensor& host_full, Tensor& shard) const;
   void gather_model();
+  void model_from_master();  // this rank's slice of the model copy := master shard, all-gathered
+  void reduce_bucket_now(int b);  // the reduction, on the current stream
 
   Communicator& comm_;
   ZeroConfig config_;
@@ -139,6 +172,8 @@ class ZeroOptimizer {
   Tensor model_, grad_local_;              // full, replicated / local
   Tensor master_, grad_shard_, scratch_;   // this rank's shard; scratch: one bucket's shard
   std::unique_ptr<AdamW> adamw_;
+  struct CommStream;  // CUDA: the communication stream and its events (zero.cpp)
+  std::unique_ptr<CommStream> comm_stream_;
 };
 
 }  // namespace opd::dist

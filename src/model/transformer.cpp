@@ -206,7 +206,7 @@ Tensor Transformer::forward_hidden(const Batch& batch, ForwardCache* cache) cons
 }
 
 void Transformer::backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
-                           ModelWeights& grads) const {
+                           ModelWeights& grads, const GradsReadyHook& on_ready) const {
   Tensor none_t;
   OPD_CHECK(cache.h_final.defined(), InvalidArgument, "backward needs the cache of a forward");
   Tensor dl = dlogits;
@@ -217,22 +217,27 @@ void Transformer::backward(const Batch& batch, const ForwardCache& cache, const 
   // lm_head. With tied embeddings grads.lm_head is grads.embed_tokens.
   Tensor dh = empty_like(cache.h_final);
   ops::linear_backward(dl, cache.h_final, weights_.lm_head, dh, grads.lm_head, none_t);
-  backward_hidden(batch, cache, dh, grads);
+  backward_hidden(batch, cache, dh, grads, on_ready);
 }
 
 void Transformer::backward_hidden(const Batch& batch, const ForwardCache& cache,
-                                  const Tensor& dh, ModelWeights& grads) const {
+                                  const Tensor& dh, ModelWeights& grads,
+                                  const GradsReadyHook& on_ready) const {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   OPD_CHECK(cache.layers.size() == weights_.layers.size(), InvalidArgument,
             "backward needs a forward cache with every layer");
-  if (device() == Device::CUDA) return backward_hidden_cuda(cache, dh, grads);
+  if (device() == Device::CUDA) return backward_hidden_cuda(cache, dh, grads, on_ready);
+  auto ready = [&](GradsReady::Part part, int layer) {
+    if (on_ready) on_ready(GradsReady{part, layer});
+  };
   Tensor none_t;
   Tensor dx = empty_like(cache.x_final);
   ops::rmsnorm_backward(dh, cache.x_final, weights_.final_norm, cache.rstd_final, dx,
                         grads.final_norm);
+  ready(GradsReady::Part::FinalNorm, -1);
 
   for (size_t li = weights_.layers.size(); li-- > 0;) {
     const LayerWeights& L = weights_.layers[li];
@@ -289,8 +294,10 @@ void Transformer::backward_hidden(const Batch& batch, const ForwardCache& cache,
     ops::rmsnorm_backward(dh1, lc.x, L.input_norm, lc.rstd1, dx_in, G.input_norm);
     ops::add_inplace(dx_in, dx2);  // residual
     dx = dx_in;
+    ready(GradsReady::Part::Layer, static_cast<int>(li));
   }
   ops::embedding_backward(batch.ids, dx, grads.embed_tokens);
+  ready(GradsReady::Part::Embedding, -1);
 }
 
 double causal_lm_loss(const Batch& batch, const Tensor& logits, Tensor* dlogits) {

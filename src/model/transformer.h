@@ -22,6 +22,7 @@
 // inside the forward or the backward).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,21 @@ struct ForwardCache {
   std::shared_ptr<const CudaBatchPlan> device_batch;  // CUDA models: reused by the backward
 };
 
+// Backward progress, for overlapping gradient communication with the rest of the backward
+// (ZeRO-2, train/trainer.cpp): the hook is called when the gradients of a group of parameters
+// are final for this backward call, in this order: FinalNorm (model.norm), Layer L-1, ..., Layer 0
+// (every parameter of that layer), Embedding (embed_tokens; with tied embeddings that is also the
+// lm_head gradient, which the caller's loss accumulated before the backward). CUDA: called on
+// the host as soon as the group's kernels are queued on the current stream, so a caller records
+// an event there to order another stream after them; nothing in the rest of this backward call
+// touches those gradients again.
+struct GradsReady {
+  enum class Part { FinalNorm, Layer, Embedding };
+  Part part = Part::Layer;
+  int layer = -1;  // Part::Layer only
+};
+using GradsReadyHook = std::function<void(const GradsReady&)>;
+
 class Transformer {
  public:
   Transformer(ModelConfig config, ModelWeights weights);
@@ -101,15 +117,16 @@ class Transformer {
   // Accumulates d(loss)/d(parameter) into grads given d(loss)/d(logits). CUDA models: grads are
   // f32 CUDA tensors (zeros_weights(config, F32, Device::CUDA)); dlogits f32 or the model dtype.
   void backward(const Batch& batch, const ForwardCache& cache, const Tensor& dlogits,
-                ModelWeights& grads) const;
+                ModelWeights& grads, const GradsReadyHook& on_ready = {}) const;
 
   // The same without the lm_head: final hidden states RMSNorm(x) [T, H] (what the fused
   // lm_head + loss consumes, so no [T, V] logits exist), and the backward from d(hidden).
   // The lm_head gradient is the caller's (the fused loss accumulates it). CUDA: hidden is in the
   // model dtype; dhidden may be f32 (the fused loss's d_hidden) or the model dtype.
   Tensor forward_hidden(const Batch& batch, ForwardCache* cache = nullptr) const;
+  // on_ready (optional): see GradsReady.
   void backward_hidden(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden,
-                       ModelWeights& grads) const;
+                       ModelWeights& grads, const GradsReadyHook& on_ready = {}) const;
 
  private:
   // CPU: one layer's forward from its input x; fills every field of lc and returns x_next.
@@ -117,7 +134,7 @@ class Transformer {
   // CUDA (transformer_cuda.cpp).
   Tensor forward_hidden_cuda(const Batch& batch, ForwardCache* cache) const;
   void backward_hidden_cuda(const ForwardCache& cache, const Tensor& dhidden,
-                            ModelWeights& grads) const;
+                            ModelWeights& grads, const GradsReadyHook& on_ready) const;
   void check_weights() const;
 
   ModelConfig config_;

@@ -375,7 +375,11 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
 }
 
 void Transformer::backward_hidden_cuda(const ForwardCache& cache, const Tensor& dhidden,
-                                       ModelWeights& grads) const {
+                                       ModelWeights& grads, const GradsReadyHook& on_ready) const {
+  // on_ready runs right after a group's kernels are queued on the current stream (GradsReady).
+  auto ready = [&](GradsReady::Part part, int layer) {
+    if (on_ready) on_ready(GradsReady{part, layer});
+  };
   const ModelConfig& c = config_;
   const DType dt = dtype();
   OPD_CHECK(cache.device_batch != nullptr, InvalidArgument,
@@ -395,6 +399,7 @@ void Transformer::backward_hidden_cuda(const ForwardCache& cache, const Tensor& 
   Tensor dx = empty_dev({T, H}, dt);
   ops::rmsnorm_backward(dh, cache.x_final, weights_.final_norm, cache.rstd_final, dx,
                         grads.final_norm);
+  ready(GradsReady::Part::FinalNorm, -1);
   dh = Tensor();
   for (size_t li = weights_.layers.size(); li-- > 0;) {
     LayerRun run{c, weights_.layers[li], plan, inv_freq_};
@@ -408,9 +413,11 @@ void Transformer::backward_hidden_cuda(const ForwardCache& cache, const Tensor& 
       run.forward(saved.x, Tensor(), Tensor(), recomputed);  // m is dropped at once
     }
     run.backward(recomputed.h1.defined() ? recomputed : saved, dx, grads.layers[li]);
+    ready(GradsReady::Part::Layer, static_cast<int>(li));
   }
   cuda::embedding_backward(plan.ids.data<int32_t>(), dx.raw(), T, c.vocab_size, H, dt,
                            grads.embed_tokens.data<float>(), stream());
+  ready(GradsReady::Part::Embedding, -1);
 }
 
 #else  // builds without CUDA: no CUDA tensor can exist, so these are never reached
@@ -420,7 +427,8 @@ struct CudaBatchPlan {};
 Tensor Transformer::forward_hidden_cuda(const Batch&, ForwardCache*) const {
   OPD_FAIL(Unsupported, "transformer on CUDA: this build has no CUDA backend");
 }
-void Transformer::backward_hidden_cuda(const ForwardCache&, const Tensor&, ModelWeights&) const {
+void Transformer::backward_hidden_cuda(const ForwardCache&, const Tensor&, ModelWeights&,
+                                       const GradsReadyHook&) const {
   OPD_FAIL(Unsupported, "transformer on CUDA: this build has no CUDA backend");
 }
 

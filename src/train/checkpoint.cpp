@@ -46,6 +46,18 @@ std::string file_sha256(const std::string& path) {
   return h.hex_digest();
 }
 
+std::optional<int64_t> parse_step(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step-", 0) != 0) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
 void write_file_synced(const std::string& path, const std::string& bytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) OPD_FAIL(Io, "cannot create ", path, ": ", std::strerror(errno));
@@ -68,18 +80,6 @@ void write_file_synced(const std::string& path, const std::string& bytes) {
   ::close(fd);
 }
 
-std::optional<int64_t> parse_step(const std::string& name) {
-  if (name.size() != 13 || name.rfind("step-", 0) != 0) return std::nullopt;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
-
-}  // namespace
-
 void fsync_path(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) OPD_FAIL(Io, "cannot open ", path, " to fsync: ", std::strerror(errno));
@@ -100,26 +100,64 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string());
 }
 
-std::string save_checkpoint(const std::string& root, const CheckpointData& data, int keep_last) {
-  OPD_CHECK(data.step >= 0 && data.step <= 99999999, InvalidArgument, "checkpoint step ",
-            data.step, " outside [0, 99999999]");
+std::string begin_checkpoint(const std::string& root, int64_t step) {
+  OPD_CHECK(step >= 0 && step <= 99999999, InvalidArgument, "checkpoint step ", step,
+            " outside [0, 99999999]");
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) OPD_FAIL(Io, "cannot create checkpoint root ", root, ": ", ec.message());
-  const std::string name = step_name(data.step);
-  const fs::path final_dir = fs::path(root) / name;
-  const fs::path tmp_dir = fs::path(root) / (name + ".tmp-" + std::to_string(::getpid()));
+  const fs::path tmp_dir = fs::path(root) / (step_name(step) + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
   if (ec) OPD_FAIL(Io, "cannot create ", tmp_dir.string(), ": ", ec.message());
+  return tmp_dir.string();
+}
+
+void abandon_checkpoint(const std::string& tmp_dir) noexcept {
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  if (ec) log_warn("could not remove abandoned checkpoint folder ", tmp_dir, ": ", ec.message());
+}
+
+CheckpointFile describe_checkpoint_file(const std::string& dir, const std::string& name) {
+  const fs::path p = fs::path(dir) / name;
+  std::error_code ec;
+  const auto bytes = fs::file_size(p, ec);
+  if (ec) OPD_FAIL(Io, "cannot stat ", p.string(), ": ", ec.message());
+  return {name, static_cast<uint64_t>(bytes), file_sha256(p.string())};
+}
+
+std::string commit_checkpoint(const std::string& root, const std::string& tmp_dir_s,
+                              const CheckpointData& data, const std::vector<CheckpointFile>& written,
+                              int keep_last) {
+  OPD_CHECK(data.step >= 0 && data.step <= 99999999, InvalidArgument, "checkpoint step ",
+            data.step, " outside [0, 99999999]");
+  const std::string name = step_name(data.step);
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp_dir = tmp_dir_s;
+  std::error_code ec;
   try {
     nlohmann::json manifest;
     manifest["format"] = "opd-checkpoint-1";
     manifest["step"] = data.step;
-    auto add = [&](const std::string& file) {
-      const fs::path p = tmp_dir / file;
-      manifest["files"][file] = {{"bytes", fs::file_size(p)}, {"sha256", file_sha256(p.string())}};
+    auto record = [&](const CheckpointFile& f) {
+      OPD_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos &&
+                    f.name != "MANIFEST.json" && !manifest["files"].contains(f.name),
+                InvalidArgument, "checkpoint file name '", f.name, "' is not allowed or repeated");
+      manifest["files"][f.name] = {{"bytes", f.bytes}, {"sha256", f.sha256}};
     };
+    auto add = [&](const std::string& file) { record(describe_checkpoint_file(tmp_dir.string(), file)); };
+    for (const auto& f : written) {
+      // Written by another process (another rank): it must be here, whole, on this file system.
+      const fs::path p = tmp_dir / f.name;
+      const auto got = fs::file_size(p, ec);
+      OPD_CHECK(!ec, Io, "checkpoint file ", p.string(), " reported by another writer is not "
+                "visible here (", ec.message(), "); with several nodes --out must be on a "
+                "file system shared by every node");
+      OPD_CHECK(got == f.bytes, Io, "checkpoint file ", p.string(), " has ", got,
+                " bytes here, its writer reported ", f.bytes);
+      record(f);
+    }
     for (const auto& [stem, tensors] : data.tensor_files) {
       const std::string file = stem + ".safetensors";
       save_safetensors((tmp_dir / file).string(), tensors, {{"format", "pt"}});
@@ -151,6 +189,16 @@ std::string save_checkpoint(const std::string& root, const CheckpointData& data,
     throw;
   }
   write_file_atomic((fs::path(root) / "LATEST").string(), name + "\n");
+  // Temp folders of saves that died (a crash, a killed rank) are never checkpoints: once a newer
+  // one is complete they only hold disk space.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    const auto tmp_at = n.find(".tmp-");
+    if (!e.is_directory() || tmp_at == std::string::npos || !parse_step(n.substr(0, tmp_at))) continue;
+    log_warn("removing the temp folder of an unfinished checkpoint: ", e.path().string());
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
   if (keep_last > 0) {
     auto all = list_checkpoints(root);
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
@@ -162,7 +210,14 @@ std::string save_checkpoint(const std::string& root, const CheckpointData& data,
   return final_dir.string();
 }
 
-CheckpointData load_checkpoint(const std::string& dir) {
+std::string save_checkpoint(const std::string& root, const CheckpointData& data, int keep_last) {
+  OPD_CHECK(data.step >= 0 && data.step <= 99999999, InvalidArgument, "checkpoint step ",
+            data.step, " outside [0, 99999999]");
+  const std::string tmp = begin_checkpoint(root, data.step);
+  return commit_checkpoint(root, tmp, data, {}, keep_last);
+}
+
+CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options) {
   const std::string manifest_path = dir + "/MANIFEST.json";
   OPD_CHECK(fs::exists(manifest_path), InvalidData, "checkpoint ", dir,
             " has no MANIFEST.json (incomplete or not a checkpoint)");
@@ -176,25 +231,38 @@ CheckpointData load_checkpoint(const std::string& dir) {
                 manifest.contains("files") && manifest["files"].is_object(),
             InvalidData, manifest_path, ": not an opd checkpoint manifest");
   CheckpointData out;
+  OPD_CHECK(options.verify_stride >= 1 && options.verify_offset >= 0 &&
+                options.verify_offset < options.verify_stride,
+            InvalidArgument, "checkpoint verification share ", options.verify_offset, " of ",
+            options.verify_stride);
+  size_t index = 0;
   for (const auto& [file, info] : manifest["files"].items()) {
+    const bool my_share = index++ % static_cast<size_t>(options.verify_stride) ==
+                          static_cast<size_t>(options.verify_offset);
     const std::string path = dir + "/" + file;
     OPD_CHECK(file.find('/') == std::string::npos && file.find("..") == std::string::npos,
               InvalidData, manifest_path, ": file name '", file, "' is not a plain name");
+    OPD_CHECK(info.is_object(), InvalidData, manifest_path, ": entry '", file, "' is not an object");
     OPD_CHECK(fs::exists(path), InvalidData, "checkpoint file ", path, " is missing");
     const auto want_bytes = info.value("bytes", static_cast<uint64_t>(0));
     const auto got_bytes = fs::file_size(path);
     OPD_CHECK(got_bytes == want_bytes, InvalidData, "checkpoint file ", path, " has ", got_bytes,
               " bytes, the manifest says ", want_bytes, " (truncated or modified)");
-    const std::string got_sha = file_sha256(path);
-    OPD_CHECK(got_sha == info.value("sha256", ""), InvalidData, "checkpoint file ", path,
-              " does not match its SHA-256 in the manifest (corrupted)");
+    const bool is_tensors = file.size() > 12 && file.substr(file.size() - 12) == ".safetensors";
+    // state.json is always checked: it is small and says how to read everything else.
+    if ((options.verify && my_share) || file == "state.json") {
+      const std::string got_sha = file_sha256(path);
+      OPD_CHECK(got_sha == info.value("sha256", ""), InvalidData, "checkpoint file ", path,
+                " does not match its SHA-256 in the manifest (corrupted)");
+    }
+    if (is_tensors && !options.load_tensors) continue;
     if (file == "state.json") {
       try {
         out.state = nlohmann::json::parse(read_all(path));
       } catch (const nlohmann::json::exception& e) {
         OPD_FAIL(InvalidData, path, ": not valid JSON: ", e.what());
       }
-    } else if (file.size() > 12 && file.substr(file.size() - 12) == ".safetensors") {
+    } else if (is_tensors) {
       // Copy out of the mapping: the caller may delete old checkpoints while holding tensors.
       SafetensorsFile st = SafetensorsFile::open(path);
       auto& group = out.tensor_files[file.substr(0, file.size() - 12)];
@@ -205,7 +273,10 @@ CheckpointData load_checkpoint(const std::string& dir) {
   }
   OPD_CHECK(out.state.is_object() && out.state.contains("step"), InvalidData, "checkpoint ", dir,
             ": state.json missing or without a step");
+  OPD_CHECK(out.state["step"].is_number_integer(), InvalidData, "checkpoint ", dir,
+            ": state.json's step is not an integer");
   out.step = out.state["step"].get<int64_t>();
+  out.dir = dir;
   return out;
 }
 
@@ -224,11 +295,12 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
   return out;
 }
 
-std::optional<CheckpointData> load_latest_checkpoint(const std::string& root, std::string* path) {
+std::optional<CheckpointData> load_latest_checkpoint(const std::string& root, std::string* path,
+                                                     const CheckpointLoadOptions& options) {
   auto all = list_checkpoints(root);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      CheckpointData d = load_checkpoint(*it);
+      CheckpointData d = load_checkpoint(*it, options);
       if (path) *path = *it;
       return d;
     } catch (const Error& e) {
@@ -236,6 +308,101 @@ std::optional<CheckpointData> load_latest_checkpoint(const std::string& root, st
     }
   }
   return std::nullopt;
+}
+
+namespace {
+const char* st_dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
+
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      OPD_FAIL(Io, "write to ", path, " failed: ", std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+}  // namespace
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::vector<Entry> entries,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(path) {
+  // save_safetensors' order: descending element size, then name.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    if (dtype_size(a.dtype) != dtype_size(b.dtype)) return dtype_size(a.dtype) > dtype_size(b.dtype);
+    return a.name < b.name;
+  });
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto& e : entries) {
+    OPD_CHECK(e.name != "__metadata__" && !slots_.count(e.name), InvalidArgument,
+              "safetensors stream ", path, ": tensor name '", e.name, "' reserved or repeated");
+    for (int64_t d : e.shape)
+      OPD_CHECK(d >= 0, InvalidArgument, "safetensors stream ", path, ": ", e.name, " has shape ",
+                shape_str(e.shape));
+    const uint64_t n = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    header[e.name] = {{"dtype", st_dtype_name(e.dtype)}, {"shape", e.shape},
+                      {"data_offsets", {offset, offset + n}}};
+    slots_[e.name] = Slot{e.dtype, e.shape, offset, n == 0};
+    offset += n;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_len = text.size();
+  for (auto& [name, slot] : slots_) slot.offset += 8 + header_len;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) OPD_FAIL(Io, "cannot create ", path, ": ", std::strerror(errno));
+  pwrite_all(fd_, &header_len, 8, 0, path_);
+  pwrite_all(fd_, text.data(), text.size(), 8, path_);
+  if (::ftruncate(fd_, static_cast<off_t>(8 + header_len + offset)) != 0)
+    OPD_FAIL(Io, "cannot size ", path, ": ", std::strerror(errno));
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!finished_) ::unlink(path_.c_str());
+}
+
+void SafetensorsStreamWriter::write(const std::string& name, const Tensor& t) {
+  auto it = slots_.find(name);
+  OPD_CHECK(it != slots_.end(), InvalidArgument, "safetensors stream ", path_, ": no tensor '",
+            name, "' was declared");
+  Slot& s = it->second;
+  OPD_CHECK(!s.written || t.numel() == 0, InvalidArgument, "safetensors stream ", path_, ": '",
+            name, "' written twice");
+  OPD_CHECK(t.defined() && t.dtype() == s.dtype && t.shape() == s.shape && t.device() == Device::CPU,
+            InvalidArgument, "safetensors stream ", path_, ": '", name, "' is ",
+            t.defined() ? t.describe() : std::string("undefined"), ", declared ",
+            dtype_name(s.dtype), shape_str(s.shape), " cpu");
+  OPD_CHECK(fd_ >= 0 && !finished_, InvalidArgument, "safetensors stream ", path_, " is closed");
+  pwrite_all(fd_, t.raw(), t.nbytes(), s.offset, path_);
+  s.written = true;
+}
+
+void SafetensorsStreamWriter::finish() {
+  for (const auto& [name, s] : slots_)
+    OPD_CHECK(s.written, InvalidArgument, "safetensors stream ", path_, ": tensor '", name,
+              "' was never written");
+  if (::fsync(fd_) != 0) OPD_FAIL(Io, "fsync of ", path_, " failed: ", std::strerror(errno));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) OPD_FAIL(Io, "close of ", path_, " failed: ", std::strerror(errno));
+  finished_ = true;
 }
 
 }  // namespace opd

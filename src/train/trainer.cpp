@@ -20,10 +20,12 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "dist/bucket_ready.h"  // ZeRO-2: reduce each bucket when the backward finished it
 #include "dist/communicator.h"
 #include "dist/rendezvous.h"
 #include "dist/tcp_store.h"
 #include "dist/zero.h"
+#include "dist/zero_checkpoint.h"  // sharded checkpoints (save, resume on any world size)
 #include "model/offload.h"
 #include "kernels/ops.h"
 #include "loss/fused_loss.h"
@@ -274,6 +276,13 @@ class Trainer {
   // backoff for --teacher-timeout while honouring stop signals.
   template <typename Call>
   auto with_retry(const Call& call) -> decltype(call());
+  // The backward of one micro-batch; ZeRO-2: each bucket is reduce-scattered as soon as the
+  // backward has finished every parameter in it (overlapping the rest of the backward).
+  void backward_and_reduce(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden);
+  void replay_reductions();  // ZeRO-2, a micro-batch this rank does not have: the same reduces
+  dist::BucketReadiness& bucket_readiness();
+  std::unique_ptr<dist::BucketReadiness> bucket_ready_;
+  std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
   void save(int64_t step, const char* why);
   void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
   double evaluate(const char* when, int64_t step);
@@ -585,50 +594,35 @@ void Trainer::resume_if_any() {
               ckpt_root_, " already holds checkpoints; use another --out or --resume auto");
     return;
   }
-  if (o_.resume == "auto") {
-    // Distributed: rank 0 picks (verifying, falling back past corrupt ones) and tells the others,
-    // so every rank resumes from the same checkpoint.
-    std::string path;
-    if (rank0()) ck = load_latest_checkpoint(ckpt_root_, &path);
-    if (distributed()) {
-      path = store_->broadcast(path, 0, "resume checkpoint");
-      if (!rank0() && !path.empty()) ck = load_checkpoint(path);
-    }
-    if (!ck) return;
+  // Tensor files stay on disk and are read by byte range below (a rank reads only its shard's
+  // part). Every file's SHA-256 is verified first (a corrupt shard is a corrupt checkpoint: auto
+  // falls back past it); distributed, the ranks share the hashing and agree on the checkpoint.
+  if (distributed()) {
+    ck = dist::load_checkpoint_collectively(*store_, ckpt_root_,
+                                            o_.resume == "auto" ? std::string() : o_.resume);
+  } else if (o_.resume == "auto") {
+    ck = load_latest_checkpoint(ckpt_root_, nullptr, {true, false});
   } else {
-    ck = load_checkpoint(o_.resume);
+    ck = load_checkpoint(o_.resume, {true, false});
   }
-  const auto& model = ck->tensor_files.at("model");
-  const auto& opt = ck->tensor_files.at("optimizer");
-  if (distributed()) {  // the full state, re-sharded over this job's ranks (any world size)
-    dist::ZeroOptimizer::FullState full;
-    for (const auto& [name, shape] : parameter_shapes(student_->config())) {
-      auto it = model.find(name);
-      OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
-                name, " (a checkpoint of another model?)");
-      OPD_CHECK(it->second.shape() == shape && it->second.dtype() == DType::F32, InvalidData,
-                "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs f32 ",
-                shape_str(shape));
-      full.master.push_back(it->second);
-      full.exp_avg.push_back(opt.at("exp_avg." + name));
-      full.exp_avg_sq.push_back(opt.at("exp_avg_sq." + name));
-    }
-    full.steps = ck->state.at("optimizer_steps").get<int64_t>();
-    zero_->load_state(full);
+  if (!ck) return;
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (auto& [name, shape] : parameter_shapes(student_->config())) {
+    names.push_back(name);
+    shapes.push_back(shape);
+  }
+  if (distributed()) {  // this rank's shard, re-sharded from a checkpoint of any world size
+    dist::load_zero_checkpoint(*zero_, *ck, names, shapes);
   } else {
+    const dist::ZeroOptimizer::FullState full = dist::read_full_state(*ck, names, shapes);
     size_t i = 0;
     auto& m = optimizer_->exp_avg();
     auto& v = optimizer_->exp_avg_sq();
-    student_->weights().for_each([&](const std::string& name, Tensor& w) {
-      auto it = model.find(name);
-      OPD_CHECK(it != model.end(), InvalidData, "checkpoint step ", ck->step, " has no tensor ",
-                name, " (a checkpoint of another model?)");
-      OPD_CHECK(it->second.shape() == w.shape() && it->second.dtype() == DType::F32, InvalidData,
-                "checkpoint tensor ", name, " is ", it->second.describe(), ", the model needs ",
-                w.describe());
-      w.copy_from(it->second);
-      m[i].copy_from(opt.at("exp_avg." + name));
-      v[i].copy_from(opt.at("exp_avg_sq." + name));
+    student_->weights().for_each([&](const std::string&, Tensor& w) {
+      w.copy_from(full.master[i]);
+      m[i].copy_from(full.exp_avg[i]);
+      v[i].copy_from(full.exp_avg_sq[i]);
       ++i;
     });
     if (compute_) {  // the compute copy follows the restored master weights
@@ -637,7 +631,7 @@ void Trainer::resume_if_any() {
       size_t j = 0;
       compute_->weights().for_each([&](const std::string&, Tensor& w) { ops::convert(masters[j++], w); });
     }
-    optimizer_->set_steps(ck->state.at("optimizer_steps").get<int64_t>());
+    optimizer_->set_steps(full.steps);
   }
   const auto& st = ck->state;
   sampler_->restore(st.at("sampler"));
@@ -657,30 +651,91 @@ void Trainer::resume_if_any() {
   log_info("resumed from checkpoint step ", step_, " (", ckpt_root_, ")");
 }
 
+// Backward groups (model/transformer.h GradsReady): 0 the untied lm_head (finished by the loss,
+// before the backward), 1 the final norm, 2 + i layer i, 2 + L the embedding.
+dist::BucketReadiness& Trainer::bucket_readiness() {
+  if (bucket_ready_) return *bucket_ready_;
+  const int L = static_cast<int>(student_->config().num_hidden_layers);
+  std::vector<int> group_of;
+  for (const auto& [name, shape] : parameter_shapes(student_->config())) {
+    int g = -1;
+    if (name == "lm_head.weight") g = 0;
+    else if (name == "model.norm.weight") g = 1;
+    else if (name == "model.embed_tokens.weight") g = 2 + L;
+    else if (name.rfind("model.layers.", 0) == 0) g = 2 + std::stoi(name.substr(13));
+    OPD_CHECK(g >= 0 && g <= 2 + L, InvalidArgument, "ZeRO-2: parameter ", name,
+              " belongs to no backward group");
+    group_of.push_back(g);
+  }
+  bucket_ready_ = std::make_unique<dist::BucketReadiness>(zero_->layout(), group_of, L + 3);
+  backward_groups_ = {0, 1};
+  for (int li = L - 1; li >= 0; --li) backward_groups_.push_back(2 + li);
+  backward_groups_.push_back(2 + L);
+  return *bucket_ready_;
+}
+
+// Test-only (docs/distributed.md): OPD_TEST_ZERO2_REDUCE_ALL=1 reduces every bucket after the
+// whole backward instead, the path the overlapped one must match bit for bit.
+static bool zero2_reduce_all_for_tests() {
+  static const bool on = [] {
+    const char* v = std::getenv("OPD_TEST_ZERO2_REDUCE_ALL");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+void Trainer::backward_and_reduce(const Batch& batch, const ForwardCache& cache,
+                                  const Tensor& dhidden) {
+  if (!zero_ || o_.zero_stage != 2) return model().backward_hidden(batch, cache, dhidden, grads_);
+  if (zero2_reduce_all_for_tests()) {
+    model().backward_hidden(batch, cache, dhidden, grads_);
+    return zero_->reduce_all();
+  }
+  dist::BucketReadiness& ready = bucket_readiness();
+  ready.reset();
+  auto reduce = [&](const std::vector<int>& buckets) {
+    for (int b : buckets) zero_->reduce_bucket(b);
+  };
+  const int L = static_cast<int>(student_->config().num_hidden_layers);
+  reduce(ready.finish(0));  // the untied lm_head: the loss wrote its gradient already
+  model().backward_hidden(batch, cache, dhidden, grads_, [&](const GradsReady& r) {
+    switch (r.part) {
+      case GradsReady::Part::FinalNorm: return reduce(ready.finish(1));
+      case GradsReady::Part::Layer: return reduce(ready.finish(2 + r.layer));
+      case GradsReady::Part::Embedding: return reduce(ready.finish(2 + L));
+    }
+  });
+  reduce(ready.remaining());  // none when every group was reported; kept for safety
+}
+
+void Trainer::replay_reductions() {
+  if (zero2_reduce_all_for_tests()) return zero_->reduce_all();
+  dist::BucketReadiness& ready = bucket_readiness();
+  for (int b : ready.order_for(backward_groups_)) zero_->reduce_bucket(b);
+}
+
 void Trainer::save(int64_t step, const char* why) {
   if (step == last_saved_step_) return;
   CheckpointData ck;
   ck.step = step;
-  auto& model = ck.tensor_files["model"];
-  auto& opt = ck.tensor_files["optimizer"];
-  size_t i = 0;
+  ck.state["sampler"] = sampler_->save();
+  ck.state["bad_steps"] = bad_steps_;
+  ck.state["tokens_seen"] = tokens_seen_;
+  ck.state["options"] = o_.to_json();
+  ck.files = export_files_;
+  const auto t0 = Clock::now();
+  std::string path;
   if (distributed()) {
-    // Every rank takes part in gathering the shards; rank 0 writes one complete checkpoint (the
-    // full state, so it resumes on any number of ranks). The others only note the step.
-    dist::ZeroOptimizer::FullState full = zero_->gather_state();
-    if (!rank0()) {
-      last_saved_step_ = step;
-      last_save_time_ = Clock::now();
-      return;
-    }
-    for (const auto& [name, shape] : parameter_shapes(student_->config())) {
-      model[name] = full.master[i];
-      opt["exp_avg." + name] = full.exp_avg[i];
-      opt["exp_avg_sq." + name] = full.exp_avg_sq[i];
-      ++i;
-    }
-    ck.state["optimizer_steps"] = full.steps;
+    // Sharded (dist/zero_checkpoint.h): every rank writes its own optimizer shard, rank 0 the
+    // model export and the manifest; it resumes on any number of ranks.
+    std::vector<std::string> names;
+    for (const auto& [name, shape] : parameter_shapes(student_->config())) names.push_back(name);
+    path = dist::save_zero_checkpoint(*zero_, ckpt_root_, ck, names,
+                                      static_cast<int>(o_.save_total_limit));
   } else {
+    auto& model = ck.tensor_files["model"];
+    auto& opt = ck.tensor_files["optimizer"];
+    size_t i = 0;
     const auto& m = optimizer_->exp_avg();
     const auto& v = optimizer_->exp_avg_sq();
     student_->weights().for_each([&](const std::string& name, Tensor& w) {
@@ -691,14 +746,8 @@ void Trainer::save(int64_t step, const char* why) {
       ++i;
     });
     ck.state["optimizer_steps"] = optimizer_->steps();
+    path = save_checkpoint(ckpt_root_, ck, static_cast<int>(o_.save_total_limit));
   }
-  ck.state["sampler"] = sampler_->save();
-  ck.state["bad_steps"] = bad_steps_;
-  ck.state["tokens_seen"] = tokens_seen_;
-  ck.state["options"] = o_.to_json();
-  ck.files = export_files_;
-  const auto t0 = Clock::now();
-  const std::string path = save_checkpoint(ckpt_root_, ck, static_cast<int>(o_.save_total_limit));
   last_saved_step_ = step;
   last_save_time_ = Clock::now();
   result_.last_checkpoint = path;
@@ -1032,6 +1081,16 @@ TrainResult Trainer::run_steps() {
     int64_t tail_clamped = 0;
     const int64_t H = student_->config().hidden_size;
     int64_t row0 = 0;
+    // ZeRO-2 reduces after every micro-batch, so ranks with fewer micro-batches (fewer sequences
+    // this step) replay the others' reductions after their own; the count is agreed before any
+    // reduction (a host collective in between would meet another rank's reduce-scatter).
+    int64_t replays = 0;
+    if (zero_ && o_.zero_stage == 2) {
+      const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
+      const int64_t most = static_cast<int64_t>(
+          store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
+      replays = most - mine;
+    }
     for (size_t b0 = 0; b0 < seqs.size(); b0 += static_cast<size_t>(o_.micro_batch_size)) {
       const size_t b1 = std::min(seqs.size(), b0 + static_cast<size_t>(o_.micro_batch_size));
       std::vector<std::vector<int32_t>> ids;
@@ -1083,6 +1142,9 @@ TrainResult Trainer::run_steps() {
       args.teacher = full ? nullptr : &t;
       args.n_total = static_cast<double>(n_total);
       Tensor d_rows = Tensor::empty({rows, H}, DType::F32, device_);
+      // The loss accumulates into the lm_head's (tied: the embedding's) gradient: on CUDA it
+      // waits for the previous micro-batch's ZeRO-2 reductions, which clear the local buckets.
+      if (zero_) zero_->wait_reductions();
       LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head);
       loss += lr.loss;
       div_sum += lr.divergence_sum;
@@ -1090,19 +1152,10 @@ TrainResult Trainer::run_steps() {
       tail_clamped += lr.tail_clamped;
       Tensor dhidden = Tensor::empty(hidden.shape(), DType::F32, device_);
       ops::gather_rows(d_rows, inverse_map, dhidden);  // zero rows outside the loss
-      model().backward_hidden(batch, cache, dhidden, grads_);
+      backward_and_reduce(batch, cache, dhidden);
       row0 += rows;
-      // ZeRO-2: this micro-batch's gradients are reduce-scattered into the shards now, so the
-      // full local gradient never has to outlive one micro-batch.
-      if (zero_ && o_.zero_stage == 2) zero_->reduce_all();
     }
-    if (zero_ && o_.zero_stage == 2) {
-      // Ranks with fewer micro-batches (fewer sequences this step) match the others' reduces.
-      const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
-      const int64_t most = static_cast<int64_t>(
-          store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
-      for (int64_t k = mine; k < most; ++k) zero_->reduce_all();
-    }
+    for (int64_t k = 0; k < replays; ++k) replay_reductions();  // bucket for bucket, same order
     // 5. update (or skip a non-finite step). Distributed: the loss and the norm are global, so
     // every rank skips or steps alike.
     const double lr_now = schedule_.lr_at(step);

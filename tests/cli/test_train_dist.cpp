@@ -1,7 +1,10 @@
 // Data-parallel `opd train` on the CPU backend, as processes under `opd launch` (issue 9): a
 // 2-rank run takes the same steps as a 1-rank run with the same global batch (ZeRO-1 and
-// ZeRO-2), a checkpoint of a 2-rank run resumes on 1 rank, and a rank killed mid-run takes the
-// job down with a message naming it while the last complete checkpoint stays intact.
+// ZeRO-2, whose overlapped per-bucket reductions equal reducing everything after each
+// micro-batch bit for bit); sharded checkpoints: a 2-rank checkpoint resumes on 1 and 3 ranks and a 1-rank one on
+// 2, a corrupt shard is refused (auto resume falls back), a rank dying mid-save leaves no
+// checkpoint under a final name; a rank killed mid-run takes the job down with a message naming
+// it while the last complete checkpoint stays intact.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -10,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -149,14 +153,138 @@ TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {
   EXPECT_TRUE(fs::exists(path("two") + "/train.rank1.log"));
 }
 
-TEST_F(TrainDist, TwoRankCheckpointResumesOnOneRank) {
+// ZeRO-2 overlap: buckets reduce-scattered as the backward finishes them give bit for bit the
+// weights and losses of reducing every bucket after each micro-batch's backward (the test-only
+// OPD_TEST_ZERO2_REDUCE_ALL=1 path), also when ranks have different numbers of micro-batches
+// (5 prompts over 2 ranks: 3 and 2, micro-batches of 2) and so replay reductions.
+TEST_F(TrainDist, Zero2OverlapEqualsReduceAllBitwise) {
+  for (const char* batch : {"6", "5"}) {
+    const std::string tag = std::string("b") + batch;
+    auto args = [&](const std::string& out) {
+      auto a = train_args(out, 3);
+      *(std::find(a.begin(), a.end(), "--batch-size") + 1) = batch;
+      a.insert(a.end(), {"--zero-stage", "2"});
+      return a;
+    };
+    ASSERT_EQ(run(launch(2, args(tag + "_overlap")), tag + "_overlap.log"), 0);
+    ::setenv("OPD_TEST_ZERO2_REDUCE_ALL", "1", 1);
+    const int rc = run(launch(2, args(tag + "_all")), tag + "_all.log");
+    ::unsetenv("OPD_TEST_ZERO2_REDUCE_ALL");
+    ASSERT_EQ(rc, 0);
+    const auto la = losses(tag + "_overlap"), lb = losses(tag + "_all");
+    ASSERT_EQ(la.size(), 3u);
+    EXPECT_EQ(la, lb) << tag;
+    const auto wa = weights(tag + "_overlap"), wb = weights(tag + "_all");
+    ASSERT_EQ(wa.size(), wb.size());
+    for (const auto& [name, t] : wa) {
+      const Tensor& u = wb.at(name);
+      ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+      EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << tag << " " << name;
+    }
+  }
+}
+
+// Sharded checkpoints (dist/zero_checkpoint.h): a 2-rank checkpoint resumes on 1 and on 3
+// ranks and ends where the uninterrupted 2-rank run (and the 1-rank run) ends.
+TEST_F(TrainDist, TwoRankCheckpointResumesOnOneAndOnThreeRanks) {
   ASSERT_EQ(run(train_args("one", 4), "one.log"), 0);
+  ASSERT_EQ(run(launch(2, train_args("two", 4)), "two.log"), 0);
   ASSERT_EQ(run(launch(2, train_args("mixed", 2)), "mixed_a.log"), 0);
-  ASSERT_EQ(run(train_args("mixed", 4), "mixed_b.log"), 0);  // resume auto, 1 rank
+  ASSERT_EQ(run(launch(2, train_args("mixed3", 2)), "mixed3_a.log"), 0);
+  // The 2-rank checkpoint: one optimizer shard per rank, all in the manifest.
+  const auto first = list_checkpoints(path("mixed") + "/checkpoints");
+  ASSERT_EQ(first.size(), 1u);
+  const CheckpointData ck = load_checkpoint(first[0], {true, false});
+  EXPECT_EQ(ck.state.at("zero_shards").at("layout").at("world_size"), 2);
+  for (const char* f : {"optimizer.rank-00000-of-00002.safetensors",
+                        "optimizer.rank-00001-of-00002.safetensors", "model.safetensors", "config.json"})
+    EXPECT_TRUE(fs::exists(first[0] + "/" + f)) << f;
+  ASSERT_EQ(run(train_args("mixed", 4), "mixed_b.log"), 0);               // resume auto, 1 rank
+  ASSERT_EQ(run(launch(3, train_args("mixed3", 4)), "mixed3_b.log"), 0);  // resume auto, 3 ranks
+  expect_close("mixed", "two", 1e-5, 1e-3);
+  expect_close("mixed3", "two", 1e-5, 1e-3);
   expect_close("mixed", "one", 1e-5, 1e-3);
-  std::ifstream f(path("mixed_b.log"));
+  for (const char* log : {"mixed_b.log", "mixed3_b.log"}) {
+    std::ifstream f(path(log));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("resumed from checkpoint step 2"), std::string::npos) << log << ":\n" << text;
+  }
+  // The 3-rank run's own checkpoint has three shards.
+  const CheckpointData ck3 = load_checkpoint(list_checkpoints(path("mixed3") + "/checkpoints").back(), {true, false});
+  EXPECT_EQ(ck3.state.at("zero_shards").at("files").size(), 3u);
+}
+
+// A 1-rank (full, single-writer) checkpoint resumes on 2 ranks.
+TEST_F(TrainDist, OneRankCheckpointResumesOnTwoRanks) {
+  ASSERT_EQ(run(train_args("one", 4), "one.log"), 0);
+  ASSERT_EQ(run(train_args("grow", 2), "grow_a.log"), 0);
+  ASSERT_EQ(run(launch(2, train_args("grow", 4)), "grow_b.log"), 0);
+  expect_close("grow", "one", 1e-5, 1e-3);
+  std::ifstream f(path("grow_b.log"));
   const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_NE(log.find("resumed from checkpoint step 2"), std::string::npos) << log;
+}
+
+// A corrupt shard file is a corrupt checkpoint: --resume PATH refuses it naming the file, and
+// --resume auto falls back to the previous checkpoint.
+TEST_F(TrainDist, ACorruptShardIsRefusedAndAutoResumeFallsBack) {
+  auto args = train_args("corrupt", 4);
+  args.insert(args.end(), {"--save-steps", "2"});
+  ASSERT_EQ(run(launch(2, args), "corrupt_a.log"), 0);
+  const std::string step4 = path("corrupt") + "/checkpoints/step-00000004";
+  const std::string shard = step4 + "/optimizer.rank-00001-of-00002.safetensors";
+  ASSERT_TRUE(fs::exists(shard));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  auto explicit_path = train_args("corrupt", 6);
+  explicit_path.insert(explicit_path.end(), {"--resume", step4});
+  auto c = spawn(launch(2, explicit_path), path("corrupt_b.log"));
+  EXPECT_NE(c->wait_exit(300s), 0) << c->output();
+  EXPECT_NE(c->output().find("optimizer.rank-00001-of-00002.safetensors does not match its SHA-256"),
+            std::string::npos) << c->output();
+  ASSERT_EQ(run(launch(2, train_args("corrupt", 6)), "corrupt_c.log"), 0);  // --resume auto
+  std::ifstream f(path("corrupt_c.log"));
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("skipping checkpoint " + step4), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from checkpoint step 2"), std::string::npos) << log;
+  EXPECT_NO_THROW(load_checkpoint(list_checkpoints(path("corrupt") + "/checkpoints").back()));
+}
+
+// A rank that dies after writing its shard but before rank 0 writes the manifest
+// (OPD_TEST_CKPT_FAULT, test-only) leaves no checkpoint of that step under a final name: the
+// previous one stays the latest and the job resumes from it.
+TEST_F(TrainDist, ARankDyingDuringTheSaveLeavesNoCheckpoint) {
+  auto args = train_args("dies", 6);
+  args.insert(args.end(), {"--save-steps", "2"});
+  ::setenv("OPD_TEST_CKPT_FAULT", "die:1:4", 1);
+  auto job = spawn(launch(2, args), path("dies_a.log"));
+  ::unsetenv("OPD_TEST_CKPT_FAULT");
+  const int rc = job->wait_exit(120s);
+  EXPECT_NE(rc, 0) << job->output();
+  EXPECT_NE(rc, -1) << job->output();
+  EXPECT_NE(job->output().find("rank 1"), std::string::npos) << job->output();
+  EXPECT_NE(job->output().find("dies after writing optimizer.rank-00001-of-00002"), std::string::npos)
+      << job->output();
+  const std::string root = path("dies") + "/checkpoints";
+  const auto list = list_checkpoints(root);
+  ASSERT_EQ(list.size(), 1u) << job->output();
+  EXPECT_EQ(fs::path(list[0]).filename(), "step-00000002");
+  EXPECT_FALSE(fs::exists(root + "/step-00000004"));
+  std::ifstream latest(root + "/LATEST");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-00000002");
+  EXPECT_NO_THROW(load_checkpoint(list[0]));
+  ASSERT_EQ(run(launch(2, args), "dies_b.log"), 0);  // resume auto from step 2
+  std::ifstream f(path("dies_b.log"));
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("resumed from checkpoint step 2"), std::string::npos) << log;
+  ASSERT_EQ(list_checkpoints(root).size(), 3u);
+  for (const auto& e : fs::directory_iterator(root))  // the dead save's temp folder is cleaned up
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 TEST_F(TrainDist, AKilledRankTakesTheJobDownAndTheCheckpointSurvives) {
@@ -188,7 +316,8 @@ TEST_F(TrainDist, SigtermToTheLauncherCheckpointsEveryRankAndExitsZero) {
   EXPECT_NE(out.find("stop requested"), std::string::npos) << out;
 }
 
-// The same on two GPUs (NCCL, f32 compute so the comparison is tight; then bf16 on-policy runs):
+// The same on two GPUs (NCCL, f32 compute so the comparison is tight, ZeRO-2 overlap and a
+// sharded checkpoint resumed on one GPU; then bf16 on-policy runs):
 // runs on a machine with 2+ GPUs (scripts/gpu_check.sh dist), skipped elsewhere.
 TEST_F(TrainDist, TwoGpuRanksTakeTheStepsOfOneGpu) {
   if (device_hooks::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
@@ -214,6 +343,26 @@ TEST_F(TrainDist, TwoGpuRanksTakeTheStepsOfOneGpu) {
   ASSERT_EQ(run(steps(gpu("g1", "f32", "0"), 1), "g1.log"), 0);
   ASSERT_EQ(run(launch(2, steps(gpu("g2", "f32", "0"), 1)), "g2.log"), 0);
   expect_close("g2", "g1", 1e-5, 1e-4);
+  // ZeRO-2 with the overlapped reductions (NCCL on the optimizer's communication stream): the
+  // same as reducing after the whole backward (test-only OPD_TEST_ZERO2_REDUCE_ALL) and as one
+  // GPU; then a sharded 2-GPU checkpoint resumed on one GPU ends where one GPU ends.
+  auto z2f = steps(gpu("g2_z2", "f32", "0"), 2);
+  z2f.insert(z2f.end(), {"--zero-stage", "2"});
+  ASSERT_EQ(run(launch(2, z2f), "g2_z2.log"), 0);
+  auto z2f_all = z2f;
+  *(std::find(z2f_all.begin(), z2f_all.end(), "--out") + 1) = path("g2_z2_all");
+  ::setenv("OPD_TEST_ZERO2_REDUCE_ALL", "1", 1);
+  const int rc_all = run(launch(2, z2f_all), "g2_z2_all.log");
+  ::unsetenv("OPD_TEST_ZERO2_REDUCE_ALL");
+  ASSERT_EQ(rc_all, 0);
+  ASSERT_EQ(run(steps(gpu("g1_2", "f32", "0"), 2), "g1_2.log"), 0);
+  expect_close("g2_z2", "g2_z2_all", 1e-5, 1e-3);
+  expect_close("g2_z2", "g1_2", 1e-5, 1e-3);
+  auto z2f_z2 = steps(gpu("gr", "f32", "0"), 1);
+  z2f_z2.insert(z2f_z2.end(), {"--zero-stage", "2"});
+  ASSERT_EQ(run(launch(2, z2f_z2), "gr_a.log"), 0);
+  ASSERT_EQ(run(steps(gpu("gr", "f32", "0"), 2), "gr_b.log"), 0);  // resume auto on 1 GPU
+  expect_close("gr", "g1_2", 1e-5, 1e-3);
   ASSERT_EQ(run(steps(gpu("b1", "bf16", "0"), 20), "b1.log"), 0);
   ASSERT_EQ(run(launch(2, steps(gpu("b2", "bf16", "0"), 20)), "b2.log"), 0);
   const auto l1 = losses("b1"), l2 = losses("b2");

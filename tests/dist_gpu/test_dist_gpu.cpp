@@ -1,8 +1,8 @@
 // NCCL communicator (dist/communicator.h) on 2+ GPUs against the CPU communicator over the same
 // store: all_reduce (sum/avg), reduce_scatter, all_gather (also in place) and broadcast on f32
 // and bf16 device buffers, on the default and on a side stream; the watchdog turning a peer
-// that never joins a collective into an error; and a ZeRO-1 step on NCCL equal to the same step
-// on the CPU backend. Run under the launcher, one process per GPU:
+// that never joins a collective into an error; and a ZeRO-1 step and overlapped ZeRO-2
+// micro-batches on NCCL equal to the same on the CPU backend. Run under the launcher, one process per GPU:
 //   opd launch --nproc-per-node 2 -- build/tests/test_dist_gpu
 // Without the launcher, with fewer than 2 GPUs or without NCCL every test skips.
 #include <gtest/gtest.h>
@@ -15,7 +15,9 @@
 #include "core/cuda/stream.h"
 #include "dist/communicator.h"
 #include "dist/rendezvous.h"
+#include "dist/bucket_ready.h"
 #include "dist/zero.h"
+#include "kernels/ops.h"  // add_inplace (the asynchronous gradient writes of the ZeRO-2 test)
 
 namespace opd::dist {
 namespace {
@@ -183,6 +185,61 @@ TEST(NcclZero, Zero1StepMatchesCpuBackend) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     EXPECT_TRUE(test::close(sg.master[i], sc.master[i], 1e-5, 1e-7)) << "master " << i;
     EXPECT_TRUE(test::close(host_f32(gpu.param(i)), host_f32(cpu.param(i)), 8e-3, 1e-6)) << "model " << i;
+  }
+}
+
+// ZeRO-2 overlap on NCCL: the "backward" writes each parameter's gradient with an asynchronous
+// kernel on a compute stream of its own and buckets are reduced (on the optimizer's
+// communication stream) as soon as their parameters are done, in backward order, over three
+// micro-batches; the result equals the CPU backend reducing everything after each micro-batch.
+// A missing event in either direction (a reduction reading a gradient not yet written, or the
+// next micro-batch accumulating into a bucket not yet cleared) shows up as a mismatch.
+TEST(NcclZero, Zero2OverlappedBucketsMatchCpuBackend) {
+  REQUIRE_JOB();
+  Job& j = job();
+  const std::vector<Shape> shapes = {{1024, 67}, {4096}, {3, 5}, {77, 129}, {20000}, {512, 33}};
+  ZeroConfig zc;
+  zc.stage = ZeroStage::Two;
+  zc.bucket_numel = 50000;
+  zc.model_dtype = DType::F32;
+  ZeroOptimizer gpu(*j.nccl, shapes, zc);
+  ZeroOptimizer cpu(*j.cpu, shapes, zc);
+  std::vector<Tensor> w;
+  for (size_t i = 0; i < shapes.size(); ++i) w.push_back(test::random_uniform(shapes[i], DType::F32, 190 + i));
+  gpu.load_weights(w);
+  cpu.load_weights(w);
+  std::vector<int> group_of;  // one group per parameter, finished last to first
+  for (size_t i = 0; i < shapes.size(); ++i) group_of.push_back(static_cast<int>(i));
+  BucketReadiness ready(gpu.layout(), group_of, static_cast<int>(shapes.size()));
+  ASSERT_GT(gpu.layout().buckets.size(), 2u);
+  cuda::Stream compute;
+  cuda::StreamScope on_compute(compute.get());
+  for (int step = 1; step <= 2; ++step) {
+    for (int m = 0; m < 3; ++m) {
+      gpu.wait_reductions();  // the next write into the local gradients follows the reductions
+      ready.reset();
+      for (int i = static_cast<int>(shapes.size()) - 1; i >= 0; --i) {
+        Tensor g = test::random_uniform(shapes[i], DType::F32, 7000 + 1000 * step + 100 * m + 10 * j.env.rank + i,
+                                        -0.1, 0.1);
+        cpu.grad(i).copy_from(g);
+        Tensor gd = g.to(Device::CUDA);
+        Tensor acc = gpu.grad(i);
+        ops::add_inplace(acc, gd);  // asynchronous on the compute stream
+        for (int b : ready.finish(i)) gpu.reduce_bucket(b);
+      }
+      for (int b : ready.remaining()) gpu.reduce_bucket(b);
+      cpu.reduce_all();
+    }
+    gpu.step(1e-3, 0);
+    cpu.step(1e-3, 0);
+  }
+  j.nccl->synchronize();
+  auto sg = gpu.gather_state();
+  auto sc = cpu.gather_state();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_TRUE(test::close(sg.master[i], sc.master[i], 1e-5, 1e-7)) << "master " << i;
+    EXPECT_TRUE(test::close(sg.exp_avg[i], sc.exp_avg[i], 1e-5, 1e-9)) << "exp_avg " << i;
+    EXPECT_TRUE(test::close(host_f32(gpu.param(i)), host_f32(cpu.param(i)), 1e-5, 1e-7)) << "model " << i;
   }
 }
 
