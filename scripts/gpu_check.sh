@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|anchor|product|memory]
+#        racecheck-gen|pair|final|final4|anchor|product|memory]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -183,6 +183,17 @@ if [[ "$what" == product ]]; then
   run torch_w1 150 python3 tools/bench_w1_torch.py
   run bench_rollout 90 $B/opd bench rollout
   run bench_score 90 $B/opd bench score
+fi
+if [[ "$what" == final4 ]]; then
+  # Session 4's closing call on nvidia-h200-x2 (~9 min): the NCCL suite (ZeRO-2 overlapped buckets
+  # vs the CPU backend), the trainer over NCCL (2 ranks == 1 rank, ZeRO-2 overlap == reduce-all,
+  # a sharded 2-GPU checkpoint resumed on one GPU), the whole GPU suite on GPU 0, then W2 with
+  # ZeRO-2 (its first part is W1 on one GPU).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run dist_gpu 120 $B/opd launch --nproc-per-node 2 --master-port 0 -- $B/test_dist_gpu
+  [[ -x $B/test_cli ]] && run train_dist_gpu 240 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  run cuda 200 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda
+  run bench_w2 200 $B/opd bench w2 --nproc 2 --zero-stage 2
 fi
 if [[ "$what" == memory ]]; then
   # Session 4: elementwise recompute and the offloaded teacher (bit-identical tests), the scorer's
