@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|anchor|product|memory]
+#        racecheck-gen|pair|final|final4|final4b|anchor|product|memory]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -194,6 +194,16 @@ if [[ "$what" == final4 ]]; then
   [[ -x $B/test_cli ]] && run train_dist_gpu 240 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
   run cuda 200 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda
   run bench_w2 200 $B/opd bench w2 --nproc 2 --zero-stage 2
+fi
+if [[ "$what" == final4b ]]; then
+  # After final4: the offload test with 256-byte slots, the trainer GPU tests, W2 with ZeRO-1 and
+  # ZeRO-2 (each runs W1 on one GPU first), and the HF anchor of W1 on GPU 0 (~6 min).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run cuda_sel 120 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='CudaWeightOffload*:CudaTrainerTest.*:CudaModelRecompute*:CudaBackwardHooks*'
+  [[ -x $B/test_cli ]] && run train_dist_gpu 120 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1
+  run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
+  run torch_w1 130 env CUDA_VISIBLE_DEVICES=0 python3 tools/bench_w1_torch.py
 fi
 if [[ "$what" == memory ]]; then
   # Session 4: elementwise recompute and the offloaded teacher (bit-identical tests), the scorer's

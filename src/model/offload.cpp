@@ -15,7 +15,10 @@
 namespace opd {
 
 namespace {
-constexpr int64_t kAlign = 64;  // elements
+// Every parameter starts on a 256-byte boundary, as a separately allocated tensor does:
+// cuBLASLt picks its kernels by operand alignment up to 256 bytes (kernels/cuda/gemm.cpp), so a
+// smaller alignment would change the algorithm, and with it the result bits, after an upload.
+constexpr int64_t kAlignBytes = 256;
 }
 
 WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::move(model)) {
@@ -24,6 +27,7 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
             "weight offload: the model must have CUDA weights");
   dtype_ = model_->dtype();
 #ifdef OPD_WITH_CUDA
+  const int64_t kAlign = kAlignBytes / static_cast<int64_t>(dtype_size(dtype_));  // elements
   model_->weights().for_each([&](const std::string&, Tensor& w) {
     slots_.push_back(Slot{&w, w.shape(), numel_});
     numel_ += (w.numel() + kAlign - 1) / kAlign * kAlign;

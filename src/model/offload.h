@@ -3,8 +3,10 @@
 // `--offload-teacher`: on the device for its scoring, away during the rollout and the training
 // phase, so those phases have its P x dtype bytes free).
 //
-// Layout: every distinct parameter (tied embeddings once) at an offset rounded up to 64 elements
-// (128 bytes in bf16: the vectorized kernels' alignment) in one flat buffer of the model dtype, the same on the host and the device, so an upload is one cudaMemcpyAsync
+// Layout: every distinct parameter (tied embeddings once) at an offset rounded up to 256 bytes
+// (cuBLASLt chooses kernels by operand alignment up to 256 bytes: with the alignment of separate
+// allocations the GEMMs, and so the bits, are those of the model before the offload) in one flat
+// buffer of the model dtype, the same on the host and the device, so an upload is one cudaMemcpyAsync
 // of the whole buffer on the current stream (ordered before the kernels that read it; no host
 // sync) and a release drops one device block. While released the model's weight tensors are
 // undefined: using the model then fails on an undefined tensor instead of reading freed memory.

@@ -542,6 +542,9 @@ void Trainer::build_optimizer() {
     zc.stage = o_.zero_stage == 2 ? dist::ZeroStage::Two : dist::ZeroStage::One;
     zc.grad_reduce = dist::ReduceOp::Sum;  // the loss is already normalized by all ranks' tokens
     zc.model_dtype = compute_dtype_;
+    // Parameters of the flat model copy start on 256-byte boundaries, like separately allocated
+    // tensors: cuBLASLt chooses its GEMM kernels by operand alignment up to 256 bytes.
+    zc.align = 256 / static_cast<int64_t>(dtype_size(compute_dtype_));
     zc.adamw = ac;
     std::vector<Shape> shapes;
     std::vector<Tensor> masters;
