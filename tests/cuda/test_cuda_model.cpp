@@ -17,6 +17,7 @@
 //   or a dropped accumulation gives O(1) errors, far outside these.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -56,6 +57,27 @@ bool same_host_bits(const Tensor& a, const Tensor& b) {
   Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
   return ha.shape() == hb.shape() && ha.dtype() == hb.dtype() &&
          std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+// For failure messages: how far two host f32 tensors are apart (differing elements, max |a-b|,
+// relative L2, NaNs), so a bit mismatch says whether it is rounding or a wrong value.
+std::string diff_summary(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = host(a_in), b = host(b_in);
+  if (a.shape() != b.shape()) return "shapes differ";
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  int64_t differ = 0, nans = 0;
+  double max_abs = 0, num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) ++nans;
+    if (x[i] != y[i]) ++differ;
+    const double d = static_cast<double>(x[i]) - y[i];
+    max_abs = std::max(max_abs, std::fabs(d));
+    num += d * d;
+    den += static_cast<double>(x[i]) * x[i];
+  }
+  return cat(differ, " of ", a.numel(), " elements differ, max |diff| ", max_abs, ", rel L2 ",
+             den > 0 ? std::sqrt(num / den) : 0.0, ", NaNs ", nans);
 }
 
 struct Bounds {
@@ -208,6 +230,10 @@ TEST_P(CudaWeightOffload, UploadGivesTheSameBitsAndReleasedWeightsAreRefused) {
       Transformer::load(fixture_path(std::string("models/") + GetParam())).to(Device::CUDA, DType::BF16));
   Batch batch = fixture_batch(model->config().vocab_size);
   const Tensor before = host(model->forward_hidden(batch));
+  // Baseline: the same forward again on the same weights. If this differs, the forward itself is
+  // not reproducible (e.g. memory it reads uninitialized), which is not the offload's doing.
+  ASSERT_TRUE(same_host_bits(before, host(model->forward_hidden(batch))))
+      << "the forward is not bit-reproducible: " << diff_summary(before, model->forward_hidden(batch));
   int64_t params = 0;
   model->weights().for_each([&](const std::string&, const Tensor&) { ++params; });
   WeightOffload off(model);
@@ -224,7 +250,8 @@ TEST_P(CudaWeightOffload, UploadGivesTheSameBitsAndReleasedWeightsAreRefused) {
       ++bound;
     });
     EXPECT_EQ(bound, params);
-    EXPECT_TRUE(same_host_bits(before, model->forward_hidden(batch))) << "round " << round;
+    const Tensor after = host(model->forward_hidden(batch));
+    EXPECT_TRUE(same_host_bits(before, after)) << "round " << round << ": " << diff_summary(before, after);
     off.release();
     EXPECT_FALSE(off.resident());
   }
