@@ -19,6 +19,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <thread>
+#include <set>
 
 #include "core/error.h"
 #include "dist/tcp_store.h"  // pick_free_port
@@ -127,11 +129,22 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int port, int 
       {"MASTER_PORT", std::to_string(port)},
       {"OPD_LAUNCH", "1"}};
   std::vector<std::string> env;
+  std::set<std::string> present;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string kv(*e);
-    if (set.count(kv.substr(0, kv.find('='))) == 0) env.push_back(kv);
+    const std::string key = kv.substr(0, kv.find('='));
+    present.insert(key);
+    if (set.count(key) == 0) env.push_back(kv);
   }
   for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+  // The node's cores divided among its ranks, unless the user chose: every rank would otherwise
+  // size its thread pool and OpenBLAS to all cores (torchrun sets OMP_NUM_THREADS=1 for the same
+  // reason), and the oversubscribed pools slow the ranks' host loops down.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string per_rank =
+      std::to_string(std::max<unsigned>(1, cores / static_cast<unsigned>(std::max(1, o.nproc_per_node))));
+  for (const char* k : {"OPD_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (present.count(k) == 0) env.push_back(std::string(k) + "=" + per_rank);
   return env;
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -49,6 +50,24 @@ TEST(Launcher, SetsTheTorchrunEnvironmentAndPrefixesOutput) {
               std::string::npos) << out;
     EXPECT_NE(out.find(cat("[rank ", k, "] no newline\n")), std::string::npos) << out;
   }
+}
+
+// Each rank gets the node's cores divided by the ranks for its thread pool and OpenBLAS, unless
+// the caller's environment already says (then that value passes through unchanged).
+TEST(Launcher, DividesTheCoresAmongTheRanksUnlessTheUserChose) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string per_rank = std::to_string(std::max(1u, cores / 2));
+  ::unsetenv("OPD_NUM_THREADS");
+  ::setenv("OPENBLAS_NUM_THREADS", "3", 1);
+  ::testing::internal::CaptureStdout();
+  LaunchOptions o = options(2);
+  o.master_port = 29997;
+  LaunchResult r = launch(o, sh("echo \"threads $OPD_NUM_THREADS $OPENBLAS_NUM_THREADS\""));
+  std::string out = ::testing::internal::GetCapturedStdout();
+  ::unsetenv("OPENBLAS_NUM_THREADS");
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  for (int k = 0; k < 2; ++k)
+    EXPECT_NE(out.find(cat("[rank ", k, "] threads ", per_rank, " 3\n")), std::string::npos) << out;
 }
 
 TEST(Launcher, MultiNodeRanksAndNoPrefix) {
