@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|anchor|product|memory]
+#        racecheck-gen|pair|final|final4|final4b|poison|anchor|product|memory]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -204,6 +204,15 @@ if [[ "$what" == final4b ]]; then
   run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
   run torch_w1 130 env CUDA_VISIBLE_DEVICES=0 python3 tools/bench_w1_torch.py
+fi
+if [[ "$what" == poison ]]; then
+  # The open offload test failure (docs/cuda.md): the whole suite once (the order that failed),
+  # then the model/offload/trainer tests with poisoned device memory and under initcheck.
+  run cuda 220 $B/test_cuda
+  run cuda_poison 120 env OPD_POISON_DEVICE_MEMORY=1 $B/test_cuda \
+      --gtest_filter='*CudaModel*:*CudaWeightOffload*:*CudaModelRecompute*:CudaTrainerTest.*'
+  run initcheck 200 compute-sanitizer --tool initcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*CudaWeightOffload*:*CudaModelRecompute*/0'
 fi
 if [[ "$what" == memory ]]; then
   # Session 4: elementwise recompute and the offloaded teacher (bit-identical tests), the scorer's

@@ -2,6 +2,9 @@
 // (core/cuda/allocator.h) on the calling thread's current stream, copies and zero fill.
 // Tensor keeps its own byte counters (memory_stats(Device::CUDA): bytes of live tensors);
 // the allocator's stats add what is reserved and cached.
+#include <cstdlib>
+#include <string>
+
 #include "core/cuda/allocator.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/stream.h"  // device_count
@@ -13,7 +16,23 @@ namespace opd::device_hooks {
 bool cuda_compiled() { return true; }
 int cuda_device_count() { return cuda::device_count(); }
 
-void* cuda_malloc(size_t bytes) { return cuda::device_allocator().allocate(bytes, cuda::current_stream()); }
+// OPD_POISON_DEVICE_MEMORY=1 (debugging): every new tensor's bytes are set to 0xFF (NaN in f32,
+// bf16 and f16) so a kernel that reads memory nobody wrote produces NaN instead of whatever the
+// block held before; results that depend on stale memory then fail loudly in tests.
+bool poison_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("OPD_POISON_DEVICE_MEMORY");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+void* cuda_malloc(size_t bytes) {
+  cudaStream_t stream = cuda::current_stream();
+  void* ptr = cuda::device_allocator().allocate(bytes, stream);
+  if (poison_requested() && bytes > 0) OPD_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, bytes, stream));
+  return ptr;
+}
 
 void cuda_free(void* ptr) {
   try {
