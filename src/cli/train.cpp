@@ -40,7 +40,8 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
   if (distill) {
     c->add_option("--teacher", o.teacher, "teacher model directory, scored in-process");
     c->add_option("--teacher-url", o.teacher_url, "remote teacher: an `opd serve` or vLLM "
-                  "server, http://host:port");
+                  "server, http://host:port; or a comma-separated pool, rank r of a data-parallel "
+                  "run using entry r mod (pool size)");
     c->add_option("--teacher-timeout", o.teacher_timeout_s, "seconds a remote teacher may be "
                   "unreachable (the run waits and retries) before the run fails")->capture_default_str();
     c->add_option("--lmbda", o.lmbda, "probability that a step's completions are sampled from "

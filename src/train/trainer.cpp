@@ -83,6 +83,23 @@ nlohmann::json TrainOptions::to_json() const {
       {"eval_before", eval_before}};
 }
 
+std::vector<std::string> split_teacher_urls(const std::string& pool) {
+  std::vector<std::string> urls;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = pool.find(',', start);
+    std::string u = pool.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t a = u.find_first_not_of(" \t"), b = u.find_last_not_of(" \t");
+    u = a == std::string::npos ? std::string() : u.substr(a, b - a + 1);
+    OPD_CHECK(!u.empty(), InvalidArgument, "--teacher-url '", pool, "': entry ", urls.size() + 1,
+              " is empty");
+    urls.push_back(u);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return urls;
+}
+
 void TrainOptions::validate() const {
   auto in = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
   OPD_CHECK(!student.empty(), InvalidArgument, "--student is required");
@@ -94,6 +111,7 @@ void TrainOptions::validate() const {
     OPD_CHECK(teacher.empty() != teacher_url.empty(), InvalidArgument,
               "give exactly one of --teacher DIR (in-process) or --teacher-url URL");
   }
+  if (!teacher_url.empty()) split_teacher_urls(teacher_url);
   OPD_CHECK(in(lmbda, 0, 1), InvalidArgument, "--lmbda ", lmbda, " must be in [0, 1]");
   OPD_CHECK(!seq_kd || !teacher.empty(), InvalidArgument,
             "--seq-kd needs an in-process teacher (--teacher DIR) to generate completions");
@@ -308,6 +326,7 @@ class Trainer {
   // the scorer's model, one copy shared by all three.
   std::shared_ptr<Transformer> teacher_model_;
   std::unique_ptr<WeightOffload> teacher_offload_;  // --offload-teacher
+  std::string teacher_url_;  // this rank's entry of the --teacher-url pool
   // Gradient buffers live only through the training phase (single process; ZeRO owns its own).
   void bind_grads();
   void release_grads();
@@ -489,15 +508,21 @@ void Trainer::setup_teacher() {
                " GiB, on the GPU only while it scores)");
     }
   } else {
+    const std::vector<std::string> pool = split_teacher_urls(o_.teacher_url);
+    teacher_url_ = pool[static_cast<size_t>(env_.rank) % pool.size()];
     ClientOptions c;
-    c.url = o_.teacher_url;
+    c.url = teacher_url_;
     c.student_vocab = sc.vocab_size;
     c.student_fingerprint = sfp.sha256;
     c.loss = loss_;
-    log_info("connecting to teacher ", o_.teacher_url);
+    log_info("connecting to teacher ", teacher_url_,
+             pool.size() > 1 ? cat(" (rank ", env_.rank, ", entry ",
+                                   static_cast<size_t>(env_.rank) % pool.size() + 1, " of ",
+                                   pool.size(), " in --teacher-url)")
+                             : std::string());
     scorer_ = std::make_unique<TeacherClient>(c);
     ModelSide t = student_side();  // a server reports vocab, tokenizer, EOS only
-    t.where = o_.teacher_url;
+    t.where = teacher_url_;
     t.vocab_size = scorer_->info().vocab_size;
     t.fingerprint = scorer_->info().fingerprint;
     t.eos_ids = scorer_->info().eos_token_ids;
@@ -848,7 +873,7 @@ auto Trainer::with_retry(const Call& call) -> decltype(call()) {
       // Only transport failures are worth waiting for; a bad response or request is not.
       if (e.kind() != ErrorKind::Io || o_.teacher_url.empty()) throw;
       const double waited = seconds_since(t0);
-      OPD_CHECK(waited < o_.teacher_timeout_s, Io, "teacher ", o_.teacher_url,
+      OPD_CHECK(waited < o_.teacher_timeout_s, Io, "teacher ", teacher_url_,
                 " unreachable for ", static_cast<int64_t>(waited), " s (--teacher-timeout ",
                 o_.teacher_timeout_s, " s): ", e.what());
       log_warn("teacher unreachable (attempt ", attempt, ", waited ",

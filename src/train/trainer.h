@@ -39,11 +39,17 @@
 
 namespace opd {
 
+// The URLs of a --teacher-url pool (comma-separated, spaces around entries ignored); throws
+// InvalidArgument naming an empty entry.
+std::vector<std::string> split_teacher_urls(const std::string& pool);
+
 struct TrainOptions {
   // Models and data.
   std::string student;                // model directory (HF layout)
   std::string teacher;                // in-process teacher directory
-  std::string teacher_url;            // remote teacher (opd serve / vLLM)
+  // Remote teacher (opd serve / vLLM): one URL, or a comma-separated pool; under data parallel
+  // rank r scores with entry r mod (pool size), so each rank can have its own server.
+  std::string teacher_url;
   std::vector<std::string> data;      // JSONL files
   std::vector<std::string> eval_data; // JSONL files with reference completions
   std::string out = "runs/opd";

@@ -186,6 +186,50 @@ TEST_F(TrainDist, Zero2OverlapEqualsReduceAllBitwise) {
 
 // Sharded checkpoints (dist/zero_checkpoint.h): a 2-rank checkpoint resumes on 1 and on 3
 // ranks and ends where the uninterrupted 2-rank run (and the 1-rank run) ends.
+// A pool of teacher servers (issue 9: "scores with its own teacher (in-process or a pool of opd
+// serve URLs)"): rank r connects to entry r of --teacher-url, and the run takes the same steps as
+// with the in-process teacher (the CPU scorer served is bit-identical to the in-process one).
+TEST_F(TrainDist, EachRankScoresWithItsEntryOfATeacherUrlPool) {
+  std::vector<std::unique_ptr<test::Child>> servers;
+  std::vector<std::string> urls;
+  for (int s = 0; s < 2; ++s) {
+    servers.push_back(spawn({"serve", "--model", path("teacher"), "--port", "0", "--threads", "2"},
+                            path("serve" + std::to_string(s) + ".log")));
+    int port = 0;
+    for (int i = 0; i < 3000 && port == 0; ++i) {
+      std::this_thread::sleep_for(10ms);
+      const std::string out = servers.back()->output();
+      const auto pos = out.find("opd serve: port ");
+      if (pos != std::string::npos) port = std::atoi(out.c_str() + pos + 16);
+    }
+    ASSERT_GT(port, 0) << servers.back()->output();
+    urls.push_back("http://127.0.0.1:" + std::to_string(port));
+  }
+  ASSERT_EQ(run(launch(2, train_args("local", 3)), "local.log"), 0);
+  std::vector<std::string> remote = train_args("pool", 3);
+  remote[3] = "--teacher-url";
+  remote[4] = urls[0] + ", " + urls[1];
+  ASSERT_EQ(run(launch(2, remote), "pool.log"), 0);
+  auto read = [](const std::string& f) {
+    std::ifstream in(f);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_NE(read(path("pool") + "/train.log").find("connecting to teacher " + urls[0] + " (rank 0, entry 1 of 2"),
+            std::string::npos);
+  EXPECT_NE(read(path("pool") + "/train.rank1.log").find("connecting to teacher " + urls[1] + " (rank 1, entry 2 of 2"),
+            std::string::npos);
+  expect_close("pool", "local", 1e-6, 1e-6);
+  for (auto& s : servers) {
+    kill(s->pid, SIGTERM);
+    EXPECT_EQ(s->wait_exit(10s), 0);
+  }
+  // An empty entry is refused before anything starts.
+  remote[4] = urls[0] + ",,";
+  auto bad = spawn(remote, path("bad.log"));
+  EXPECT_NE(bad->wait_exit(60s), 0);
+  EXPECT_NE(bad->output().find("entry 2 is empty"), std::string::npos) << bad->output();
+}
+
 TEST_F(TrainDist, TwoRankCheckpointResumesOnOneAndOnThreeRanks) {
   ASSERT_EQ(run(train_args("one", 4), "one.log"), 0);
   ASSERT_EQ(run(launch(2, train_args("two", 4)), "two.log"), 0);
