@@ -199,7 +199,7 @@ if [[ "$what" == final4b ]]; then
   # After final4: the offload test with 256-byte slots, the trainer GPU tests, W2 with ZeRO-1 and
   # ZeRO-2 (each runs W1 on one GPU first), and the HF anchor of W1 on GPU 0 (~6 min).
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-  run cuda_sel 120 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='CudaWeightOffload*:CudaTrainerTest.*:CudaModelRecompute*:CudaBackwardHooks*'
+  run cuda_sel 120 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='*CudaWeightOffload*:CudaTrainerTest.*:*CudaModelRecompute*:*CudaBackwardHooks*'
   [[ -x $B/test_cli ]] && run train_dist_gpu 120 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
   run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
