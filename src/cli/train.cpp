@@ -83,7 +83,7 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
               "(less memory for one extra forward); = --recompute-granularity layer");
   c->add_option("--recompute-granularity", o.recompute_granularity, "student activation "
                 "recompute: none | elementwise (cuda: rebuild norm outputs, normed q/k and the "
-                "SwiGLU product in the backward: ~36% fewer activations, no extra GEMM) | layer "
+                "SwiGLU product in the backward: 36% fewer stored values, W1 peak 20.7 -> 18.6 GiB, no extra GEMM) | layer "
                 "(keep only each layer's input: +1 forward)")->capture_default_str();
   c->add_flag("--offload-teacher", o.offload_teacher, "cuda, in-process teacher: keep its "
               "weights in pinned host memory, on the GPU only while it scores (frees its size "
