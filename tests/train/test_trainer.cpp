@@ -384,6 +384,21 @@ TEST_F(TrainerTest, BadOptionsAreNamed) {
   o = base("bad");
   o.data = {path("missing.jsonl")};
   expect_msg(o, "missing.jsonl");
+  o = base("bad");
+  o.recompute_granularity = "selective";
+  expect_msg(o, "'selective' is not one of none, elementwise, layer");
+  o = base("bad");
+  o.offload_teacher = true;  // the CPU backend has no device memory to save
+  expect_msg(o, "--offload-teacher needs --device cuda");
+  o = base("bad");
+  o.device = "cuda";
+  o.offload_teacher = true;
+  o.loss_support = "full";
+  expect_msg(o, "--offload-teacher cannot be used with --loss-support full");
+  o = base("bad");
+  o.teacher = "";
+  o.teacher_url = "http://127.0.0.1:1, ";
+  expect_msg(o, "entry 2 is empty");
   // A teacher with another vocabulary is refused unless a policy says what to do.
   ModelConfig c = test::tiny_demo_config(48, 1);
   c.vocab_size = 288;
