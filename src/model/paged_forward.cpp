@@ -86,6 +86,14 @@ PagedStepPlan plan_paged_step(const PagedStep& s, int64_t vocab, const KvCache& 
 }
 
 Tensor PagedForward::step(const PagedStep& s, KvCache& cache) const {
+  return run_step(s, cache, false);
+}
+
+Tensor PagedForward::step_hidden(const PagedStep& s, KvCache& cache) const {
+  return run_step(s, cache, true);
+}
+
+Tensor PagedForward::run_step(const PagedStep& s, KvCache& cache, bool all_hidden) const {
   const ModelConfig& c = model_->config();
   const ModelWeights& W = model_->weights();
   const int64_t B = s.num_sequences(), T = s.num_tokens();
@@ -102,7 +110,7 @@ Tensor PagedForward::step(const PagedStep& s, KvCache& cache) const {
   // embedding), block ids here and again by the ops that use them.
   const PagedStepPlan plan = plan_paged_step(s, c.vocab_size, cache);
 #ifdef OPD_WITH_CUDA
-  if (model_->device() == Device::CUDA) return step_cuda(s, plan, cache);
+  if (model_->device() == Device::CUDA) return step_cuda(s, plan, cache, all_hidden);
 #endif
   const int64_t max_blocks = plan.width;
   const std::vector<int32_t>&positions = plan.positions, &slots = plan.slots,
@@ -163,6 +171,11 @@ Tensor PagedForward::step(const PagedStep& s, KvCache& cache) const {
     Tensor x_next = empty({T, H});
     ops::add(x2, m, x_next);
     x = x_next;
+  }
+  if (all_hidden) {  // step_hidden: the final norm of every new row, no lm_head
+    Tensor h = empty({T, H}), rstd = empty({T});
+    ops::rmsnorm_forward(x, W.final_norm, eps, h, rstd);
+    return h;
   }
   // Only the last new row of each sequence needs logits: gather those B rows first (an
   // embedding lookup with the hidden states as the table), then final norm and lm_head.

@@ -136,8 +136,8 @@ class PagedForward {
   // (model dtype, on the model's device) instead of logits: the rows the lm_head would read. For
   // the teacher scorer's shared-prompt path (teacher/score_plan.h: completions run over the
   // cached K/V of their common prompt). Memory: the step's activations and T x H outputs.
-  // Defined in paged_forward_hidden.cpp (CPU: the step's layers; CUDA: step_device, then its
-  // final-norm rows).
+  // Same layers as step() (one code path: run_step); CUDA: step_device, then its final-norm rows
+  // (its lm_head over the B last rows also runs, B x H x V, negligible next to the step).
   Tensor step_hidden(const PagedStep& step, KvCache& cache) const;
 
 #ifdef OPD_WITH_CUDA
@@ -152,9 +152,12 @@ class PagedForward {
   const Transformer& model() const { return *model_; }
 
  private:
+  // step() and step_hidden(): the checks, the plan, then CPU ops or step_cuda.
+  Tensor run_step(const PagedStep& step, KvCache& cache, bool all_hidden) const;
 #ifdef OPD_WITH_CUDA
-  Tensor step_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
-  Tensor step_hidden_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache) const;
+  // all_hidden: the final-norm rows of every new token [T, H] instead of the last rows' logits.
+  Tensor step_cuda(const PagedStep& step, const PagedStepPlan& plan, KvCache& cache,
+                   bool all_hidden) const;
   void pack_weights();
 #endif
   const Transformer* model_;

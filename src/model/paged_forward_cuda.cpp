@@ -350,7 +350,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
                        tuned_gemm_ && B <= kTunedRows);
 }
 
-Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache) const {
+Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache,
+                               bool all_hidden) const {
   const int64_t B = p.batch, T = p.tokens, V = model_->config().vocab_size;
   // One upload: ids, positions, slots, cu_seqlens, seq_lens, last rows, tables, then the flag.
   std::vector<int32_t> host;
@@ -386,12 +387,21 @@ Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCac
   PagedWorkspace ws(model_->config(), model_->dtype(), T);
   Tensor logits = Tensor::empty({B, V}, DType::F32, Device::CUDA);
   step_device(ds, cache, ws, logits.data<float>(), stream);
+  Tensor out = logits;
+  if (all_hidden) {
+    // ws.h holds final_norm(x) of all T rows (the rows step_device's lm_head gathers from).
+    const int64_t H = model_->config().hidden_size;
+    out = Tensor::empty({T, H}, model_->dtype(), Device::CUDA);
+    OPD_CUDA_CHECK(cudaMemcpyAsync(out.raw(), ws.h.raw(), out.nbytes(), cudaMemcpyDeviceToDevice,
+                                   stream));
+  }
   unsigned flag = 0;
   OPD_CUDA_CHECK(cudaMemcpyAsync(&flag, ds.error_flag, sizeof(flag), cudaMemcpyDeviceToHost, stream));
   OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  OPD_CHECK(flag == 0xffffffffu, Internal, "PagedForward::step: the paged kernels rejected row or "
-            "sequence ", flag, " although the host validated every index");
-  return logits;
+  OPD_CHECK(flag == 0xffffffffu, Internal, "PagedForward::", all_hidden ? "step_hidden" : "step",
+            ": the paged kernels rejected row or sequence ", flag,
+            " although the host validated every index");
+  return out;
 }
 
 }  // namespace opd
