@@ -61,18 +61,6 @@ bool is_other_safetensors_dtype(const std::string& name) {
   return false;
 }
 
-const char* safetensors_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "F32";
-    case DType::F64: return "F64";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-  }
-  return "?";
-}
-
 // A JSON value for an error message; containers are described, not dumped (dump recurses).
 std::string describe_value(const json& v) {
   if (v.is_object()) return "an object";
@@ -128,6 +116,19 @@ bool read_u64_checked(const json& v, uint64_t* out) {
 }
 
 }  // namespace
+
+const char* safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
+
 
 class SafetensorsParser {
  public:

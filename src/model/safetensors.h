@@ -70,4 +70,7 @@ class WeightStore {
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// The safetensors header name of a dtype ("F32", "BF16", ...).
+const char* safetensors_dtype_name(DType dtype);
+
 }  // namespace opd

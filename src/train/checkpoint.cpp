@@ -311,18 +311,6 @@ std::optional<CheckpointData> load_latest_checkpoint(const std::string& root, st
 }
 
 namespace {
-const char* st_dtype_name(DType d) {
-  switch (d) {
-    case DType::F32: return "F32";
-    case DType::F64: return "F64";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-  }
-  return "?";
-}
-
 void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -355,7 +343,7 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::v
       OPD_CHECK(d >= 0, InvalidArgument, "safetensors stream ", path, ": ", e.name, " has shape ",
                 shape_str(e.shape));
     const uint64_t n = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
-    header[e.name] = {{"dtype", st_dtype_name(e.dtype)}, {"shape", e.shape},
+    header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape},
                       {"data_offsets", {offset, offset + n}}};
     slots_[e.name] = Slot{e.dtype, e.shape, offset, n == 0};
     offset += n;
