@@ -17,23 +17,8 @@
 namespace opd {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  Result r;
-  std::string cmd = test::opd_binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = test::OpdResult;
+Result run(const std::string& args) { return test::run_opd(args, test::Stderr::Merge); }
 
 std::string model(const char* family) { return test::fixture_path(std::string("models/") + family); }
 

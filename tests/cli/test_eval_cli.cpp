@@ -17,23 +17,8 @@
 namespace opd {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout (stderr separately to the test log, so the JSON parses)
-};
-
-Result run(const std::string& args) {
-  Result r;
-  std::string cmd = test::opd_binary() + " " + args;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = test::OpdResult;  // stdout only: the JSON parses; the log goes to the test log
+Result run(const std::string& args) { return test::run_opd(args); }
 
 std::string demo(const std::string& rel) { return test::source_dir() + "/demo/" + rel; }
 

@@ -24,23 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout only (the log goes to the test's stderr)
-};
-
-Result run(const std::string& args) {
-  Result r;
-  std::string cmd = test::opd_binary() + " " + args;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = test::OpdResult;  // stdout only (the log goes to the test's stderr)
+Result run(const std::string& args) { return test::run_opd(args); }
 
 TEST(SmolLM2Pipeline, ConvertShrinkTrainEvaluate) {
   std::string why;

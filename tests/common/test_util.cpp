@@ -1,7 +1,10 @@
 // Shared test helpers (see test_util.h).
 #include "common/test_util.h"
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <cstdlib>
 #include <sstream>
@@ -21,6 +24,20 @@ std::string opd_binary() {
   return env ? env : OPD_BINARY;
 }
 std::string fixture_path(const std::string& rel) { return source_dir() + "/tests/fixtures/" + rel; }
+
+OpdResult run_opd(const std::string& args, Stderr err) {
+  OpdResult r;
+  const std::string cmd = opd_binary() + " " + args +
+                          (err == Stderr::Merge ? " 2>&1" : err == Stderr::Discard ? " 2>/dev/null" : "");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo, double hi) {
   Tensor t = Tensor::empty(shape, dtype);

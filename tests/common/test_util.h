@@ -17,6 +17,16 @@ std::string source_dir();                   // repository root ($OPD_SOURCE_DIR 
 std::string opd_binary();                   // the built opd ($OPD_BINARY overrides)
 std::string fixture_path(const std::string& rel);  // tests/fixtures/<rel>
 
+// Runs `opd ARGS` (ARGS as shell words) and returns its exit status and stdout. stderr goes to
+// the test's own log (ToTestLog), into `out` after stdout's lines as they interleave (Merge), or
+// nowhere (Discard).
+enum class Stderr { ToTestLog, Merge, Discard };
+struct OpdResult {
+  int code = -1;  // exit status; -1 when it did not exit normally or could not start
+  std::string out;
+};
+OpdResult run_opd(const std::string& args, Stderr err = Stderr::ToTestLog);
+
 // A tiny Qwen3 config over the demo tokenizer's vocabulary (272 ids, EOS 256): 2 query / 1 kv
 // heads of 16, intermediate 2 x hidden, tied embeddings. The training tests build models from it.
 ModelConfig tiny_demo_config(int64_t hidden, int64_t layers);

@@ -17,22 +17,9 @@
 namespace opd {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout (and stderr when merged)
-};
-
+using Result = test::OpdResult;
 Result run(const std::string& args, bool merge_stderr = false) {
-  Result r;
-  std::string cmd = test::opd_binary() + " generate " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_opd("generate " + args, merge_stderr ? test::Stderr::Merge : test::Stderr::Discard);
 }
 
 std::string ids_arg(const std::vector<int32_t>& ids) {
