@@ -15,8 +15,8 @@
 #include <cmath>
 #include <set>
 
-#include "core/philox.h"
 #include "cuda/cuda_test_util.h"
+#include "common/shared_prompt_request.h"
 #include "model/transformer.h"
 #include "teacher/cuda_scorer.h"
 #include "teacher/score_plan.h"
@@ -25,42 +25,8 @@
 namespace opd::test {
 namespace {
 
-std::vector<int32_t> random_ids(uint64_t seed, int64_t len, int64_t V) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(philox_u32(seed, 11, static_cast<uint64_t>(i)) % V));
-  return ids;
-}
-
-std::vector<int32_t> with_completion(const std::vector<int32_t>& prompt, uint64_t c, int64_t len,
-                                     int64_t V) {
-  std::vector<int32_t> ids = prompt;
-  for (int32_t id : random_ids(1000 + c, len, V)) ids.push_back(id);
-  return ids;
-}
-
-// Prompt A (30 tokens) with three completions (one duplicated, one an exact prefix of another),
-// prompt B (45 tokens) with two (one scored from a later position), an unrelated sequence and
-// one with nothing scored (as tests/teacher/test_shared_prompt.cpp).
 ScoreRequest make_request(int64_t V, int64_t k, double T) {
-  ScoreRequest q;
-  q.k = k;
-  q.temperature = T;
-  q.with_ranks = true;
-  const auto A = random_ids(1, 30, V), B = random_ids(2, 45, V);
-  const auto a0 = with_completion(A, 0, 25, V), a1 = with_completion(A, 1, 33, V);
-  const auto a2 = with_completion(A, 2, 12, V);
-  q.sequences.push_back({a0, 30, 55});
-  q.sequences.push_back({a1, 30, 63});
-  q.sequences.push_back({a0, 30, 55});
-  q.sequences.push_back({std::vector<int32_t>(a1.begin(), a1.begin() + 50), 30, 50});
-  q.sequences.push_back({a2, 30, 42});
-  const auto b0 = with_completion(B, 3, 15, V), b1 = with_completion(B, 4, 19, V);
-  q.sequences.push_back({b0, 45, 60});
-  q.sequences.push_back({b1, 50, 64});
-  q.sequences.push_back({random_ids(9, 40, V), 5, 40});
-  q.sequences.push_back({b0, 20, 20});
-  return q;
+  return shared_prompt_request(V, k, T, true);
 }
 
 CudaScorer::Options gpu_options(DType dt, SharedPromptMode mode, int64_t block) {

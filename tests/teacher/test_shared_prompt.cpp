@@ -10,7 +10,7 @@
 #include <map>
 
 #include "common/test_util.h"
-#include "core/philox.h"
+#include "common/shared_prompt_request.h"
 #include "model/config.h"
 #include "model/transformer.h"
 #include "teacher/score_plan.h"
@@ -19,43 +19,8 @@
 namespace opd {
 namespace {
 
-std::vector<int32_t> random_ids(uint64_t seed, int64_t len, int64_t V) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(philox_u32(seed, 11, static_cast<uint64_t>(i)) % V));
-  return ids;
-}
-
-// prompt ++ completion c (c-th random completion of `len` tokens).
-std::vector<int32_t> with_completion(const std::vector<int32_t>& prompt, uint64_t c, int64_t len,
-                                     int64_t V) {
-  std::vector<int32_t> ids = prompt;
-  for (int32_t id : random_ids(1000 + c, len, V)) ids.push_back(id);
-  return ids;
-}
-
-// Three completions of prompt A (30 tokens; begin 30 -> shared prompt 28 tokens with blocks of
-// 4), one of them duplicated and one exact prefix of another; two completions of prompt B (45
-// tokens, longer than the 20-token batches: prefilled in chunks) one scored from a later
-// position; an unrelated sequence; a sequence with nothing scored.
 ScoreRequest make_request(int64_t V, int64_t k, double T) {
-  ScoreRequest q;
-  q.k = k;
-  q.temperature = T;
-  const auto A = random_ids(1, 30, V), B = random_ids(2, 45, V);
-  const auto a0 = with_completion(A, 0, 25, V), a1 = with_completion(A, 1, 33, V);
-  const auto a2 = with_completion(A, 2, 12, V);
-  q.sequences.push_back({a0, 30, 55});
-  q.sequences.push_back({a1, 30, 63});
-  q.sequences.push_back({a0, 30, 55});  // duplicate of a0
-  q.sequences.push_back({std::vector<int32_t>(a1.begin(), a1.begin() + 50), 30, 50});  // prefix
-  q.sequences.push_back({a2, 30, 42});
-  const auto b0 = with_completion(B, 3, 15, V), b1 = with_completion(B, 4, 19, V);
-  q.sequences.push_back({b0, 45, 60});
-  q.sequences.push_back({b1, 50, 64});  // scored from a later position: same 44-token prompt
-  q.sequences.push_back({random_ids(9, 40, V), 5, 40});
-  q.sequences.push_back({b0, 20, 20});  // nothing scored
-  return q;
+  return test::shared_prompt_request(V, k, T, false);
 }
 
 CpuScorer::Options options(SharedPromptMode mode) {
