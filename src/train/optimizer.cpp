@@ -161,6 +161,8 @@ void AdamW::build_device_state() {
   cuda_ = std::make_unique<CudaState>();
   cuda_->kernels =
       std::make_unique<cuda::MultiTensorAdamW>(tensors, model_dtype, cuda::current_stream());
+  table_grads_.clear();
+  for (const OptimParam& p : params_) table_grads_.push_back(p.grad.raw());
 #else
   OPD_FAIL(Unsupported, "AdamW on CUDA: this build has no CUDA backend");
 #endif
@@ -266,8 +268,10 @@ bool AdamW::step_if_finite(double lr, double max_norm, StepReport* report) {
 }
 
 void AdamW::release_grads() {
+  // The CUDA kernels' pointer table stays (never launched while released): when the next
+  // gradients land at the same addresses, as the caching allocator usually places them, binding
+  // them needs no rebuild (which uploads the table and synchronizes the stream).
   for (OptimParam& p : params_) p.grad = Tensor();
-  cuda_.reset();
   grads_bound_ = false;
 }
 
@@ -286,7 +290,15 @@ void AdamW::bind_grads(const std::vector<Tensor>& grads) {
     throw;
   }
   grads_bound_ = true;
+  if (device_state_matches_grads()) return;
   build_device_state();
+}
+
+bool AdamW::device_state_matches_grads() const {
+  if (device_ != Device::CUDA || !cuda_ || table_grads_.size() != params_.size()) return false;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (table_grads_[i] != params_[i].grad.raw()) return false;
+  return true;
 }
 
 void AdamW::check_bound(const char* what) const {

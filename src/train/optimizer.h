@@ -84,6 +84,8 @@ class AdamW {
   bool grads_bound_ = true;
   void check_param(size_t i) const;
   void build_device_state();
+  bool device_state_matches_grads() const;
+  std::vector<const void*> table_grads_;  // the gradient pointers the CUDA kernels were built on
   void check_bound(const char* what) const;
   struct CudaState;
   std::unique_ptr<CudaState> cuda_;
