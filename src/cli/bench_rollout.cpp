@@ -64,6 +64,7 @@ struct BenchRolloutOptions {
   bool no_fused = false;
   bool tuned_gemm = false;
   bool decode_gemm = EngineOptions{}.cuda_decode_gemm;
+  bool pdl = EngineOptions{}.cuda_pdl;
   bool keep_state = false;
   bool json = false;
   bool with_torch = false;
@@ -177,6 +178,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_fused = !o.no_fused;
   eo.cuda_tuned_gemm = o.tuned_gemm;
   eo.cuda_decode_gemm = o.decode_gemm;
+  eo.cuda_pdl = o.pdl;
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
@@ -200,11 +202,11 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, decode GEMM %s\n",
+                "graphs %s, fused layers %s, decode GEMM %s, PDL %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
-                o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt");
+                o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt", o.pdl ? "on" : "off");
   }
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
@@ -266,6 +268,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["fused"] = !o.no_fused;
   j["tuned_gemm"] = o.tuned_gemm;
   j["decode_gemm"] = o.decode_gemm;
+  j["pdl"] = o.pdl;
   j["keep_state"] = o.keep_state;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
@@ -380,6 +383,10 @@ void register_bench_rollout(CLI::App& bench) {
                 cat("decode steps (<= 64 tokens) run q|k|v, o, gate|up and down on opd's "
                     "weight-streaming decode GEMM instead of cuBLASLt (default ",
                     EngineOptions{}.cuda_decode_gemm ? "on" : "off", ")"));
+  cmd->add_flag("--pdl,!--no-pdl", o->pdl,
+                cat("decode steps launch opd's kernels that follow a kernel with programmatic "
+                    "dependent launch (same results) (default ",
+                    EngineOptions{}.cuda_pdl ? "on" : "off", ")"));
   cmd->add_flag("--keep-state", o->keep_state,
                 "keep packed weights, buffers and graphs between rollouts instead of rebuilding "
                 "them in every rollout (default off)");

@@ -121,6 +121,12 @@ class PagedForward {
   // cuBLASLt; shapes it cannot take (k % 8 != 0) fall back. The lm_head stays on cuBLASLt
   // (at the copy rate already: docs/rollout.md).
   void set_decode_gemm(bool on) { decode_gemm_ = on; }
+  // Decode steps (max_q_len <= 1) launch opd's kernels that follow another kernel (RMSNorms,
+  // q/k norm + RoPE + K/V store, the decode attention, SwiGLU) with programmatic dependent
+  // launch (kernels/cuda/pdl.cuh): each may start while its predecessor finishes, loads what
+  // does not depend on it (norm weights, block tables, positions, RoPE terms) and then waits for
+  // it. Bit-identical results; cuBLASLt's GEMMs are launched as before.
+  void set_pdl(bool on) { pdl_ = on; }
 #endif
 
   // Runs one step: ids validated against the vocabulary (error names sequence, position, value
@@ -166,6 +172,7 @@ class PagedForward {
   bool fused_ = false;      // CUDA models with packed weights below
   bool tuned_gemm_ = false;
   bool decode_gemm_ = false;
+  bool pdl_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
   // What the fused layers read: the packed tensors above, or the model's own q_proj / gate_proj
   // when the parts are contiguous (then the packed tensor is empty).

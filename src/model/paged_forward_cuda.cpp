@@ -12,6 +12,10 @@
 //   final norm), so the logits of a row equal the full CUDA forward's up to kernel shapes.
 // - The final norm runs over all T rows (fused with the last residual add) and the B last rows
 //   are gathered after it (the CPU gathers before the norm: the same per-row values).
+// - With set_pdl (decode steps), opd's kernels that follow a kernel (the norms, q/k norm + RoPE +
+//   store, the decode attention, SwiGLU) are launched with programmatic dependent launch
+//   (kernels/cuda/pdl.cuh): their independent prologue overlaps the predecessor's tail; results
+//   are bit-identical (tests/cuda/test_cuda_rollout.cpp).
 #include "model/paged_forward.h"
 
 #ifdef OPD_WITH_CUDA
@@ -217,12 +221,17 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   void* x2 = ws.x2.raw();
   void* h = ws.h.raw();
 
+  // Programmatic dependent launch of opd's kernels that follow a kernel (pdl.cuh): decode-sized
+  // steps only (prefill steps are long enough that the gaps do not matter, and run the general
+  // attention kernel, which is never launched early).
+  const bool pdl = pdl_ && s.max_q_len <= 1;
   cuda::embedding_forward(s.ids, W.embed_tokens.raw(), T, V, H, dt, x, stream);
   if (W.layers.empty()) {
-    cuda::rmsnorm_forward(x, W.final_norm.raw(), eps, T, H, dt, h, ws.rstd.data<float>(), stream);
+    cuda::rmsnorm_forward(x, W.final_norm.raw(), eps, T, H, dt, h, ws.rstd.data<float>(), stream,
+                          pdl);
   } else {
     cuda::rmsnorm_forward(x, W.layers[0].input_norm.raw(), eps, T, H, dt, h,
-                          ws.rstd.data<float>(), stream);
+                          ws.rstd.data<float>(), stream, pdl);
   }
   auto bias = [](const Tensor& b) -> const void* { return b.defined() ? b.raw() : nullptr; };
   // Paged attention of this step's queries q [T, Hq, D] over layer li's cache -> ws.attn.
@@ -248,6 +257,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     a.scale = scale;
     a.dtype = dt;
     a.error_flag = s.error_flag;
+    a.pdl = pdl;
     const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
     cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
   };
@@ -278,17 +288,18 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.k_cache = cache.k(static_cast<int64_t>(li)).raw();
       f.v_cache = cache.v(static_cast<int64_t>(li)).raw();
       f.error_flag = s.error_flag;
+      f.pdl = pdl;
       cuda::qkv_norm_rope_store(f, stream);
       attend(li, ws.qn.raw());
       linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
-                                     ws.rstd.data<float>(), stream);
+                                     ws.rstd.data<float>(), stream, pdl);
       linear(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
-      cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream);
+      cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream, pdl);
       linear(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(), tune);
       const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
       cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
-                                     ws.rstd.data<float>(), stream);
+                                     ws.rstd.data<float>(), stream, pdl);
       continue;
     }
     cuda::linear_forward(h, L.q_proj.raw(), bias(L.q_bias), T, H, Hq * D, dt, dt, ws.q.raw(), stream);
@@ -328,7 +339,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
                          ws.o.raw(), stream);
     // x2 = x + o, h = post_norm(x2)
     cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
-                                   ws.rstd.data<float>(), stream);
+                                   ws.rstd.data<float>(), stream, pdl);
     cuda::linear_forward(h, L.gate_proj.raw(), nullptr, T, H, I, dt, dt, ws.gate.raw(), stream);
     cuda::linear_forward(h, L.up_proj.raw(), nullptr, T, H, I, dt, dt, ws.up.raw(), stream);
     cuda::swiglu_forward(ws.gate.raw(), ws.up.raw(), T * I, dt, ws.act.raw(), stream);
@@ -337,7 +348,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     // x = x2 + m, h = the next layer's input norm (or the final norm) of it.
     const Tensor& next_w = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
     cuda::rmsnorm_residual_forward(x2, ws.o.raw(), next_w.raw(), eps, T, H, dt, x, h,
-                                   ws.rstd.data<float>(), stream);
+                                   ws.rstd.data<float>(), stream, pdl);
   }
   const void* rows = h;
   if (s.last_rows) {  // only each sequence's last new row needs logits

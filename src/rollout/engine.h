@@ -90,6 +90,10 @@ struct EngineOptions {
   // GEMMs (q|k|v, o, gate|up, down; the lm_head stays on cuBLASLt) on opd's weight-streaming decode GEMM
   // (kernels/cuda/gemm.h decode_gemm) instead of cuBLASLt; false: cuBLASLt everywhere.
   bool cuda_decode_gemm = false;
+  // CUDA models: decode steps launch opd's kernels that follow a kernel with programmatic
+  // dependent launch (PagedForward::set_pdl, kernels/cuda/pdl.cuh): same results, shorter gaps
+  // between kernels. Off until measured on the H200 (docs/rollout.md).
+  bool cuda_pdl = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).

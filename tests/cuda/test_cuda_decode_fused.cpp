@@ -3,7 +3,9 @@
 // separate kernel stores it), RoPE, the K/V scatter into cache slots; SwiGLU over a packed
 // gate|up row. Head dims 8/16/128, with and without q/k norm, row strides wider than the heads
 // (the packed q|k|v GEMM output), f32 and bf16; a bad slot is skipped and reported through the
-// flag; and the engine with fused layers gives the plain path's tokens (f32). Skips without a GPU.
+// flag; launched with programmatic dependent launch behind a producer kernel they give the plain
+// launches' bits; and the engine with fused layers gives the plain path's tokens (f32). Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -31,7 +33,9 @@ TEST(CudaDecodeFused, QkvNormRopeStoreMatchesTheCpuComposition) {
   uint64_t seed = 500;
   for (DType dt : {DType::F32, DType::BF16}) {
     for (const FusedCase& fc : {FusedCase{7, 4, 2, 16, true}, FusedCase{5, 6, 2, 8, false},
-                                FusedCase{3, 16, 8, 128, true}, FusedCase{64, 16, 8, 128, false}}) {
+                                FusedCase{3, 16, 8, 128, true}, FusedCase{64, 16, 8, 128, false},
+                                // head_dim > 256: pairs beyond the PDL prologue's registers
+                                FusedCase{3, 2, 1, 384, true}}) {
       SCOPED_TRACE(cat(dtype_label(dt), " n ", fc.n, " heads ", fc.hq, "/", fc.hkv, " d ", fc.d,
                        fc.norm ? " norm" : ""));
       const int64_t n = fc.n, hq = fc.hq, hkv = fc.hkv, d = fc.d;
@@ -148,6 +152,95 @@ TEST(CudaDecodeFused, SwigluPackedMatchesTheCpu) {
     cuda::swiglu_packed_forward(gu_d.raw(), n, inter, dt, out.raw(), nullptr);
     EXPECT_TRUE(close_as(host(out), ref, dt)) << dtype_label(dt);
   }
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.cuh) of the fused kernels, each right behind a
+// kernel that writes its input (gather_rows copying it from a source buffer into a NaN-poisoned
+// one): the outputs equal the plain launches' bit for bit and hold no NaN, so nothing was read
+// from the input before the kernel's pdl_wait(). W1's decode shape (64 tokens, 16/8 heads of
+// 128, q/k norm) and head_dim 384 (pairs beyond the prologue's registers); f32 and bf16.
+TEST(CudaDecodeFused, PdlLaunchesBehindAProducerGiveThePlainLaunchesBits) {
+  REQUIRE_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  uint64_t seed = 900;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (const FusedCase& fc : {FusedCase{64, 16, 8, 128, true}, FusedCase{5, 2, 1, 384, true}}) {
+      SCOPED_TRACE(cat(dtype_label(dt), " n ", fc.n, " d ", fc.d));
+      const int64_t n = fc.n, hq = fc.hq, hkv = fc.hkv, d = fc.d, R = (hq + 2 * hkv) * d;
+      const int64_t bs = 16, blocks = (n + bs - 1) / bs + 1, slots_n = blocks * bs;
+      std::vector<int32_t> pos(n), slots(n), identity(n);
+      for (int64_t t = 0; t < n; ++t) {
+        pos[t] = static_cast<int32_t>(11 + 29 * t);
+        slots[t] = static_cast<int32_t>((t * 7 + 2) % slots_n);
+        identity[t] = static_cast<int32_t>(t);
+      }
+      ASSERT_EQ(std::gcd<int64_t>(7, slots_n), 1);
+      Tensor inv = Tensor::empty({d / 2}, DType::F32);
+      for (int64_t i = 0; i < d / 2; ++i)
+        inv.data<float>()[i] = static_cast<float>(1.0 / std::pow(1e4, 2.0 * i / d));
+      Tensor src = dev(rand_in({n, R}, dt, seed++), dt);
+      Tensor wq = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt), wk = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt);
+      Tensor pos_d = Tensor::from_vector(pos, {n}).to(Device::CUDA);
+      Tensor slots_d = Tensor::from_vector(slots, {n}).to(Device::CUDA);
+      Tensor rows_d = Tensor::from_vector(identity, {n}).to(Device::CUDA);
+      Tensor inv_d = inv.to(Device::CUDA);
+      const int64_t inter = 3 * d;
+      Tensor gu_src = dev(rand_in({n, 2 * inter}, dt, seed++, -4, 4), dt);
+      std::vector<Tensor> q_outs, kcs, vcs, acts;
+      for (bool pdl : {false, true}) {
+        Tensor qkv = dev_poison({n, R}, dt), gu = dev_poison({n, 2 * inter}, dt);
+        Tensor q_out = dev_poison({n, hq, d}, dt);
+        Tensor kc = dev_poison({blocks, bs, hkv, d}, dt), vc = dev_poison({blocks, bs, hkv, d}, dt);
+        Tensor act = dev_poison({n, inter}, dt);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cuda::gather_rows(src.raw(), dt, n, rows_d.data<int32_t>(), n, R, qkv.raw(), dt, stream);
+        cuda::QkvNormRopeStoreArgs a;
+        const size_t es = dtype_size(dt);
+        a.q = qkv.raw();
+        a.k = static_cast<const char*>(qkv.raw()) + hq * d * es;
+        a.v = static_cast<const char*>(qkv.raw()) + (hq + hkv) * d * es;
+        a.q_stride = a.k_stride = a.v_stride = R;
+        a.q_norm = wq.raw();
+        a.k_norm = wk.raw();
+        a.positions = pos_d.data<int32_t>();
+        a.inv_freq = inv_d.data<float>();
+        a.slot_mapping = slots_d.data<int32_t>();
+        a.n = n;
+        a.hq = hq;
+        a.hkv = hkv;
+        a.head_dim = d;
+        a.num_slots = slots_n;
+        a.dtype = dt;
+        a.q_out = q_out.raw();
+        a.k_cache = kc.raw();
+        a.v_cache = vc.raw();
+        a.pdl = pdl;
+        cuda::qkv_norm_rope_store(a, stream);
+        cuda::gather_rows(gu_src.raw(), dt, n, rows_d.data<int32_t>(), n, 2 * inter, gu.raw(), dt, stream);
+        cuda::swiglu_packed_forward(gu.raw(), n, inter, dt, act.raw(), stream, pdl);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        q_outs.push_back(host(q_out));
+        acts.push_back(host(act));
+        // Only the written cache rows (the rest stays poisoned in both runs).
+        Tensor kh = host(kc), vh = host(vc);
+        Tensor k_got = Tensor::empty({n, hkv * d}, DType::F32), v_got = Tensor::empty({n, hkv * d}, DType::F32);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t e = 0; e < hkv * d; ++e) {
+            k_got.data<float>()[t * hkv * d + e] = kh.data<float>()[slots[t] * hkv * d + e];
+            v_got.data<float>()[t * hkv * d + e] = vh.data<float>()[slots[t] * hkv * d + e];
+          }
+        kcs.push_back(k_got);
+        vcs.push_back(v_got);
+      }
+      // close(..., 0, 0, 0): exact equality, and NaN never passes.
+      EXPECT_TRUE(close(q_outs[1], q_outs[0], 0, 0, 0));
+      EXPECT_TRUE(close(kcs[1], kcs[0], 0, 0, 0));
+      EXPECT_TRUE(close(vcs[1], vcs[0], 0, 0, 0));
+      EXPECT_TRUE(close(acts[1], acts[0], 0, 0, 0));
+    }
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // The engine with fused layers gives the plain path's tokens on every fixture family (f32:

@@ -1,8 +1,9 @@
 // The rollout engine with a CUDA model (rollout/engine_cuda.h, model/paged_forward_cuda.cpp)
 // against the CPU engine on the fixture models: greedy f32 token for token; bf16 greedy against
 // the argmax of a full CUDA forward at every step; invariance to the batch, n, chunking and
-// preemption; sampled ids at T = 1 equal the CPU's (same Philox draw); CUDA graphs bit-identical
-// to the eager path; stop conditions; non-finite logits. Skips without a GPU.
+// preemption; sampled ids at T = 1 equal the CPU's (same Philox draw); CUDA graphs and
+// programmatic dependent launch bit-identical to the eager, plain-launch path; stop conditions;
+// non-finite logits. Skips without a GPU.
 //
 // Why f32 CUDA vs CPU can be compared token for token: both run the same formulas in f32, so the
 // logits differ by summation order only (~1e-6 relative, tests/cuda/test_cuda_model.cpp); a
@@ -11,6 +12,8 @@
 // divergence). bf16 rounds every activation (~1% relative on logits), so bf16 greedy is checked
 // against the argmax of the bf16 full forward with a near-tie allowance instead.
 #include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +24,10 @@
 #include "cuda/cuda_test_util.h"
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
+#include "kernels/cuda/cuda_ops.h"  // fill_normal / fill_uniform: random W1-shape weights
 #include "kernels/cuda/gemm.h"  // gemm_cache_stats: the tuning ran
+#include "model/presets.h"      // the W1 shape (qwen3-0.6b)
+#include "model/weights.h"      // zeros_weights
 #include "rollout/engine.h"
 #include "rollout/rollout_test_util.h"
 
@@ -459,6 +465,83 @@ TEST(CudaRollout, GraphsGiveTheEagerPathsTokensBitForBit) {
       }
     }
   }
+}
+
+// Programmatic dependent launch (EngineOptions::cuda_pdl, kernels/cuda/pdl.cuh) changes when
+// opd's decode kernels start, never what they compute: the same rollout with PDL off and on gives
+// the same ids and log-probabilities bit for bit, eager and from CUDA graphs, f32 and bf16, on the
+// fixture families (q/k norm or not, biases) and on a 2-layer model of the W1 shape (Qwen3-0.6B:
+// head_dim 128, 16/8 heads, vocab 151936; random bf16 weights, near-uniform logits, so any
+// perturbation changes draws).
+void expect_bits(const std::vector<RequestOutput>& got, const std::vector<RequestOutput>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r < want.size(); ++r) {
+    ASSERT_EQ(got[r].samples.size(), want[r].samples.size()) << what;
+    for (size_t k = 0; k < want[r].samples.size(); ++k) {
+      const SampleOutput &a = got[r].samples[k], &b = want[r].samples[k];
+      EXPECT_EQ(a.ids, b.ids) << what << " request " << r << " sample " << k
+                              << ": first divergence at " << first_divergence(a.ids, b.ids);
+      EXPECT_EQ(a.model_logprobs, b.model_logprobs) << what << " request " << r << " sample " << k;
+      EXPECT_EQ(a.sampling_logprobs, b.sampling_logprobs) << what << " request " << r << " sample " << k;
+    }
+  }
+}
+
+TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBit) {
+  REQUIRE_GPU();
+  for (const char* family : {"qwen3", "qwen2", "llama_bias"}) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      Transformer gpu = Transformer::load(model_dir(family)).to(Device::CUDA, dt);
+      const int64_t V = gpu.config().vocab_size;
+      std::vector<GenerationRequest> reqs;
+      for (int i = 0; i < 5; ++i)
+        reqs.push_back(sampled_req(seeded_prompt(120 + i, 3 + 4 * i, V), 1 + i % 2, 60 + i, 10 + 5 * i));
+      for (bool graphs : {false, true}) {
+        EngineOptions off;
+        off.cuda_graphs = graphs;
+        off.block_size = 8;
+        off.cuda_pdl = false;
+        EngineOptions on = off;
+        on.cuda_pdl = true;
+        RolloutEngine e_off(gpu, off, {}), e_on(gpu, on, {});
+        auto want = e_off.generate(reqs);
+        auto got = e_on.generate(reqs);
+        if (graphs) EXPECT_GT(e_on.stats().graph_steps, 10);
+        expect_bits(got, want, cat(family, " ", dtype_label(dt), graphs ? " graphs" : " eager"));
+      }
+    }
+  }
+}
+
+TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3-0.6b");
+  c.num_hidden_layers = 2;
+  ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
+  uint64_t seed = 901;
+  w.for_each([&](const std::string&, Tensor& t) {
+    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 0.8f, 1.2f, nullptr);
+    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, nullptr);
+  });
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Transformer gpu(c, std::move(w));
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r = request(seeded_prompt(700 + i, 40 + 9 * i, c.vocab_size), 20, 1.0, 80 + i, 1 + i % 2);
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  EngineOptions off;
+  off.kv_cache_bytes = int64_t{256} << 20;
+  off.cuda_pdl = false;
+  EngineOptions on = off;
+  on.cuda_pdl = true;
+  RolloutEngine e_off(gpu, off, {}), e_on(gpu, on, {});
+  auto want = e_off.generate(reqs);
+  auto got = e_on.generate(reqs);
+  EXPECT_GT(e_on.stats().graph_steps, 10);
+  expect_bits(got, want, "W1 shape, 2 layers, bf16");
 }
 
 // EOS (and ignore_eos), a stop token id, max_new_tokens on the CUDA engine, with the CPU

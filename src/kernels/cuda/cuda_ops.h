@@ -36,16 +36,17 @@ IndexCheckResult check_indices(const int32_t* values, int64_t n, IndexRule rule,
 
 // ---- rmsnorm.cu (plain and fused with the residual add) ----
 // RMSNorm forward over rows of H: y = x * rstd * w. x/y/w share `dtype` (f32 or bf16),
-// rstd is f32 [N]; accumulation in f32.
+// rstd is f32 [N]; accumulation in f32. pdl (decode steps): launched with programmatic
+// dependent launch where the fast path runs (kernels/cuda/pdl.cuh); same results.
 void rmsnorm_forward(const void* x, const void* w, double eps, int64_t n, int64_t h, DType dtype,
-                     void* y, float* rstd, cudaStream_t stream);
+                     void* y, float* rstd, cudaStream_t stream, bool pdl = false);
 // dx written, dw (f32) accumulated, deterministically (fixed-order two-stage column sums).
 void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, int64_t n,
                       int64_t h, DType dtype, void* dx, float* dw, cudaStream_t stream);
 // sum = x + r (rounded to dtype), y = rmsnorm(sum) * w from the rounded sum.
 void rmsnorm_residual_forward(const void* x, const void* r, const void* w, double eps, int64_t n,
                               int64_t h, DType dtype, void* sum, void* y, float* rstd,
-                              cudaStream_t stream);
+                              cudaStream_t stream, bool pdl = false);
 // ds = rmsnorm_dx(dy; sum) + dres (ds may alias dres); dw accumulated.
 void rmsnorm_residual_backward(const void* dy, const void* sum, const void* w, const float* rstd,
                                const void* dres, int64_t n, int64_t h, DType dtype, void* ds,
@@ -210,6 +211,10 @@ struct PagedAttentionArgs {
   unsigned* error_flag = nullptr;
   int sm_count = 0;      // 0: the current device's
   int force_splits = 0;  // > 0: this many position splits (tests of the combine path)
+  // Decode calls (max_q_len <= 1) launch the decode kernel with programmatic dependent launch
+  // (kernels/cuda/pdl.cuh): sequence checks and block-table staging overlap the predecessor,
+  // q and K/V are read after it completed. Ignored by the general kernel. Same results.
+  bool pdl = false;
 };
 // The grid a call will use: query rows (pairs (row, head) of one kv head) per CTA, tiles per
 // sequence, position splits and the f32 workspace they need:
@@ -259,11 +264,16 @@ struct QkvNormRopeStoreArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   unsigned* error_flag = nullptr;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl.cuh): positions, slots, norm
+  // weights and RoPE terms are read before waiting for the predecessor (the q|k|v GEMM); the
+  // successor may start its prologue at once. Same results either way.
+  bool pdl = false;
 };
 void qkv_norm_rope_store(const QkvNormRopeStoreArgs& args, cudaStream_t stream);
 // out [n, inter] = silu(gu[:, :inter]) * gu[:, inter:] for gu [n, 2 inter] (one gate|up GEMM).
+// pdl: launched with programmatic dependent launch (pdl.cuh), same results.
 void swiglu_packed_forward(const void* gu, int64_t n, int64_t inter, DType dtype, void* out,
-                           cudaStream_t stream);
+                           cudaStream_t stream, bool pdl = false);
 
 // ---- bench_util.cu ---- uniform [lo, hi) fill in f32 or bf16, ints in [lo, hi), and a
 // kernel that occupies `stream` for the given time (timed loops queue up behind it).

@@ -37,6 +37,7 @@
 #include "core/cuda/stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace opd::cuda {
 namespace {
@@ -443,7 +444,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
     t1 = t0;
   }
   // ---- stage the split's block ids; a bad one becomes -1 (its tokens are skipped) and is
-  // reported. Overlaps with the q loads below (no dependency until the barrier).
+  // reported. Overlaps with the q loads below (no dependency until the barrier), and with a PDL
+  // launch also with the predecessor kernel.
   {
     const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_blocks + blk0;
     for (int i = static_cast<int>(threadIdx.x); i < n_blk; i += kDecodeThreads) {
@@ -455,6 +457,10 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       sm_blk[i] = id;
     }
   }
+
+  // PDL (kernels/cuda/pdl.cuh): everything above reads only the step's uploaded indices; q and
+  // the K/V this step stored come from the predecessor (qkv_norm_rope_store): wait for it here.
+  dev::pdl_wait();
 
   // Query heads of the tile, pre-scaled so that q.k is the score in log2 units. Heads beyond
   // the group (a partial tile) compute on zeros and are never written.
@@ -729,30 +735,30 @@ void launch_attention(const Params& p, int d, int rows, dim3 grid, cudaStream_t 
 }
 
 template <typename T, int kD, int kRows>
-void launch_decode_rows(const Params& p, dim3 grid, cudaStream_t stream) {
-  paged_attention_decode_kernel<T, kD, kRows><<<grid, kDecodeThreads, 0, stream>>>(p);
-  check_launch("paged_attention_decode_kernel");
+void launch_decode_rows(const Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  launch_kernel("paged_attention_decode_kernel", paged_attention_decode_kernel<T, kD, kRows>, grid,
+                dim3(kDecodeThreads), 0, stream, pdl, p);
 }
 
 template <typename T, int kD>
-void launch_decode_d(const Params& p, int rows, dim3 grid, cudaStream_t stream) {
+void launch_decode_d(const Params& p, int rows, dim3 grid, cudaStream_t stream, bool pdl) {
   switch (rows) {
-    case 1: launch_decode_rows<T, kD, 1>(p, grid, stream); break;
-    case 2: launch_decode_rows<T, kD, 2>(p, grid, stream); break;
-    case 4: launch_decode_rows<T, kD, 4>(p, grid, stream); break;
-    default: launch_decode_rows<T, kD, 8>(p, grid, stream); break;
+    case 1: launch_decode_rows<T, kD, 1>(p, grid, stream, pdl); break;
+    case 2: launch_decode_rows<T, kD, 2>(p, grid, stream, pdl); break;
+    case 4: launch_decode_rows<T, kD, 4>(p, grid, stream, pdl); break;
+    default: launch_decode_rows<T, kD, 8>(p, grid, stream, pdl); break;
   }
 }
 
 template <typename T>
-void launch_decode(const Params& p, int d, int rows, dim3 grid, cudaStream_t stream) {
+void launch_decode(const Params& p, int d, int rows, dim3 grid, cudaStream_t stream, bool pdl) {
   switch (d) {
-    case 8: launch_decode_d<T, 8>(p, rows, grid, stream); break;
-    case 16: launch_decode_d<T, 16>(p, rows, grid, stream); break;
-    case 32: launch_decode_d<T, 32>(p, rows, grid, stream); break;
-    case 64: launch_decode_d<T, 64>(p, rows, grid, stream); break;
-    case 128: launch_decode_d<T, 128>(p, rows, grid, stream); break;
-    case 256: launch_decode_d<T, 256>(p, rows, grid, stream); break;
+    case 8: launch_decode_d<T, 8>(p, rows, grid, stream, pdl); break;
+    case 16: launch_decode_d<T, 16>(p, rows, grid, stream, pdl); break;
+    case 32: launch_decode_d<T, 32>(p, rows, grid, stream, pdl); break;
+    case 64: launch_decode_d<T, 64>(p, rows, grid, stream, pdl); break;
+    case 128: launch_decode_d<T, 128>(p, rows, grid, stream, pdl); break;
+    case 256: launch_decode_d<T, 256>(p, rows, grid, stream, pdl); break;
     default: OPD_FAIL(Unsupported, "paged_attention on CUDA: head_dim ", d, " (8, 16, 32, 64, 128 or 256)");
   }
 }
@@ -886,10 +892,11 @@ void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t 
                   static_cast<unsigned>(l.num_splits));
   const int d = static_cast<int>(a.head_dim);
   if (l.decode) {
+    // The general kernel below has no pdl_wait: only the decode kernel may be launched early.
     if (a.dtype == DType::BF16) {
-      launch_decode<bf16>(p, d, l.rows_per_cta, grid, stream);
+      launch_decode<bf16>(p, d, l.rows_per_cta, grid, stream, a.pdl);
     } else {
-      launch_decode<float>(p, d, l.rows_per_cta, grid, stream);
+      launch_decode<float>(p, d, l.rows_per_cta, grid, stream, a.pdl);
     }
   } else if (a.dtype == DType::BF16) {
     launch_attention<bf16>(p, d, l.rows_per_cta, grid, stream);

@@ -12,6 +12,9 @@
 // tree over blocks adds it to dw: deterministic, no float atomics. The grid depends only on
 // the shape, so results are identical on every GPU. Other shapes take a simple block-per-row
 // path that re-reads the row.
+// Decode steps may launch the forward fast path with programmatic dependent launch (`pdl`,
+// kernels/cuda/pdl.cuh: the weight row loads overlap the predecessor); the other paths ignore it
+// (a plain launch is always correct). Same results either way.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "core/cuda/stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace opd::cuda {
 namespace {
@@ -35,7 +39,10 @@ __device__ __forceinline__ float group_sum(float v) {
 }
 
 // ---------------------------------------------------------------- fast path
-template <typename T, int W, int kGroup, int kE, bool kRes>
+// kPdl (decode steps launched with programmatic dependent launch, kernels/cuda/pdl.cuh): the
+// norm weight is loaded before waiting for the predecessor (the GEMM that wrote r / x); the
+// training path instantiates kPdl = false, unchanged.
+template <typename T, int W, int kGroup, int kE, bool kRes, bool kPdl = false>
 __global__ void __launch_bounds__(kBlock)
     rms_fwd_fast(const T* x, const T* r, const T* w, float eps, int64_t n, int64_t h, T* sum,
                  T* y, float* rstd) {
@@ -47,6 +54,7 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
     if (col < h) wv[e].load(w + col);
   }
+  if constexpr (kPdl) dev::pdl_wait();
   // The trip count is uniform within a group (block_sum needs every thread of the block).
   for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kGroup;
        row < n; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
@@ -227,6 +235,7 @@ struct Args {
   void *sum, *y, *dx;
   float *rstd, *dw;
   cudaStream_t stream;
+  bool pdl = false;  // forward fast path: programmatic dependent launch (pdl.cuh)
 };
 
 // Blocks of the backward: each writes one partial row of dw, so their number trades
@@ -243,6 +252,13 @@ void launch_fast(const Args& a, bool forward) {
   const T* w = static_cast<const T*>(a.w);
   if (forward) {
     const unsigned blocks = grid_for(a.n, kRowsPerBlock, 1 << 20);
+    if (a.pdl) {
+      launch_kernel("rms_fwd_fast", rms_fwd_fast<T, W, kGroup, kE, kRes, true>, dim3(blocks),
+                    dim3(kBlock), 0, a.stream, true, x, static_cast<const T*>(a.r), w,
+                    static_cast<float>(a.eps), a.n, a.h, static_cast<T*>(a.sum),
+                    static_cast<T*>(a.y), a.rstd);
+      return;
+    }
     rms_fwd_fast<T, W, kGroup, kE, kRes><<<blocks, kBlock, 0, a.stream>>>(
         x, static_cast<const T*>(a.r), w, static_cast<float>(a.eps), a.n, a.h,
         static_cast<T*>(a.sum), static_cast<T*>(a.y), a.rstd);
@@ -327,9 +343,9 @@ void run(const Args& a, DType dtype, bool residual, bool forward, const char* op
 }  // namespace
 
 void rmsnorm_forward(const void* x, const void* w, double eps, int64_t n, int64_t h, DType dtype,
-                     void* y, float* rstd, cudaStream_t stream) {
+                     void* y, float* rstd, cudaStream_t stream, bool pdl) {
   Args a{x, nullptr, w, nullptr, nullptr, nullptr, eps, n, h, nullptr, y, nullptr, rstd, nullptr,
-         stream};
+         stream, pdl};
   run(a, dtype, false, true, "rmsnorm_forward");
 }
 
@@ -341,8 +357,8 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, const float*
 
 void rmsnorm_residual_forward(const void* x, const void* r, const void* w, double eps, int64_t n,
                               int64_t h, DType dtype, void* sum, void* y, float* rstd,
-                              cudaStream_t stream) {
-  Args a{x, r, w, nullptr, nullptr, nullptr, eps, n, h, sum, y, nullptr, rstd, nullptr, stream};
+                              cudaStream_t stream, bool pdl) {
+  Args a{x, r, w, nullptr, nullptr, nullptr, eps, n, h, sum, y, nullptr, rstd, nullptr, stream, pdl};
   run(a, dtype, true, true, "rmsnorm_residual_forward");
 }
 
