@@ -3,18 +3,23 @@
 // included); every setting's GPU pick equals the CPU's pick for the same u except where u lies
 // within rounding of a CDF boundary (counted, must be rare); sampling and model logprobs match;
 // chi-square of GPU frequencies against the CPU's filtered probabilities at several settings;
-// non-finite logits rejected. GPU only: every test skips cleanly without a device.
+// non-finite logits rejected; both kernels (a row split over a cluster of CTAs, one CTA per row)
+// and rows independent of the batch. GPU only: every test skips cleanly without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "core/philox.h"
 #include "cuda/cuda_test_util.h"
 #include "rollout/sampler.h"
+#include "rollout/sampler_cuda.h"  // cuda::sample_rows with a forced cluster
 
 namespace opd::test {
 namespace {
@@ -121,6 +126,43 @@ Tensor make_logits(int64_t B, int64_t V, uint64_t seed) {
   return z;
 }
 
+// sample_tokens_cuda through the raw cuda::sample_rows with a forced cluster (CTAs per row: 0 =
+// auto, -1 = the one-CTA-per-row kernel, 1/2/4/8 = the cluster kernel split that many ways).
+std::vector<SampledToken> sample_with_cluster(const Tensor& zd, const std::vector<SamplingParams>& params,
+                                              const std::vector<SampleStream>& streams, int cluster) {
+  const int64_t B = zd.dim(0), V = zd.dim(1);
+  std::vector<cuda::SampleRowParams> rows(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    cuda::SampleRowParams& r = rows[static_cast<size_t>(b)];
+    r.temperature = params[b].temperature;
+    r.top_p = params[b].top_p;
+    r.min_p = params[b].min_p;
+    r.top_k = params[b].top_k;
+    r.seed = params[b].seed;
+    r.stream_key = streams[b].stream_key;
+    r.sample_index = streams[b].sample_index;
+    r.step = streams[b].step;
+  }
+  static_assert(sizeof(cuda::SampleRowParams) % 8 == 0);
+  const int64_t words = B * static_cast<int64_t>(sizeof(cuda::SampleRowParams)) / 8;
+  Tensor ph = Tensor::empty({words}, DType::I64);
+  std::memcpy(ph.raw(), rows.data(), rows.size() * sizeof(cuda::SampleRowParams));
+  Tensor pd = ph.to(Device::CUDA);
+  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(B), -7), {B}).to(Device::CUDA);
+  Tensor slp = dev_poison({B}, DType::F32), mlp = dev_poison({B}, DType::F32);
+  Tensor flag = Tensor::from_vector(std::vector<int32_t>{-1}, {1}).to(Device::CUDA);
+  cuda::sample_rows(zd.data<float>(), B, V, static_cast<const cuda::SampleRowParams*>(pd.raw()),
+                    ids.data<int32_t>(), slp.data<float>(), mlp.data<float>(),
+                    reinterpret_cast<unsigned*>(flag.raw()), nullptr, nullptr, cluster);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(flag.to(Device::CPU).data<int32_t>()[0], -1);
+  Tensor hi = ids.to(Device::CPU), hs = slp.to(Device::CPU), hm = mlp.to(Device::CPU);
+  std::vector<SampledToken> out(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b)
+    out[b] = SampledToken{hi.data<int32_t>()[b], hs.data<float>()[b], hm.data<float>()[b]};
+  return out;
+}
+
 TEST(CudaSampler, GreedyEqualsCpuFirstArgmax) {
   REQUIRE_GPU();
   for (int64_t V : {1, 7, 1000, 151936}) {
@@ -149,12 +191,15 @@ TEST(CudaSampler, GreedyEqualsCpuFirstArgmax) {
 // on the GPU vs f64 on the CPU moves CDF boundaries by ~1e-7, and a tail token at the top-p
 // threshold (mass ~1e-6) can fall on either side); same logprobs. The CPU pick is sample_token's
 // inverse CDF over sampling_distribution (computed once per row and setting, reused per step).
+// Every kernel shape: the automatic one (cluster kernel, 1 CTA per row at V <= 4096, 8 at W1's
+// V), the one-CTA-per-row kernel (-1), and rows split over 2 and 8 CTAs (slices of 25 ids at
+// V = 50 leave some CTAs of a cluster empty; at V = 151936 the radix selects, scans and argmax
+// ties cross CTA boundaries).
 TEST(CudaSampler, PicksAndLogprobsMatchCpuForTheSameUniform) {
   REQUIRE_GPU();
   int64_t draws = 0, boundary = 0;
   for (int64_t V : {50, 1000, 151936}) {
     const int64_t B = 64;
-    const uint32_t steps = V > 10000 ? 3u : 16u;
     Tensor z = make_logits(B, V, 77 + V);
     Tensor zd = z.to(Device::CUDA);
     const float* p = z.data<float>();
@@ -163,42 +208,46 @@ TEST(CudaSampler, PicksAndLogprobsMatchCpuForTheSameUniform) {
     for (const SamplingParams& base : settings()) {
       std::vector<std::vector<double>> probs(B);
       for (int64_t b = 0; b < B; ++b) sampling_distribution(p + b * V, V, base, probs[b]);
-      for (uint32_t step = 0; step < steps; ++step) {
-        std::vector<SamplingParams> params(B, base);
-        std::vector<SampleStream> streams(B);
-        for (int64_t b = 0; b < B; ++b)
-          streams[b] = {0x9e3779b97f4a7c15ull * (b + 1), static_cast<uint32_t>(b % 3), step};
-        std::vector<SampledToken> got = sample_tokens_cuda(zd, params, streams);
-        for (int64_t b = 0; b < B; ++b) {
-          SCOPED_TRACE(cat("V ", V, " ", describe(base), " step ", step, " row ", b));
-          const std::vector<double>& pr = probs[b];
-          const double u = sampling_uniform(base.seed, streams[b].stream_key,
-                                            streams[b].sample_index, step);
-          int32_t want = -1;  // sample_token's draw
-          double cum = 0;
-          for (int64_t v = 0; v < V; ++v) {
-            if (pr[v] <= 0) continue;
-            want = static_cast<int32_t>(v);
-            cum += pr[v];
-            if (u < cum) break;
+      for (int cluster : {0, -1, 2, 8}) {
+        const uint32_t steps = cluster != 0 ? 2u : V > 10000 ? 3u : 16u;
+        for (uint32_t step = 0; step < steps; ++step) {
+          std::vector<SamplingParams> params(B, base);
+          std::vector<SampleStream> streams(B);
+          for (int64_t b = 0; b < B; ++b)
+            streams[b] = {0x9e3779b97f4a7c15ull * (b + 1), static_cast<uint32_t>(b % 3), step};
+          std::vector<SampledToken> got = cluster == 0 ? sample_tokens_cuda(zd, params, streams)
+                                                       : sample_with_cluster(zd, params, streams, cluster);
+          for (int64_t b = 0; b < B; ++b) {
+            SCOPED_TRACE(cat("V ", V, " ", describe(base), " cluster ", cluster, " step ", step, " row ", b));
+            const std::vector<double>& pr = probs[b];
+            const double u = sampling_uniform(base.seed, streams[b].stream_key,
+                                              streams[b].sample_index, step);
+            int32_t want = -1;  // sample_token's draw
+            double cum = 0;
+            for (int64_t v = 0; v < V; ++v) {
+              if (pr[v] <= 0) continue;
+              want = static_cast<int32_t>(v);
+              cum += pr[v];
+              if (u < cum) break;
+            }
+            ++draws;
+            ASSERT_TRUE(got[b].id >= 0 && got[b].id < V) << got[b].id;
+            EXPECT_GT(pr[got[b].id], 0.0) << "GPU picked a filtered-out id " << got[b].id;
+            if (got[b].id != want) {
+              const int32_t a = std::min(got[b].id, want);
+              double cdf = 0;
+              for (int32_t v = 0; v <= a; ++v) cdf += pr[v];
+              EXPECT_LE(std::fabs(u - cdf), 1e-5) << "pick " << got[b].id << " vs cpu " << want
+                                                 << ": u " << u << " is not at a CDF boundary (" << cdf << ")";
+              ++boundary;
+            }
+            if (pr[got[b].id] > 0) {
+              const double want_slp = std::log(pr[got[b].id]);
+              EXPECT_NEAR(got[b].sampling_logprob, want_slp, 1e-5 + 1e-6 * std::fabs(want_slp));
+            }
+            const double want_mlp = p[b * V + got[b].id] - lse[b];
+            EXPECT_NEAR(got[b].model_logprob, want_mlp, 1e-5 + 1e-6 * std::fabs(want_mlp));
           }
-          ++draws;
-          ASSERT_TRUE(got[b].id >= 0 && got[b].id < V) << got[b].id;
-          EXPECT_GT(pr[got[b].id], 0.0) << "GPU picked a filtered-out id " << got[b].id;
-          if (got[b].id != want) {
-            const int32_t a = std::min(got[b].id, want);
-            double cdf = 0;
-            for (int32_t v = 0; v <= a; ++v) cdf += pr[v];
-            EXPECT_LE(std::fabs(u - cdf), 1e-5) << "pick " << got[b].id << " vs cpu " << want
-                                               << ": u " << u << " is not at a CDF boundary (" << cdf << ")";
-            ++boundary;
-          }
-          if (pr[got[b].id] > 0) {
-            const double want_slp = std::log(pr[got[b].id]);
-            EXPECT_NEAR(got[b].sampling_logprob, want_slp, 1e-5 + 1e-6 * std::fabs(want_slp));
-          }
-          const double want_mlp = p[b * V + got[b].id] - lse[b];
-          EXPECT_NEAR(got[b].model_logprob, want_mlp, 1e-5 + 1e-6 * std::fabs(want_mlp));
         }
       }
     }
@@ -206,6 +255,50 @@ TEST(CudaSampler, PicksAndLogprobsMatchCpuForTheSameUniform) {
   std::printf("[ boundary ] %lld of %lld draws differ from the CPU at a CDF boundary\n",
               static_cast<long long>(boundary), static_cast<long long>(draws));
   EXPECT_LE(boundary * 1000, draws) << "boundary cases must be rare";
+}
+
+// A row's draw does not depend on the rows beside it: rows sampled in a batch of 64 and again
+// alone (a 1-row batch) or among 3 give the same ids and log-probabilities bit for bit, for the
+// cluster kernel (auto, 8 CTAs at this V) and the one-CTA kernel; greedy with exact ties for the
+// max in different CTAs' slices picks the first.
+TEST(CudaSampler, RowsDoNotDependOnTheBatch) {
+  REQUIRE_GPU();
+  const int64_t B = 64, V = 151936;
+  Tensor z = make_logits(B, V, 4242);
+  float* hp = z.data<float>();
+  // Row 9: a tie for the max at ids 30,000 (CTA 1 of 8) and 120,000 (CTA 6); greedy below.
+  hp[9 * V + 30000] = hp[9 * V + 120000] = 99.0f;
+  Tensor zd = z.to(Device::CUDA);
+  std::vector<SamplingParams> params(B);
+  std::vector<SampleStream> streams(B);
+  const std::vector<SamplingParams> s = settings();
+  for (int64_t b = 0; b < B; ++b) {
+    params[b] = s[b % s.size()];
+    streams[b] = {0x51ed27ull * (b + 3), static_cast<uint32_t>(b % 4), static_cast<uint32_t>(b)};
+  }
+  params[9].temperature = 0;
+  for (int cluster : {0, -1}) {
+    std::vector<SampledToken> all = sample_with_cluster(zd, params, streams, cluster);
+    EXPECT_EQ(all[9].id, 30000) << "cluster " << cluster;
+    for (const std::vector<int64_t>& pick : {std::vector<int64_t>{9}, std::vector<int64_t>{0, 37, 63}}) {
+      const int64_t n = static_cast<int64_t>(pick.size());
+      Tensor sub = Tensor::empty({n, V}, DType::F32);
+      std::vector<SamplingParams> sp;
+      std::vector<SampleStream> ss;
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy(hp + pick[i] * V, hp + (pick[i] + 1) * V, sub.data<float>() + i * V);
+        sp.push_back(params[pick[i]]);
+        ss.push_back(streams[pick[i]]);
+      }
+      std::vector<SampledToken> got = sample_with_cluster(sub.to(Device::CUDA), sp, ss, cluster);
+      for (int64_t i = 0; i < n; ++i) {
+        const SampledToken &a = got[i], &w = all[pick[i]];
+        EXPECT_EQ(a.id, w.id) << "cluster " << cluster << " row " << pick[i];
+        EXPECT_EQ(a.sampling_logprob, w.sampling_logprob) << "cluster " << cluster << " row " << pick[i];
+        EXPECT_EQ(a.model_logprob, w.model_logprob) << "cluster " << cluster << " row " << pick[i];
+      }
+    }
+  }
 }
 
 // 20,000 GPU draws of one row per setting (steps 0..19999 as rows of a batch) against the CPU's
@@ -217,11 +310,15 @@ TEST(CudaSampler, ChiSquareAgainstFilteredProbabilities) {
   Tensor z = Tensor::empty({N, V}, DType::F32);
   for (int64_t i = 0; i < N; ++i) std::copy(row.data<float>(), row.data<float>() + V, z.data<float>() + i * V);
   Tensor zd = z.to(Device::CUDA);
+  // Auto (one CTA per row at this V) and 8 CTAs per row (slices of 8 ids, 3 CTAs empty).
+  for (int cluster : {0, 8})
   for (const SamplingParams& base : settings()) {
+    SCOPED_TRACE(cat("cluster ", cluster));
     std::vector<SamplingParams> params(N, base);
     std::vector<SampleStream> streams(N);
     for (int64_t i = 0; i < N; ++i) streams[i] = {42, 0, static_cast<uint32_t>(i)};
-    std::vector<SampledToken> got = sample_tokens_cuda(zd, params, streams);
+    std::vector<SampledToken> got = cluster == 0 ? sample_tokens_cuda(zd, params, streams)
+                                                 : sample_with_cluster(zd, params, streams, cluster);
     std::vector<int64_t> counts(V, 0);
     for (const SampledToken& t : got) {
       ASSERT_TRUE(t.id >= 0 && t.id < V);
