@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|anchor|product|memory]
+#        racecheck-gen|pair|final|final4|final4b|poison|anchor|product|memory|pdl]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -20,6 +20,10 @@
 # machine with 2+ GPUs (e.g. nvidia-h200-x2). w1: the GPU trainer tests and `opd bench w1`
 # with its HF transformers anchor. score (~4 min): the CUDA scorer tests, the top-K row kernels
 # under racecheck, `opd bench score` (in process + loopback server) and its PyTorch twin.
+# pdl (~5 min, issue 6): programmatic dependent launch of the decode kernels and the cluster
+# sampler: their tests plain, under memcheck, and racecheck on opd's kernels (GEMM-free tests);
+# `opd bench rollout --no-pdl` / `--pdl` (3 runs each, then eager both ways); the sampling
+# kernels alone (cluster kernel vs the one-CTA-per-row kernel, same run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -51,15 +55,15 @@ if [[ "$what" == tests || "$what" == all ]]; then
   run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='-*PeakScratch*:*DISABLED*:*HugeRequest*:CudaPagedAttention.*:CudaTopKLmHead.*:CudaSampler.*'
   run memcheck_gen 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaTopKLmHead.RowKernels*:CudaScorer.*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
+      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaTopKLmHead.RowKernels*:CudaScorer.*:CudaSampler.Greedy*:CudaSampler.SanitizerSized*:CudaSampler.NonFinite*'
   # --kernel-name: only opd's kernels. The top-K row kernels are raced on given logits (no GEMM):
   # cuBLASLt's Hopper GEMMs fault under racecheck by themselves ("Internal Sanitizer Error:
   # failed to handle a hardware exception", also with PyTorch's F.linear alone), instrumented
   # or not, so no test that runs a GEMM can go under racecheck (see docs/teacher.md).
-  for k in paged_attention topk_ sample_kernel; do  # kns = kernel-name substring
+  for k in paged_attention topk_ sample_; do  # kns = kernel-name substring (sample_: both samplers)
     run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         --kernel-name "kns=$k" $B/test_cuda \
-        --gtest_filter="CudaPagedAttention.RawApi*:$RACE_TOPK:CudaSampler.ChiSquare*"
+        --gtest_filter="CudaPagedAttention.RawApi*:$RACE_TOPK:CudaSampler.SanitizerSized*"
   done
   # Racecheck on opd's own kernels; GEMM tests are left out because racecheck reports hazards
   # inside cuBLAS's split-K kernels (nvjet_*_splitK), which are not ours.
@@ -84,10 +88,10 @@ if [[ "$what" == bench || "$what" == all ]]; then
   run bench_train_recompute 150 $B/opd bench train --recompute
 fi
 if [[ "$what" == racecheck-gen ]]; then
-  for k in paged_attention topk_ sample_kernel; do
+  for k in paged_attention topk_ sample_; do  # sample_: both sampling kernels
     run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         --kernel-name "kns=$k" $B/test_cuda \
-        --gtest_filter="CudaPagedAttention.RawApi*:$RACE_TOPK:CudaSampler.ChiSquare*"
+        --gtest_filter="CudaPagedAttention.RawApi*:$RACE_TOPK:CudaSampler.SanitizerSized*"
   done
 fi
 if [[ "$what" == rollout ]]; then
@@ -136,7 +140,7 @@ if [[ "$what" == quick-tests ]]; then
   run memcheck_model 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='*CudaModel*:*CudaRows*:CudaConvert*'
   run memcheck_gen 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaTopKLmHead.RowKernels*:CudaScorer.*:CudaSampler.Greedy*:CudaSampler.ChiSquare*:CudaSampler.NonFinite*'
+      --gtest_filter='CudaPagedAttention.MatchesCpuReferenceAcrossShapes:CudaPagedAttention.RawApi*:CudaPagedAttention.KvCache*:CudaPagedAttention.BadIndices*:CudaTopKLmHead.Bad*:CudaTopKLmHead.Deterministic*:CudaTopKLmHead.RowKernels*:CudaScorer.*:CudaSampler.Greedy*:CudaSampler.SanitizerSized*:CudaSampler.NonFinite*'
   run memcheck_rollout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaRollout.GraphsGiveTheEagerPathsTokensBitForBit:CudaRollout.StopsOnEosStopTokenAndMaxTokens:CudaRollout.NonFinite*:*CudaRolloutFamilies.GreedyF32*/0'
 fi
@@ -259,6 +263,22 @@ if [[ "$what" == dist || "$what" == all ]]; then
   else
     summary+=("dist: skipped ($gpus GPU)")
   fi
+fi
+if [[ "$what" == pdl ]]; then
+  run pdl_tests 240 $B/test_cuda \
+      --gtest_filter='*Pdl*:CudaSampler.*:CudaRollout.*:CudaDecodeFused.*:CudaPagedAttention.RawApi*:*Rmsnorm*'
+  run memcheck_pdl 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaRollout.PdlGivesThePlainLaunchesTokensBitForBit:CudaDecodeFused.Pdl*:CudaSampler.SanitizerSized*:CudaSampler.NonFinite*'
+  for k in qkv_norm_rope swiglu_packed sample_cluster; do
+    run "racecheck_$k" 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        --kernel-name "kns=$k" $B/test_cuda \
+        --gtest_filter='CudaDecodeFused.Pdl*:CudaSampler.SanitizerSized*'
+  done
+  run bench_rollout_nopdl 120 $B/opd bench rollout --no-pdl
+  run bench_rollout_pdl 120 $B/opd bench rollout --pdl
+  run bench_rollout_eager_nopdl 90 $B/opd bench rollout --no-graphs --runs 1 --no-pdl
+  run bench_rollout_eager_pdl 90 $B/opd bench rollout --no-graphs --runs 1 --pdl
+  run bench_sample 60 $B/opd bench kernels --filter sample
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 echo "==== summary"

@@ -257,7 +257,8 @@ void add_decode_gemm_cases(std::vector<Case>& cases) {
 // - paged_attention.decode: 64 sequences, one query row each, 16 q / 8 kv heads, head_dim 128,
 //   blocks of 16 (shuffled), contexts 256/512/768; bytes = the K/V read (the floor) + q + out.
 // - sample: one draw per row of f32 logits [64, 151936] (T = 1 without filters, and with top-k 50
-//   + top-p 0.9 + min-p 0.02); bytes = one read of the logits.
+//   + top-p 0.9 + min-p 0.02); bytes = one read of the logits; the cluster kernel (default) and
+//   the one-CTA-per-row kernel (`_one_cta`).
 // - topk_lm_head: R = 4096 rows, H = 2048 (teacher), V = 151936, K = 64, bf16, in TFLOP/s of the
 //   lm_head GEMM (2 R H V); the "vs cuBLAS" column is the same GEMM alone into a dense
 //   [R, V] f32 buffer (what a dense scorer does before its softmax/top-k).
@@ -338,12 +339,16 @@ void add_generation_cases(std::vector<Case>& cases) {
          },
          [=](int s) { cuda::paged_attention((*sets)[s].a, (*sets)[s].ws.raw(), g_stream); }, nullptr});
   }
+  // cluster 0: the default kernel (a row over a cluster of 8 CTAs at this V); -1: the one-CTA-per-
+  // row kernel it replaced (rows "_one_cta"), timed in the same run.
+  for (int cluster : {0, -1})
   for (int filtered = 0; filtered < 2; ++filtered) {
     const int64_t B = 64, V = kVocab;
     auto t = std::make_shared<Tensors>();
     auto params = std::make_shared<Tensor>();
     cases.push_back(
-        {filtered ? "sample.topk50_topp0.9_minp0.02" : "sample.t1", cat(B, "x", V, " f32"), false,
+        {cat(filtered ? "sample.topk50_topp0.9_minp0.02" : "sample.t1", cluster < 0 ? "_one_cta" : ""),
+         cat(B, "x", V, " f32"), false,
          4.0 * B * V, 4.0 * B * V,
          [=](int n) {
            if (!t->empty()) return;
@@ -369,7 +374,7 @@ void add_generation_cases(std::vector<Case>& cases) {
            cuda::sample_rows((*t)[1 + s].data<float>(), B, V,
                              static_cast<const cuda::SampleRowParams*>(params->raw()), out,
                              reinterpret_cast<float*>(out + B), reinterpret_cast<float*>(out + 2 * B),
-                             nullptr, g_stream);
+                             nullptr, g_stream, nullptr, cluster);
          },
          nullptr});
   }
