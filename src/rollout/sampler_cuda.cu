@@ -1,7 +1,7 @@
 // CUDA sampler: the distribution, filter order and draw of rollout/sampler.cpp (contract in
 // rollout/sampler_cuda.h), in two kernels with the same per-element arithmetic:
 // - sample_cluster_kernel (default): a row is split over a thread-block cluster of up to 8 CTAs
-//   (W1: 8 x 18,992 ids); each CTA stages its slice of the row in shared memory with one
+//   (W1: 8 x 18,992 ids, 512 threads per CTA); each CTA stages its slice of the row in shared memory with one
 //   global read, and the passes (max/argmax, model LSE with the kept mass, [top-k radix select,
 //   4 rounds], [top-p radix select with fixed-point masses, 4 rounds + its mass], [min-p mass],
 //   the inverse CDF's range sums and scan, one range rescanned by one thread) read shared memory;
@@ -323,7 +323,9 @@ __global__ void __launch_bounds__(kNT)
 // boundary is computed once and shared by the two ranges that meet there, so the ranges
 // partition [0, total) exactly and at most one thread of the cluster picks. Same filters, same
 // per-element arithmetic, same u as sample_kernel above; only the f64 summation order differs.
-constexpr int kCT = 1024;            // threads per CTA
+// 512 threads and <= 64 registers (__launch_bounds__(kCT, 2)): two CTAs per SM (1024 threads x
+// 64 registers fill the register file; a 1024-thread CTA would leave one per SM, 4 waves at W1).
+constexpr int kCT = 512;             // threads per CTA
 constexpr int kCWarps = kCT / 32;
 constexpr int kMaxCluster = 8;       // portable cluster size
 constexpr int kMinSlice = 4096;      // fewer CTAs per row below this many ids per CTA
@@ -791,7 +793,7 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
 }
 
 // grid rows x C CTAs in clusters of C, kCT threads, slice x 4 bytes of dynamic shared memory.
-__global__ void __launch_bounds__(kCT)
+__global__ void __launch_bounds__(kCT, 2)
     sample_cluster_kernel(const float* __restrict__ logits, int vocab, int slice,
                           const SampleRowParams* __restrict__ params, int32_t* __restrict__ ids,
                           float* __restrict__ sampling_lp, float* __restrict__ model_lp,
@@ -850,7 +852,7 @@ bool cluster_kernel_usable(int cluster) {
     OPD_CUDA_CHECK(cudaFuncSetAttribute(sample_cluster_kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSliceBytes)));
-    // All of the unified L1/shared memory as shared: two CTAs of a W1 row (2 x ~86 KB) per SM.
+    // All of the unified L1/shared memory as shared: two CTAs of a W1 row (2 x ~85 KB) per SM.
     OPD_CUDA_CHECK(cudaFuncSetAttribute(sample_cluster_kernel,
                                         cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     for (int c = 1; c <= kMaxCluster; c *= 2) {
