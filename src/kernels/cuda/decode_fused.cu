@@ -74,7 +74,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t slots_per_token = a.hq + 2 * a.hkv;
-  if (warp >= a.n * slots_per_token) return;  // whole warps exit together
+  if (warp >= a.n * slots_per_token) {  // whole warps exit together
+    dev::pdl_wait();  // every thread waits (pdl.cuh: a grid never completes before its predecessor)
+    return;
+  }
   const int64_t t = warp / slots_per_token;
   const int64_t j = warp % slots_per_token;
   const int64_t D = a.head_dim, half = D / 2;
@@ -87,6 +90,7 @@ __global__ void __launch_bounds__(kThreads)
     const int32_t slot = a.slot_mapping[t];
     if (slot < 0 || static_cast<int64_t>(slot) >= a.num_slots) {
       if (lane == 0 && j == a.hq && a.error_flag) atomicMin(a.error_flag, static_cast<unsigned>(t));
+      dev::pdl_wait();
       return;
     }
     const int64_t g = is_k ? j - a.hq : j - a.hq - a.hkv;

@@ -420,11 +420,15 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
   if (b == p.batch - 1 && q1 != p.total_q) ok = false;
   if (!ok) {
     if (reporter) report(p.error_flag, b);
+    dev::pdl_wait();  // every thread waits (pdl.cuh: a grid never completes before its predecessor)
     return;
   }
   const int rows_b = q_len * p.group;  // 0 (no query row) or the group
   const int r_first = tile * kRows;
-  if (r_first >= rows_b) return;  // uniform over the CTA: before any __syncthreads
+  if (r_first >= rows_b) {  // uniform over the CTA: before any __syncthreads
+    dev::pdl_wait();
+    return;
+  }
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;          // 8-element slice of a row

@@ -14,7 +14,10 @@
 //     the flag was uploaded before the step); no global store of results;
 //   - the wait is complete-and-flush of the predecessor, and the predecessor itself started only
 //     after its own predecessor triggered: so the chain is transitively ordered even when a
-//     kernel triggers before its own wait.
+//     kernel triggers before its own wait;
+//   - every thread calls pdl_wait() before it exits, also on early-return paths, so a grid never
+//     completes before its predecessor (a plain launch after it then also follows the
+//     predecessor).
 // Only .cu files include it (C++17).
 #pragma once
 
