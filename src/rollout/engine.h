@@ -90,6 +90,10 @@ struct EngineOptions {
   // GEMMs (q|k|v, o, gate|up, down; the lm_head stays on cuBLASLt) on opd's weight-streaming decode GEMM
   // (kernels/cuda/gemm.h decode_gemm) instead of cuBLASLt; false: cuBLASLt everywhere.
   bool cuda_decode_gemm = false;
+  // CUDA bf16 models (head_dim 64/128): prompt chunks that start at position 0 attend with the
+  // tensor-core varlen attention instead of the paged kernel (PagedForward::set_fresh_prefill);
+  // false: every row through the paged kernel.
+  bool cuda_fresh_prefill = true;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).
