@@ -469,14 +469,19 @@ TEST(CudaRollout, FreshPromptsOnTensorCoresMatchThePagedKernel) {
                done[i], tables[i]);
         done[i] += n;
       };
-      PagedStep s1, s2, s3;
+      // Each step runs before the next is built: a step holds views of the block tables.
+      PagedStep s1;
       add(s1, 0, 20);
       add(s1, 1, 9);
-      add(s2, 0, 1);   // decode token, context 20
-      add(s2, 1, 5);   // chunk with context 9
+      logits[fresh].push_back(host(f.step(s1, cache)));
+      PagedStep s2;
+      add(s2, 0, 1);  // decode token, context 20
+      add(s2, 1, 5);  // chunk with context 9
       for (size_t i = 2; i < lens.size(); ++i) add(s2, i, lens[i]);
+      logits[fresh].push_back(host(f.step(s2, cache)));
+      PagedStep s3;
       for (size_t i = 0; i < lens.size(); ++i) add(s3, i, 1);
-      for (const PagedStep* ps : {&s1, &s2, &s3}) logits[fresh].push_back(host(f.step(*ps, cache)));
+      logits[fresh].push_back(host(f.step(s3, cache)));
     }
     for (size_t k = 0; k < 3; ++k) {
       EXPECT_TRUE(close(logits[1][k], logits[0][k], 3e-2, 3e-2, 2e-2))
