@@ -16,15 +16,18 @@
 namespace opd::cuda {
 
 // Which kernel attention_forward runs where both can (bf16, head_dim 128, causal). Every other
-// case (f32, other head_dim) always runs the kernels of attention_fwd.cu.
+// case (f32, other head_dim) always runs the kernels of attention_fwd.cu. Auto = wgmma on a
+// device that runs sm_90a code (measured faster on the H200), else mma.
 enum class AttentionFwdKernel { Auto, Mma, Wgmma };
 
 // Kernel knobs (benchmark and test variants; every variant computes the same result):
 // block_n = keys per K/V tile (64 or 128); overlap = issue S_j = Q K_j^T before waiting for
 // O += P_{j-1} V_{j-1}, so the softmax of tile j runs while the tensor cores do the previous
 // P V (FlashAttention-3's intra-warpgroup pipelining); off = each product waited for at once.
+// Default: 64 keys with overlap, the fastest on 3 of the 4 BENCHMARKS.md shapes on the H200
+// (within 1.3% of 128 keys on the fourth; docs/perf.md).
 struct AttentionWgmmaConfig {
-  int block_n = 128;
+  int block_n = 64;
   bool overlap = true;
 };
 
