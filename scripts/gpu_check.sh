@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|anchor|product|memory|pdl]
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|anchor|product|memory|pdl]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -208,6 +208,34 @@ if [[ "$what" == final4b ]]; then
   run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
   run torch_w1 130 env CUDA_VISIBLE_DEVICES=0 python3 tools/bench_w1_torch.py
+fi
+if [[ "$what" == w2probe ]]; then
+  # Session 5 (issue 9): the offload test repeated; whether two concurrent rollouts (one per GPU,
+  # no communication) slow each other, with all cores per process and with half; the 2-GPU
+  # trainer test; W2 with ZeRO-1 and ZeRO-2 after `opd launch` split the threads (~6 min).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run offload_repeat 60 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='*CudaWeightOffload*' --gtest_repeat=30
+  run rollout_alone 60 env CUDA_VISIBLE_DEVICES=0 $B/opd bench rollout --runs 3
+  for t in all half; do
+    env_t=(); [[ $t == half ]] && env_t=(OPD_NUM_THREADS=$(( $(nproc) / 2 )) OPENBLAS_NUM_THREADS=$(( $(nproc) / 2 )))
+    env "${env_t[@]}" CUDA_VISIBLE_DEVICES=1 $B/opd bench rollout --runs 3 >"$OUT/rollout_pair_${t}_gpu1.log" 2>&1 &
+    run "rollout_pair_$t" 60 env "${env_t[@]}" CUDA_VISIBLE_DEVICES=0 $B/opd bench rollout --runs 3
+    wait
+  done
+  grep -h "tokens/s\|tok/s" "$OUT"/rollout_*.log | head -20
+  [[ -x $B/test_cli ]] && run train_dist_gpu 120 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1
+  run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
+fi
+if [[ "$what" == fresh ]]; then
+  # Session 5 (issue 6): fresh prompts on the tensor-core attention. The rollout, paged-forward
+  # and shared-prompt scorer tests, then `opd bench rollout` with it on and off, then W1 (~3 min).
+  run cuda_fresh 200 $B/test_cuda --gtest_filter='*CudaRollout*:*CudaScorer*:*CudaDecodeFused*:*CudaPagedAttention*'
+  run rollout_fresh 60 $B/opd bench rollout --runs 3
+  run rollout_paged 60 $B/opd bench rollout --runs 3 --no-fresh-prefill
+  grep -h "opd:\|split:" "$OUT"/rollout_fresh.log "$OUT"/rollout_paged.log
+  run w1_fresh 180 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "rollout\|scoring\|train\|step" "$OUT"/w1_fresh.log | tail -8
 fi
 if [[ "$what" == poison ]]; then
   # The open offload test failure (docs/cuda.md): the whole suite once (the order that failed),

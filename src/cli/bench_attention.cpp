@@ -1,5 +1,8 @@
-// `opd bench attention [--json] [--iters N] [--warmup N]`: times the CUDA FlashAttention-2
-// kernels (Dao 2023; kernels/cuda/attention_*.cu) on the BENCHMARKS.md attention shapes
+// `opd bench attention [--json] [--fwd-only] [--iters N] [--warmup N]`: times the CUDA
+// FlashAttention-2 kernels (Dao 2023; kernels/cuda/attention_*.cu) and, on Hopper, the
+// FlashAttention-3-style wgmma forward (attention_fwd_wgmma.cu, each variant labeled
+// fwd-wgmma<block_n><o|s>; fwd-mma = the mma.sync kernel; fwd = what attention_forward
+// picks by default) on the BENCHMARKS.md attention shapes
 // (causal, head_dim 128, bf16: 8 x 768 and 4 x 4096 tokens, 16 query heads, 8 and 16 kv heads)
 // with CUDA events, median of N after warm-up. Reports TFLOP/s with causal FLOPs
 // (forward 4 B H L^2 D / 2, backward 2.5x that, the convention SDPA numbers use) and the two
@@ -20,6 +23,7 @@
 #include "core/tensor.h"
 #ifdef OPD_WITH_CUDA
 #include "core/cuda/stream.h"        // Event, device_description
+#include "kernels/cuda/attention_wgmma.h"  // the wgmma forward, the kernel selection
 #include "kernels/cuda/cuda_ops.h"   // AttentionPlan, attention_forward / attention_backward
 #endif
 
@@ -28,6 +32,7 @@ namespace {
 
 struct BenchAttentionOptions {
   bool json = false;
+  bool fwd_only = false;
   int iters = 30;
   int warmup = 5;
 };
@@ -71,12 +76,19 @@ void run_bench_attention(const BenchAttentionOptions& o) {
   const std::vector<Shape4> shapes = {
       {8, 768, 16, 8, 128}, {8, 768, 16, 16, 128}, {4, 4096, 16, 8, 128}, {4, 4096, 16, 16, 128}};
   const std::vector<cuda::AttentionBwdTiles> variants = {{64, 64}, {64, 32}, {32, 64}, {32, 32}};
+  const std::vector<cuda::AttentionWgmmaConfig> wg_variants = {
+      {128, true}, {128, false}, {64, true}, {64, false}};
+  const bool wgmma = cuda::attention_wgmma_available();
+  const char* fwd_default =
+      cuda::attention_fwd_kernel_name(cuda::resolve_attention_fwd_kernel(DType::BF16, 128));
   nlohmann::json results = nlohmann::json::array();
   const std::string device = cuda::device_description(0);
   if (!o.json) {
-    std::printf("opd bench attention: %s, causal bf16, median of %d after %d warm-up\n",
-                device.c_str(), o.iters, o.warmup);
-    std::printf("%-22s %6s %9s %9s %8s %10s %10s\n", "shape B x L, Hq/Hkv", "pass", "ms",
+    std::printf("opd bench attention: %s, causal bf16, median of %d after %d warm-up; fwd = %s "
+                "kernel (OPD_ATTENTION_FWD / default), wgmma %s\n",
+                device.c_str(), o.iters, o.warmup, fwd_default,
+                wgmma ? "available" : "not available (no sm_90a)");
+    std::printf("%-22s %14s %9s %9s %8s %10s %10s\n", "shape B x L, Hq/Hkv", "pass", "ms",
                 "TFLOP/s", "of 776", "floor ms", "bytes floor");
   }
   for (const Shape4& s : shapes) {
@@ -111,9 +123,30 @@ void run_bench_attention(const BenchAttentionOptions& o) {
       double ms;
     };
     std::vector<Row> rows = {{"fwd", fwd_ms}};
+    {  // the mma.sync forward, forced (restores the process setting after)
+      const cuda::AttentionFwdKernel saved = cuda::attention_fwd_kernel_setting();
+      cuda::set_attention_fwd_kernel(cuda::AttentionFwdKernel::Mma);
+      rows.push_back({"fwd-mma", median_ms(o.warmup, o.iters, fwd)});
+      cuda::set_attention_fwd_kernel(saved);
+    }
+    double best_wg = 1e30;
+    std::string best_wg_name;
+    if (wgmma) {
+      for (const auto& wv : wg_variants) {
+        auto run = [&] {
+          cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), v.raw(), s.hq, s.hkv, scale,
+                                        /*causal=*/true, out.raw(), lse.data<float>(), nullptr, wv);
+        };
+        const double ms = median_ms(o.warmup, o.iters, run);
+        const std::string name = cat("fwd-wgmma", wv.block_n, wv.overlap ? "o" : "s");
+        rows.push_back({name, ms});
+        if (ms < best_wg) best_wg = ms, best_wg_name = name;
+      }
+    }
     double best_bwd = 1e30;
     std::string best_name;
     for (const auto& t : variants) {
+      if (o.fwd_only) break;
       auto bwd = [&] {
         cuda::attention_backward(plan, dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
                                  lse.data<float>(), s.hq, s.hkv, s.d, scale, DType::BF16,
@@ -136,19 +169,26 @@ void run_bench_attention(const BenchAttentionOptions& o) {
     j["fwd_bytes"] = fwd_bytes;
     j["bwd_bytes"] = bwd_bytes;
     for (const Row& r : rows) {
-      const bool is_fwd = r.pass == "fwd";
+      const bool is_fwd = r.pass.rfind("fwd", 0) == 0;
       const double flop = is_fwd ? fwd_flop : bwd_flop, bytes = is_fwd ? fwd_bytes : bwd_bytes;
       const double tflops = flop / (r.ms * 1e-3) / 1e12;
       const double floor_ms = flop / (kGemmTflops * 1e12) * 1e3;
       const double bytes_ms = bytes / (kCopyTBs * 1e12) * 1e3;
       j[r.pass] = {{"ms", r.ms}, {"tflops", tflops}};
       if (!o.json) {
-        std::printf("%-22s %6s %9.4f %9.1f %7.1f%% %10.4f %10.4f\n", label.c_str(),
+        std::printf("%-22s %14s %9.4f %9.1f %7.1f%% %10.4f %10.4f\n", label.c_str(),
                     r.pass.c_str(), r.ms, tflops, 100 * tflops / kGemmTflops, floor_ms, bytes_ms);
       }
     }
-    j["bwd_best"] = {{"variant", best_name}, {"ms", best_bwd},
-                     {"tflops", bwd_flop / (best_bwd * 1e-3) / 1e12}};
+    j["fwd_kernel"] = fwd_default;
+    if (!best_wg_name.empty()) {
+      j["fwd_wgmma_best"] = {{"variant", best_wg_name}, {"ms", best_wg},
+                             {"tflops", fwd_flop / (best_wg * 1e-3) / 1e12}};
+    }
+    if (!o.fwd_only) {
+      j["bwd_best"] = {{"variant", best_name}, {"ms", best_bwd},
+                       {"tflops", bwd_flop / (best_bwd * 1e-3) / 1e12}};
+    }
     results.push_back(j);
   }
   if (o.json) {
@@ -159,13 +199,22 @@ void run_bench_attention(const BenchAttentionOptions& o) {
     top["results"] = results;
     std::printf("%s\n", top.dump().c_str());
   } else {
-    std::printf("summary (TFLOP/s, bwd = best tile variant):\n");
+    std::printf("summary (TFLOP/s; fwd = default kernel, wgmma = best wgmma variant, bwd = best "
+                "tile variant):\n");
     for (const auto& j : results) {
-      std::printf("  B %lld L %lld Hq %lld Hkv %lld: fwd %.1f  bwd %.1f (%s)\n",
-                  static_cast<long long>(j["batch"]), static_cast<long long>(j["seqlen"]),
-                  static_cast<long long>(j["hq"]), static_cast<long long>(j["hkv"]),
-                  j["fwd"]["tflops"].get<double>(), j["bwd_best"]["tflops"].get<double>(),
-                  j["bwd_best"]["variant"].get<std::string>().c_str());
+      std::printf("  B %lld L %lld Hq %lld Hkv %lld: fwd %.1f (%s)  mma %.1f", static_cast<long long>(j["batch"]),
+                  static_cast<long long>(j["seqlen"]), static_cast<long long>(j["hq"]),
+                  static_cast<long long>(j["hkv"]), j["fwd"]["tflops"].get<double>(),
+                  j["fwd_kernel"].get<std::string>().c_str(), j["fwd-mma"]["tflops"].get<double>());
+      if (j.contains("fwd_wgmma_best")) {
+        std::printf("  wgmma %.1f (%s)", j["fwd_wgmma_best"]["tflops"].get<double>(),
+                    j["fwd_wgmma_best"]["variant"].get<std::string>().c_str());
+      }
+      if (j.contains("bwd_best")) {
+        std::printf("  bwd %.1f (%s)", j["bwd_best"]["tflops"].get<double>(),
+                    j["bwd_best"]["variant"].get<std::string>().c_str());
+      }
+      std::printf("\n");
     }
   }
 }
@@ -177,10 +226,13 @@ void register_bench_attention(CLI::App& app) {
   CLI::App* bench = &bench_command(app);
   auto opts = std::make_shared<BenchAttentionOptions>();
   CLI::App* cmd = bench->add_subcommand(
-      "attention", "CUDA causal GQA attention forward/backward TFLOP/s (FlashAttention-2 kernels)");
-  cmd->add_flag("--json", opts->json, "print one JSON object");
-  cmd->add_option("--iters", opts->iters, "timed repetitions (median reported)");
-  cmd->add_option("--warmup", opts->warmup, "untimed repetitions first");
+      "attention",
+      "CUDA causal GQA attention forward/backward TFLOP/s (FlashAttention-2 kernels; on Hopper "
+      "also every wgmma forward variant, labeled)");
+  cmd->add_flag("--json", opts->json, "print one JSON object (default off)");
+  cmd->add_flag("--fwd-only", opts->fwd_only, "time the forward kernels only (default off)");
+  cmd->add_option("--iters", opts->iters, "timed repetitions (median reported; default 30)");
+  cmd->add_option("--warmup", opts->warmup, "untimed repetitions first (default 5)");
   cmd->callback([opts] {
 #ifdef OPD_WITH_CUDA
     run_bench_attention(*opts);

@@ -65,6 +65,8 @@ struct BenchRolloutOptions {
   bool tuned_gemm = false;
   bool decode_gemm = EngineOptions{}.cuda_decode_gemm;
   bool pdl = EngineOptions{}.cuda_pdl;
+  bool fresh_prefill = EngineOptions{}.cuda_fresh_prefill;
+  bool l2_prefetch = EngineOptions{}.cuda_l2_prefetch;
   bool keep_state = false;
   bool json = false;
   bool with_torch = false;
@@ -179,6 +181,8 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_tuned_gemm = o.tuned_gemm;
   eo.cuda_decode_gemm = o.decode_gemm;
   eo.cuda_pdl = o.pdl;
+  eo.cuda_fresh_prefill = o.fresh_prefill;
+  eo.cuda_l2_prefetch = o.l2_prefetch;
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
@@ -202,11 +206,13 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, decode GEMM %s, PDL %s\n",
+                "graphs %s, fused layers %s, decode GEMM %s, fresh prefill %s, L2 prefetch %s, PDL %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
-                o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt", o.pdl ? "on" : "off");
+                o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt",
+                o.fresh_prefill ? "tensor-core attention" : "paged kernel", o.l2_prefetch ? "on" : "off",
+                o.pdl ? "on" : "off");
   }
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
@@ -269,6 +275,8 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["tuned_gemm"] = o.tuned_gemm;
   j["decode_gemm"] = o.decode_gemm;
   j["pdl"] = o.pdl;
+  j["fresh_prefill"] = o.fresh_prefill;
+  j["l2_prefetch"] = o.l2_prefetch;
   j["keep_state"] = o.keep_state;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
@@ -387,6 +395,14 @@ void register_bench_rollout(CLI::App& bench) {
                 cat("decode steps launch opd's kernels that follow a kernel with programmatic "
                     "dependent launch (same results) (default ",
                     EngineOptions{}.cuda_pdl ? "on" : "off", ")"));
+  cmd->add_flag("--fresh-prefill,!--no-fresh-prefill", o->fresh_prefill,
+                cat("prompt chunks starting at position 0 attend with the tensor-core varlen "
+                    "attention instead of the paged kernel (bf16, head_dim 64/128; default ",
+                    EngineOptions{}.cuda_fresh_prefill ? "on" : "off", ")"));
+  cmd->add_flag("--l2-prefetch,!--no-l2-prefetch", o->l2_prefetch,
+                cat("decode steps prefetch each layer's o, gate|up, down and the next q|k|v "
+                    "weights into L2 before the attention (default ",
+                    EngineOptions{}.cuda_l2_prefetch ? "on" : "off", ")"));
   cmd->add_flag("--keep-state", o->keep_state,
                 "keep packed weights, buffers and graphs between rollouts instead of rebuilding "
                 "them in every rollout (default off)");

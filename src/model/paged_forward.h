@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,6 +25,11 @@
 typedef struct CUstream_st* cudaStream_t;
 
 namespace opd {
+#ifdef OPD_WITH_CUDA
+namespace cuda {
+class AttentionPlan;  // kernels/cuda/cuda_ops.h
+}
+#endif
 
 // The new tokens of one step, packed. Sequence b contributes ids at positions
 // [context_lens[b], context_lens[b] + len_b): context_lens[b] tokens of it are already in the
@@ -69,6 +75,25 @@ struct PagedDeviceStep {
   const int32_t* last_rows = nullptr;     // [batch]; nullptr: tokens == batch, row b is sequence b's
   // Optional: the paged kernels atomicMin the first bad row/sequence into it (0xffffffff = none).
   unsigned* error_flag = nullptr;
+  // Fresh prefill (eager steps only; PagedForward::plan_fresh_prefill fills these): the last
+  // fresh_batch sequences start at position 0, in rows [fresh_row0, tokens), so their keys are
+  // their own new rows and their attention runs on the tensor-core varlen kernel
+  // (cuda::attention_forward over fresh_plan) instead of the paged kernel, which then takes only
+  // the first batch - fresh_batch sequences (rows [0, fresh_row0), <= paged_max_q_len each).
+  int64_t fresh_batch = 0, fresh_row0 = 0, paged_max_q_len = 1;
+  const cuda::AttentionPlan* fresh_plan = nullptr;
+};
+
+// What plan_fresh_prefill found for one step; apply() writes it into the step (the plan must
+// outlive the step's kernels: its device buffer is freed stream-ordered).
+struct FreshPrefill {
+  int64_t batch = 0, row0 = 0, paged_max_q_len = 1;
+  std::unique_ptr<cuda::AttentionPlan> plan;
+  FreshPrefill();
+  FreshPrefill(FreshPrefill&&) noexcept;
+  FreshPrefill& operator=(FreshPrefill&&) noexcept;
+  ~FreshPrefill();
+  void apply(PagedDeviceStep& s) const;
 };
 
 // Activation buffers of the CUDA step for up to max_tokens new tokens and max_rows logits rows,
@@ -127,6 +152,23 @@ class PagedForward {
   // does not depend on it (norm weights, block tables, positions, RoPE terms) and then waits for
   // it. Bit-identical results; cuBLASLt's GEMMs are launched as before.
   void set_pdl(bool on) { pdl_ = on; }
+  // Prompt chunks that start at position 0 (no cached context) attend with the tensor-core
+  // varlen attention (kernels/cuda/attention_fwd.cu, bf16 with head_dim 64/128) instead of the
+  // paged kernel, whose CUDA-core loop reads a chunk's K/V once per 8 rows (W1 prefill: 0.136 s
+  // of a 1.33 s rollout). On by default; off runs every row through the paged kernel.
+  void set_fresh_prefill(bool on) { fresh_prefill_ = on; }
+  // Decode-sized steps (<= 64 tokens) of the fused layer issue an L2 prefetch (evict_last) of
+  // the layer's o, gate|up and down weights and the next layer's q|k|v just before the paged
+  // attention (kernels/cuda/cuda_ops.h l2_prefetch), so the latency-bound 64-row GEMMs read them
+  // from L2 and their DRAM reads overlap the attention's K/V stream. A hint: results unchanged.
+  void set_l2_prefetch(bool on) { l2_prefetch_ = on; }
+  bool fresh_prefill() const { return fresh_prefill_; }
+  // The fresh tail of an eager step from its host cu_seqlens [batch + 1] and seq_lens [batch]
+  // (a sequence is fresh when its new rows are all of it): batch 0 when there is none, when
+  // fresh_prefill is off, or when the model's dtype/head_dim has no tensor-core kernel. The
+  // plan's tile list is uploaded on `stream`.
+  FreshPrefill plan_fresh_prefill(const int32_t* cu_seqlens, const int32_t* seq_lens,
+                                  int64_t batch, cudaStream_t stream) const;
 #endif
 
   // Runs one step: ids validated against the vocabulary (error names sequence, position, value
@@ -173,6 +215,8 @@ class PagedForward {
   bool tuned_gemm_ = false;
   bool decode_gemm_ = false;
   bool pdl_ = false;
+  bool fresh_prefill_ = true;
+  bool l2_prefetch_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
   // What the fused layers read: the packed tensors above, or the model's own q_proj / gate_proj
   // when the parts are contiguous (then the packed tensor is empty).

@@ -180,6 +180,9 @@ std::vector<const void*> PagedForward::weight_addresses() const {
   return out;
 }
 
+// Steps up to this many tokens prefetch their weights into L2 when enabled (decode buckets).
+constexpr int64_t kL2PrefetchRows = 64;
+
 void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws,
                                float* logits, cudaStream_t stream) const {
   const ModelConfig& c = model_->config();
@@ -198,6 +201,13 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
                 cache.k(0).dtype() == dt && cache.k(0).device() == Device::CUDA,
             InvalidArgument, "PagedForward::step_device: the cache must hold ",
             c.num_hidden_layers, " layers of ", dtype_name(dt), " on the device");
+  OPD_CHECK(s.fresh_batch == 0 ||
+                (s.fresh_batch <= B && s.fresh_row0 < T && s.fresh_plan != nullptr &&
+                 s.fresh_plan->batch() == s.fresh_batch &&
+                 s.fresh_plan->total_rows() == T - s.fresh_row0),
+            InvalidArgument, "PagedForward::step_device: a fresh tail of ", s.fresh_batch,
+            " sequences from row ", s.fresh_row0, " does not fit the step (", B, " sequences, ", T,
+            " tokens) or its plan");
   const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
   const float* inv_freq = inv_freq_device_.data<float>();
   const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
@@ -234,8 +244,34 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
                           ws.rstd.data<float>(), stream, pdl);
   }
   auto bias = [](const Tensor& b) -> const void* { return b.defined() ? b.raw() : nullptr; };
-  // Paged attention of this step's queries q [T, Hq, D] over layer li's cache -> ws.attn.
-  auto attend = [&](size_t li, const void* q) {
+  // Attention of this step's queries q [T, Hq, D] over layer li's cache -> ws.attn. The fresh
+  // tail (s.fresh_batch > 0) reads its keys/values as contiguous rows: k_rows/v_rows [T, Hkv D]
+  // when the caller has them (the unfused path), else gathered from the cache by slot.
+  const size_t es = dtype_size(dt);
+  auto attend = [&](size_t li, const void* q, const void* k_rows, const void* v_rows) {
+    const int64_t paged_batch = B - s.fresh_batch, paged_rows = s.fresh_batch ? s.fresh_row0 : T;
+    if (s.fresh_batch > 0) {
+      const int64_t r0 = s.fresh_row0, n = T - r0, kvw = Hkv * D;
+      const char* kf = static_cast<const char*>(k_rows);
+      const char* vf = static_cast<const char*>(v_rows);
+      if (kf) {
+        kf += r0 * kvw * es;
+        vf += r0 * kvw * es;
+      } else {  // k(li), v(li) are [num_blocks * bs, Hkv D] rows; slots were validated
+        const int64_t num_slots = num_blocks * bs;
+        cuda::gather_rows(cache.k(static_cast<int64_t>(li)).raw(), dt, num_slots, s.slots + r0, n,
+                          kvw, ws.k.raw(), dt, stream);
+        cuda::gather_rows(cache.v(static_cast<int64_t>(li)).raw(), dt, num_slots, s.slots + r0, n,
+                          kvw, ws.v.raw(), dt, stream);
+        kf = static_cast<const char*>(ws.k.raw());
+        vf = static_cast<const char*>(ws.v.raw());
+      }
+      cuda::attention_forward(*s.fresh_plan, static_cast<const char*>(q) + r0 * Hq * D * es, kf,
+                              vf, Hq, Hkv, D, scale, dt,
+                              static_cast<char*>(ws.attn.raw()) + r0 * Hq * D * es,
+                              ws.rstd_q.data<float>(), stream);  // lse: scratch, unused
+    }
+    if (paged_batch == 0) return;
     cuda::PagedAttentionArgs a;
     a.q = q;
     a.k_cache = cache.k(static_cast<int64_t>(li)).raw();
@@ -244,15 +280,15 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     a.cu_seqlens_q = s.cu_seqlens;
     a.seq_lens = s.seq_lens;
     a.block_tables = s.block_tables;
-    a.batch = B;
-    a.total_q = T;
+    a.batch = paged_batch;
+    a.total_q = paged_rows;
     a.hq = Hq;
     a.hkv = Hkv;
     a.head_dim = D;
     a.num_blocks = num_blocks;
     a.block_size = bs;
     a.max_blocks = s.width;
-    a.max_q_len = s.max_q_len;
+    a.max_q_len = s.fresh_batch ? s.paged_max_q_len : s.max_q_len;
     a.max_seq_len = s.max_seq_len;
     a.scale = scale;
     a.dtype = dt;
@@ -290,7 +326,15 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.error_flag = s.error_flag;
       f.pdl = pdl;
       cuda::qkv_norm_rope_store(f, stream);
-      attend(li, ws.qn.raw());
+      if (l2_prefetch_ && T <= kL2PrefetchRows) {
+        cuda::L2PrefetchRanges pf;
+        pf.add(L.o_proj.raw(), L.o_proj.nbytes());
+        pf.add(gu_ptr_[li], 2 * I * H * static_cast<int64_t>(es));
+        pf.add(L.down_proj.raw(), L.down_proj.nbytes());
+        if (li + 1 < W.layers.size()) pf.add(qkv_ptr_[li + 1], R * H * static_cast<int64_t>(es));
+        cuda::l2_prefetch(pf, stream);
+      }
+      attend(li, ws.qn.raw(), nullptr, nullptr);
       linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
                                      ws.rstd.data<float>(), stream, pdl);
@@ -333,7 +377,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     st.error_flag = s.error_flag;
     cuda::kv_cache_store(st, stream);
 
-    attend(li, q);
+    attend(li, q, k, ws.v.raw());
 
     cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
                          ws.o.raw(), stream);
@@ -359,6 +403,39 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   // (97 us event-timed vs 163 us for decode_gemm's first version, docs/rollout.md).
   cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
                        tuned_gemm_ && B <= kTunedRows);
+}
+
+FreshPrefill::FreshPrefill() = default;
+FreshPrefill::FreshPrefill(FreshPrefill&&) noexcept = default;
+FreshPrefill& FreshPrefill::operator=(FreshPrefill&&) noexcept = default;
+FreshPrefill::~FreshPrefill() = default;
+
+void FreshPrefill::apply(PagedDeviceStep& s) const {
+  s.fresh_batch = batch;
+  s.fresh_row0 = row0;
+  s.paged_max_q_len = paged_max_q_len;
+  s.fresh_plan = plan.get();
+}
+
+FreshPrefill PagedForward::plan_fresh_prefill(const int32_t* cu_seqlens, const int32_t* seq_lens,
+                                              int64_t batch, cudaStream_t stream) const {
+  FreshPrefill f;
+  const ModelConfig& c = model_->config();
+  if (!fresh_prefill_ || batch <= 0 || !cuda::attention_has_fast_path(model_->dtype(), c.head_dim))
+    return f;
+  // The trailing run of sequences whose new rows are the whole sequence (context 0). The
+  // scheduler appends admitted prompts after the running sequences, so that is where they are.
+  int64_t first = batch;
+  while (first > 0 && seq_lens[first - 1] == cu_seqlens[first] - cu_seqlens[first - 1]) --first;
+  if (first == batch) return f;
+  f.batch = batch - first;
+  f.row0 = cu_seqlens[first];
+  for (int64_t b = 0; b < first; ++b)
+    f.paged_max_q_len = std::max<int64_t>(f.paged_max_q_len, cu_seqlens[b + 1] - cu_seqlens[b]);
+  std::vector<int32_t> cu(static_cast<size_t>(f.batch + 1));
+  for (int64_t b = 0; b <= f.batch; ++b) cu[static_cast<size_t>(b)] = cu_seqlens[first + b] - cu_seqlens[first];
+  f.plan = std::make_unique<cuda::AttentionPlan>(cu.data(), f.batch, cu.back(), stream);
+  return f;
 }
 
 Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCache& cache,
@@ -395,6 +472,8 @@ Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCac
   ds.last_rows = d + o_last;
   ds.block_tables = d + o_tables;
   ds.error_flag = reinterpret_cast<unsigned*>(buf.as<int32_t>() + o_flag);
+  const FreshPrefill fresh = plan_fresh_prefill(s.cu_seqlens.data(), p.seq_lens.data(), B, stream);
+  fresh.apply(ds);
   PagedWorkspace ws(model_->config(), model_->dtype(), T);
   Tensor logits = Tensor::empty({B, V}, DType::F32, Device::CUDA);
   step_device(ds, cache, ws, logits.data<float>(), stream);

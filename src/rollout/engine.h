@@ -94,6 +94,13 @@ struct EngineOptions {
   // dependent launch (PagedForward::set_pdl, kernels/cuda/pdl.cuh): same results, shorter gaps
   // between kernels. Off until measured on the H200 (docs/rollout.md).
   bool cuda_pdl = false;
+  // CUDA bf16 models (head_dim 64/128): prompt chunks that start at position 0 attend with the
+  // tensor-core varlen attention instead of the paged kernel (PagedForward::set_fresh_prefill);
+  // false: every row through the paged kernel.
+  bool cuda_fresh_prefill = true;
+  // CUDA fused decode steps: prefetch each layer's o, gate|up, down and the next layer's q|k|v
+  // weights into L2 before the attention (PagedForward::set_l2_prefetch). Off until measured.
+  bool cuda_l2_prefetch = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).

@@ -299,6 +299,13 @@ struct CudaStepRunner::Impl {
     ds.block_tables = d<int32_t>(L.tables);
     ds.last_rows = decode ? nullptr : d<int32_t>(L.last);
     ds.error_flag = d<unsigned>(L.flags);
+    // Prompts starting at position 0 attend on the tensor-core kernel (eager steps only: a
+    // decode step, the only kind captured, has no such sequence).
+    FreshPrefill fresh;
+    if (!decode) {
+      fresh = forward.plan_fresh_prefill(step.cu_seqlens.data(), p.seq_lens.data(), B, stream);
+      fresh.apply(ds);
+    }
 
     ev_start.record(stream);
     OPD_CUDA_CHECK(cudaMemcpyAsync(io.raw(), host, L.upload_bytes(), cudaMemcpyHostToDevice, stream));

@@ -296,8 +296,11 @@ class Trainer {
   auto with_retry(const Call& call) -> decltype(call());
   // The backward of one micro-batch; ZeRO-2: each bucket is reduce-scattered as soon as the
   // backward has finished every parameter in it (overlapping the rest of the backward).
-  void backward_and_reduce(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden);
-  void replay_reductions();  // ZeRO-2, a micro-batch this rank does not have: the same reduces
+  // ZeRO-2: the step's last micro-batch (`reduce` true) reduce-scatters each bucket as its
+  // backward finishes it; earlier micro-batches only accumulate into the local gradients.
+  void backward_and_reduce(const Batch& batch, const ForwardCache& cache, const Tensor& dhidden,
+                           bool reduce);
+  void replay_reductions();  // ZeRO-2, a rank with no micro-batch this step: the same reduces
   dist::BucketReadiness& bucket_readiness();
   std::unique_ptr<dist::BucketReadiness> bucket_ready_;
   std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
@@ -713,8 +716,9 @@ static bool zero2_reduce_all_for_tests() {
 }
 
 void Trainer::backward_and_reduce(const Batch& batch, const ForwardCache& cache,
-                                  const Tensor& dhidden) {
-  if (!zero_ || o_.zero_stage != 2) return model().backward_hidden(batch, cache, dhidden, grads_);
+                                  const Tensor& dhidden, bool reduce_now) {
+  if (!zero_ || o_.zero_stage != 2 || !reduce_now)
+    return model().backward_hidden(batch, cache, dhidden, grads_);
   if (zero2_reduce_all_for_tests()) {
     model().backward_hidden(batch, cache, dhidden, grads_);
     return zero_->reduce_all();
@@ -1109,15 +1113,17 @@ TrainResult Trainer::run_steps() {
     int64_t tail_clamped = 0;
     const int64_t H = student_->config().hidden_size;
     int64_t row0 = 0;
-    // ZeRO-2 reduces after every micro-batch, so ranks with fewer micro-batches (fewer sequences
-    // this step) replay the others' reductions after their own; the count is agreed before any
-    // reduction (a host collective in between would meet another rank's reduce-scatter).
+    // ZeRO-2 reduce-scatters once per step, bucket by bucket while the last micro-batch's
+    // backward runs (the earlier ones accumulate locally: the full local gradient buffer exists
+    // anyway, docs/distributed.md, so reducing per micro-batch only multiplied the traffic). A
+    // rank with no micro-batch this step replays the same reductions; whether one has none is
+    // agreed before any reduction (a host collective in between would meet another rank's
+    // reduce-scatter).
     int64_t replays = 0;
     if (zero_ && o_.zero_stage == 2) {
-      const int64_t mine = (static_cast<int64_t>(seqs.size()) + o_.micro_batch_size - 1) / o_.micro_batch_size;
-      const int64_t most = static_cast<int64_t>(
-          store_->all_reduce({static_cast<double>(mine)}, dist::HostReduce::Max, "micro-batches")[0]);
-      replays = most - mine;
+      const double mine = seqs.empty() ? 0.0 : 1.0;
+      const double most = store_->all_reduce({mine}, dist::HostReduce::Max, "micro-batches")[0];
+      replays = (mine == 0.0 && most > 0.0) ? 1 : 0;
     }
     for (size_t b0 = 0; b0 < seqs.size(); b0 += static_cast<size_t>(o_.micro_batch_size)) {
       const size_t b1 = std::min(seqs.size(), b0 + static_cast<size_t>(o_.micro_batch_size));
@@ -1180,7 +1186,7 @@ TrainResult Trainer::run_steps() {
       tail_clamped += lr.tail_clamped;
       Tensor dhidden = Tensor::empty(hidden.shape(), DType::F32, device_);
       ops::gather_rows(d_rows, inverse_map, dhidden);  // zero rows outside the loss
-      backward_and_reduce(batch, cache, dhidden);
+      backward_and_reduce(batch, cache, dhidden, b1 == seqs.size());
       row0 += rows;
     }
     for (int64_t k = 0; k < replays; ++k) replay_reductions();  // bucket for bucket, same order

@@ -153,10 +153,11 @@ TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {
   EXPECT_TRUE(fs::exists(path("two") + "/train.rank1.log"));
 }
 
-// ZeRO-2 overlap: buckets reduce-scattered as the backward finishes them give bit for bit the
-// weights and losses of reducing every bucket after each micro-batch's backward (the test-only
-// OPD_TEST_ZERO2_REDUCE_ALL=1 path), also when ranks have different numbers of micro-batches
-// (5 prompts over 2 ranks: 3 and 2, micro-batches of 2) and so replay reductions.
+// ZeRO-2 overlap: buckets reduce-scattered as the last micro-batch's backward finishes them give
+// bit for bit the weights and losses of reducing every bucket after that backward (the
+// test-only OPD_TEST_ZERO2_REDUCE_ALL=1 path), also when ranks have different numbers of
+// micro-batches (5 prompts over 2 ranks: 3 and 2, micro-batches of 2). (A rank with none, which
+// replays the reductions, cannot be made from the CLI: --batch-size must be >= the ranks.)
 TEST_F(TrainDist, Zero2OverlapEqualsReduceAllBitwise) {
   for (const char* batch : {"6", "5"}) {
     const std::string tag = std::string("b") + batch;

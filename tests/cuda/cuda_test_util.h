@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/test_util.h"
@@ -49,6 +51,27 @@ inline Tol tol_for(DType dt) { return dt == DType::F32 ? Tol{2e-5, 1e-6, 1e-5} :
 inline ::testing::AssertionResult close_as(const Tensor& gpu_host, const Tensor& ref, DType dt) {
   Tol t = tol_for(dt);
   return close(gpu_host, ref, t.rtol, t.atol, t.rel_l2);
+}
+
+// For failure messages: how far two host f32 tensors are apart (differing elements, max |a-b|,
+// relative L2, NaNs), so a bit mismatch says whether it is rounding or a wrong value.
+inline std::string diff_summary(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = host(a_in), b = host(b_in);
+  if (a.shape() != b.shape()) return "shapes differ";
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  int64_t differ = 0, nans = 0;
+  double max_abs = 0, num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) ++nans;
+    if (x[i] != y[i]) ++differ;
+    const double d = static_cast<double>(x[i]) - y[i];
+    max_abs = std::max(max_abs, std::fabs(d));
+    num += d * d;
+    den += static_cast<double>(x[i]) * x[i];
+  }
+  return cat(differ, " of ", a.numel(), " elements differ, max |diff| ", max_abs, ", rel L2 ",
+             den > 0 ? std::sqrt(num / den) : 0.0, ", NaNs ", nans);
 }
 
 inline std::string dtype_label(DType dt) { return std::string(dtype_name(dt)); }

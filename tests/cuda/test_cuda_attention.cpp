@@ -3,6 +3,10 @@
 // dq, dk, dv; packed batches with unequal lengths (1, 7, 63, 64, 65, 129, 768, 1000), empty
 // sequences, GQA ratios 1/2/4/8, head_dim 64/128 (tensor cores) and 32/96 (simple path), f32 and
 // bf16; poisoned outputs, bit-exact determinism, every backward tile variant, input errors.
+// The Hopper wgmma forward (attention_fwd_wgmma.cu): every variant (key tile 64/128, overlap
+// on/off), causal against the CPU op and the mma.sync kernel, non-causal against an f64
+// reference here; lengths 1, 17, 63, 65, 127, 129, 768 and varlen batches with empty
+// sequences, GQA 16/8, 16/16, 32/8; the OPD_ATTENTION_FWD selection.
 // GPU only: every test skips cleanly without a device.
 #include <gtest/gtest.h>
 
@@ -14,8 +18,12 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "common/test_util.h"
+#include "core/cuda/cuda_check.h"
 #include "core/cuda/stream.h"
+#include "kernels/cuda/attention_wgmma.h"  // the Hopper forward and the kernel selection
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 
@@ -300,6 +308,264 @@ TEST(CudaAttention, ForwardThenBackwardEndToEnd) {
   EXPECT_TRUE(matches("dq", from_device(dq), p.dq_ref, c.lengths, 3e-2, 1e-1, 1.5e-2));
   EXPECT_TRUE(matches("dk", from_device(dk), p.dk_ref, c.lengths, 3e-2, 1e-1, 1.5e-2));
   EXPECT_TRUE(matches("dv", from_device(dv), p.dv_ref, c.lengths, 3e-2, 1e-1, 1.5e-2));
+}
+
+// ---- the wgmma forward -------------------------------------------------------------------
+
+// f64 attention forward over a packed batch, causal or not: out [n, hq, d], lse [n, hq]
+// (natural log). The non-causal reference; checked against the CPU op on causal inputs.
+void reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const std::vector<int32_t>& lengths, double scale, bool causal,
+                       Tensor& out, Tensor& lse) {
+  const int64_t hq = q.dim(1), hkv = k.dim(1), d = q.dim(2), n = q.dim(0);
+  out = Tensor::poisoned({n, hq, d}, DType::F64);
+  lse = Tensor::poisoned({n, hq}, DType::F64);
+  const double* Q = q.data<double>();
+  const double* K = k.data<double>();
+  const double* V = v.data<double>();
+  double* O = out.data<double>();
+  double* L = lse.data<double>();
+  int64_t start = 0;
+  std::vector<double> sc;
+  for (int32_t len : lengths) {
+    for (int64_t i = 0; i < len; ++i) {
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t g = h / (hq / hkv);
+        const int64_t last = causal ? i : len - 1;
+        sc.assign(static_cast<size_t>(last + 1), 0.0);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= last; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            dot += Q[((start + i) * hq + h) * d + c] * K[((start + j) * hkv + g) * d + c];
+          }
+          sc[j] = dot * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= last; ++j) sum += std::exp(sc[j] - mx);
+        for (int64_t c = 0; c < d; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j <= last; ++j) {
+            acc += std::exp(sc[j] - mx) * V[((start + j) * hkv + g) * d + c];
+          }
+          O[((start + i) * hq + h) * d + c] = acc / sum;
+        }
+        L[(start + i) * hq + h] = mx + std::log(sum);
+      }
+    }
+    start += len;
+  }
+}
+
+struct FwdProblem {
+  int64_t n = 0;
+  Tensor cu, q, k, v;  // host i32 / f64 (bf16-exact)
+  Tensor out_ref, lse_ref;
+  double scale = 0;
+};
+
+FwdProblem make_fwd_problem(const AttnCase& c, bool causal, uint64_t seed) {
+  FwdProblem p;
+  std::vector<int32_t> cu{0};
+  for (int32_t len : c.lengths) cu.push_back(cu.back() + len);
+  p.n = cu.back();
+  p.cu = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  const DType dt = DType::BF16;
+  p.q = round_to(test::random_uniform({p.n, c.hq, c.d}, DType::F32, seed, -c.range, c.range), dt);
+  p.k = round_to(test::random_uniform({p.n, c.hkv, c.d}, DType::F32, seed + 1, -c.range, c.range), dt);
+  p.v = round_to(test::random_uniform({p.n, c.hkv, c.d}, DType::F32, seed + 2), dt);
+  if (causal) {
+    p.out_ref = Tensor::poisoned({p.n, c.hq, c.d}, DType::F64);
+    p.lse_ref = Tensor::poisoned({p.n, c.hq}, DType::F64);
+    ops::attention_forward(p.q, p.k, p.v, p.cu, p.scale, p.out_ref, p.lse_ref);
+  } else {
+    reference_forward(p.q, p.k, p.v, c.lengths, p.scale, false, p.out_ref, p.lse_ref);
+  }
+  return p;
+}
+
+// Skips unless the device runs the sm_90a build (any Hopper GPU does: see WgmmaAvailable).
+#define REQUIRE_WGMMA()                                                                     \
+  do {                                                                                      \
+    REQUIRE_GPU();                                                                          \
+    if (!cuda::attention_wgmma_available()) GTEST_SKIP() << "device runs no sm_90a code";   \
+  } while (0)
+
+// Restores the process-wide forward kernel selection when a test ends.
+struct FwdKernelGuard {
+  cuda::AttentionFwdKernel saved = cuda::attention_fwd_kernel_setting();
+  ~FwdKernelGuard() { cuda::set_attention_fwd_kernel(saved); }
+};
+
+const std::vector<cuda::AttentionWgmmaConfig> kWgmmaVariants = {
+    {128, true}, {128, false}, {64, true}, {64, false}};
+
+std::string variant_name(const cuda::AttentionWgmmaConfig& v) {
+  return cat("block_n ", v.block_n, v.overlap ? " overlap" : " serial");
+}
+
+// The reference f64 forward agrees with the CPU op on causal inputs (so the non-causal
+// comparisons below rest on a checked reference). CPU only; runs without a GPU too.
+TEST(CudaAttentionWgmma, ReferenceMatchesCpuOpCausal) {
+  AttnCase c{"ref", {0, 5, 33, 0, 70}, 4, 2, 16};
+  FwdProblem p = make_fwd_problem(c, /*causal=*/true, 900);
+  Tensor out, lse;
+  reference_forward(p.q, p.k, p.v, c.lengths, p.scale, true, out, lse);
+  EXPECT_TRUE(matches("out", out, p.out_ref, c.lengths, 1e-12, 1e-12, 1e-12));
+  EXPECT_TRUE(matches("lse", lse, p.lse_ref, c.lengths, 1e-12, 1e-12, 1e-12));
+}
+
+// On a Hopper GPU the library's sm_90a code must be the one loaded (else auto never picks the
+// wgmma kernel and every test below would skip silently).
+TEST(CudaAttentionWgmma, WgmmaAvailableOnHopper) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "not compute capability 9.0";
+  EXPECT_TRUE(cuda::attention_wgmma_available());
+}
+
+class CudaAttentionWgmma : public ::testing::TestWithParam<AttnCase> {};
+
+// Every variant, causal and not, against the f64 reference; causal also against the mma.sync
+// kernel (same bf16 rounding points, so it is closer than the f64 reference).
+TEST_P(CudaAttentionWgmma, MatchesReferenceAndMmaKernel) {
+  REQUIRE_WGMMA();
+  const AttnCase& c = GetParam();
+  const Tol tol = tol_for(DType::BF16);
+  const DType dt = DType::BF16;
+  for (bool causal : {true, false}) {
+    FwdProblem p = make_fwd_problem(c, causal, causal ? 500 : 600);
+    cuda::AttentionPlan plan(p.cu.data<int32_t>(), static_cast<int64_t>(c.lengths.size()), p.n,
+                             nullptr);
+    Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+    Tensor mma_out, mma_lse;
+    if (causal) {
+      Tensor o = poisoned_device({p.n, c.hq, c.d}, dt), l = poisoned_device({p.n, c.hq}, DType::F32);
+      FwdKernelGuard guard;
+      cuda::set_attention_fwd_kernel(cuda::AttentionFwdKernel::Mma);
+      cuda::attention_forward(plan, qd.raw(), kd.raw(), vd.raw(), c.hq, c.hkv, c.d, p.scale, dt,
+                              o.raw(), l.data<float>(), nullptr);
+      mma_out = from_device(o);
+      mma_lse = from_device(l);
+    }
+    for (const auto& variant : kWgmmaVariants) {
+      SCOPED_TRACE(cat(c.name, causal ? " causal " : " non-causal ", variant_name(variant)));
+      Tensor o = poisoned_device({p.n, c.hq, c.d}, dt), l = poisoned_device({p.n, c.hq}, DType::F32);
+      cuda::attention_forward_wgmma(plan, qd.raw(), kd.raw(), vd.raw(), c.hq, c.hkv, p.scale,
+                                    causal, o.raw(), l.data<float>(), nullptr, variant);
+      OPD_CUDA_CHECK(cudaDeviceSynchronize());
+      Tensor out = from_device(o), lse = from_device(l);
+      EXPECT_TRUE(matches("out", out, p.out_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+      EXPECT_TRUE(matches("lse", lse, p.lse_ref, c.lengths, 1e-5, 1e-5, 1e-5));
+      if (causal) {
+        EXPECT_TRUE(matches("out vs mma", out, mma_out, c.lengths, tol.rtol, tol.atol_rel_rms,
+                            tol.rel_l2));
+        EXPECT_TRUE(matches("lse vs mma", lse, mma_lse, c.lengths, 1e-5, 1e-5, 1e-5));
+      }
+    }
+  }
+}
+
+const std::vector<int32_t> kWgmmaMixed = {0, 1, 17, 0, 63, 65, 127, 129, 0, 768, 0};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionWgmma,
+    ::testing::Values(AttnCase{"len1_g16_8", {1}, 16, 8, 128},
+                      AttnCase{"len17_g16_16", {17}, 16, 16, 128},
+                      AttnCase{"len63_g32_8", {63}, 32, 8, 128},
+                      AttnCase{"len65_g16_8", {65}, 16, 8, 128},
+                      AttnCase{"len127_g16_16", {127}, 16, 16, 128},
+                      AttnCase{"len129_g32_8", {129}, 32, 8, 128},
+                      AttnCase{"len768_g16_8", {768}, 16, 8, 128},
+                      AttnCase{"len300_g2_1", {300}, 2, 1, 128},
+                      AttnCase{"mixed_g16_8", kWgmmaMixed, 16, 8, 128},
+                      AttnCase{"mixed_g16_16", kWgmmaMixed, 16, 16, 128},
+                      AttnCase{"mixed_g32_8", kWgmmaMixed, 32, 8, 128},
+                      AttnCase{"exact_tiles_g4_2", {128, 256, 64, 192}, 4, 2, 128},
+                      AttnCase{"peaky_g4_2", {65, 300, 129}, 4, 2, 128, 8.0},
+                      AttnCase{"only_empty", {0, 0}, 4, 2, 128}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// No atomics: two runs of every variant give bit-identical out and lse (different poisons).
+TEST(CudaAttentionWgmma, DeterministicBitIdentical) {
+  REQUIRE_WGMMA();
+  AttnCase c{"determinism", kWgmmaMixed, 16, 8, 128};
+  FwdProblem p = make_fwd_problem(c, true, 700);
+  cuda::AttentionPlan plan(p.cu.data<int32_t>(), static_cast<int64_t>(c.lengths.size()), p.n,
+                           nullptr);
+  const DType dt = DType::BF16;
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+  for (bool causal : {true, false}) {
+    for (const auto& variant : kWgmmaVariants) {
+      SCOPED_TRACE(cat(causal ? "causal " : "non-causal ", variant_name(variant)));
+      Tensor out[2], lse[2];
+      for (int r = 0; r < 2; ++r) {
+        out[r] = r ? poisoned_device({p.n, c.hq, c.d}, dt) : Tensor::zeros({p.n, c.hq, c.d}, dt, Device::CUDA);
+        lse[r] = r ? poisoned_device({p.n, c.hq}, DType::F32) : Tensor::zeros({p.n, c.hq}, DType::F32, Device::CUDA);
+        cuda::attention_forward_wgmma(plan, qd.raw(), kd.raw(), vd.raw(), c.hq, c.hkv, p.scale,
+                                      causal, out[r].raw(), lse[r].data<float>(), nullptr, variant);
+      }
+      EXPECT_TRUE(same_bytes(out[0], out[1]));
+      EXPECT_TRUE(same_bytes(lse[0], lse[1]));
+    }
+  }
+}
+
+// The selection: forcing wgmma routes the Tensor op (and so the model) through the wgmma
+// kernel (bf16, head_dim 128 only), forcing mma through the mma.sync kernel; both match the
+// CPU; f32 and head_dim 64 always take the other kernels.
+TEST(CudaAttentionWgmma, SelectionRoutesTheTensorOp) {
+  REQUIRE_WGMMA();
+  FwdKernelGuard guard;
+  using K = cuda::AttentionFwdKernel;
+  cuda::set_attention_fwd_kernel(K::Wgmma);
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Wgmma);
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 64), K::Mma);
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::F32, 128), K::Mma);
+  cuda::set_attention_fwd_kernel(K::Mma);
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Mma);
+  cuda::set_attention_fwd_kernel(K::Auto);  // the measured default on a device with sm_90a
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Wgmma);
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 64), K::Mma);
+  AttnCase c{"selection", {5, 130, 700}, 16, 8, 128};
+  FwdProblem p = make_fwd_problem(c, true, 800);
+  const Tol tol = tol_for(DType::BF16);
+  const DType dt = DType::BF16;
+  Tensor cu_d = p.cu.to(Device::CUDA);
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+  Tensor outs[2];
+  for (K kernel : {K::Mma, K::Wgmma}) {
+    SCOPED_TRACE(cuda::attention_fwd_kernel_name(kernel));
+    cuda::set_attention_fwd_kernel(kernel);
+    Tensor o = poisoned_device({p.n, c.hq, c.d}, dt), l = poisoned_device({p.n, c.hq}, DType::F32);
+    ops::attention_forward(qd, kd, vd, cu_d, p.scale, o, l);
+    EXPECT_TRUE(matches("out", from_device(o), p.out_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(matches("lse", from_device(l), p.lse_ref, c.lengths, 1e-5, 1e-5, 1e-5));
+    outs[kernel == K::Wgmma] = o;
+  }
+  // The two kernels round P differently only through summation order: close, not identical.
+  EXPECT_TRUE(matches("wgmma vs mma", from_device(outs[1]), from_device(outs[0]), c.lengths,
+                      tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+}
+
+TEST(CudaAttentionWgmma, RejectsBadConfig) {
+  REQUIRE_WGMMA();
+  std::vector<int32_t> cu{0, 8};
+  cuda::AttentionPlan plan(cu.data(), 1, 8, nullptr);
+  Tensor q = poisoned_device({8, 4, 128}, DType::BF16), k = poisoned_device({8, 3, 128}, DType::BF16);
+  Tensor lse = poisoned_device({8, 4}, DType::F32);
+  // hq not a multiple of hkv; block_n not 64/128.
+  EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 3, 0.1, true,
+                                             q.raw(), lse.data<float>(), nullptr),
+               Error);
+  EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
+                                             q.raw(), lse.data<float>(), nullptr, {96, true}),
+               Error);
 }
 
 TEST(CudaAttention, RejectsBadInputs) {

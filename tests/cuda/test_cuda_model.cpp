@@ -59,26 +59,6 @@ bool same_host_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
-// For failure messages: how far two host f32 tensors are apart (differing elements, max |a-b|,
-// relative L2, NaNs), so a bit mismatch says whether it is rounding or a wrong value.
-std::string diff_summary(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = host(a_in), b = host(b_in);
-  if (a.shape() != b.shape()) return "shapes differ";
-  const float* x = a.data<float>();
-  const float* y = b.data<float>();
-  int64_t differ = 0, nans = 0;
-  double max_abs = 0, num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) ++nans;
-    if (x[i] != y[i]) ++differ;
-    const double d = static_cast<double>(x[i]) - y[i];
-    max_abs = std::max(max_abs, std::fabs(d));
-    num += d * d;
-    den += static_cast<double>(x[i]) * x[i];
-  }
-  return cat(differ, " of ", a.numel(), " elements differ, max |diff| ", max_abs, ", rel L2 ",
-             den > 0 ? std::sqrt(num / den) : 0.0, ", NaNs ", nans);
-}
 
 struct Bounds {
   double out_rel_l2, out_max_rel, grad_rel_l2, grad_max_rel;

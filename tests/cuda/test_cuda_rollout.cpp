@@ -24,8 +24,9 @@
 #include "cuda/cuda_test_util.h"
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
-#include "kernels/cuda/cuda_ops.h"  // fill_normal / fill_uniform: random W1-shape weights
+#include "kernels/cuda/cuda_ops.h"  // attention_has_fast_path; fill_normal / fill_uniform (W1-shape weights)
 #include "kernels/cuda/gemm.h"  // gemm_cache_stats: the tuning ran
+#include "model/init.h"
 #include "model/presets.h"      // the W1 shape (qwen3-0.6b)
 #include "model/weights.h"      // zeros_weights
 #include "rollout/engine.h"
@@ -59,6 +60,37 @@ void expect_same(const SampleOutput& a, const SampleOutput& b, const std::string
     EXPECT_NEAR(a.model_logprobs[k], b.model_logprobs[k], logprob_tol) << what << " step " << k;
     EXPECT_NEAR(a.sampling_logprobs[k], b.sampling_logprobs[k], logprob_tol) << what << " step " << k;
   }
+}
+
+// bf16 greedy rollouts against the argmax of a full forward (the training path) of each
+// prompt + completion: every pick within a near-tie allowance of the argmax (bf16 rounds every
+// activation, ~1% on logits), and at least 80% exact. `len` tokens per sample.
+void expect_greedy_is_full_forward_argmax(const Transformer& gpu,
+                                          const std::vector<GenerationRequest>& reqs,
+                                          const std::vector<RequestOutput>& out, size_t len,
+                                          const std::string& what) {
+  const int64_t V = gpu.config().vocab_size;
+  int64_t steps = 0, exact = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const SampleOutput& s = out[r].samples[0];
+    ASSERT_EQ(s.ids.size(), len) << what;
+    std::vector<int32_t> seq = reqs[r].prompt;
+    seq.insert(seq.end(), s.ids.begin(), s.ids.end());
+    Tensor logits = host(gpu.forward(make_batch({seq}, V)));
+    for (size_t k = 0; k < s.ids.size(); ++k) {
+      const int64_t row = static_cast<int64_t>(reqs[r].prompt.size() + k) - 1;
+      const float* z = logits.data<float>() + row * V;
+      const int64_t best = std::max_element(z, z + V) - z;
+      const double tol = 0.05 + 0.02 * std::fabs(z[best]);
+      EXPECT_GE(z[s.ids[k]], z[best] - tol) << what << " request " << r << " step " << k
+                                            << ": picked " << s.ids[k] << ", argmax " << best;
+      exact += s.ids[k] == best;
+      ++steps;
+    }
+  }
+  std::printf("%s: %lld of %lld greedy picks equal the full-forward argmax\n", what.c_str(),
+              (long long)exact, (long long)steps);
+  EXPECT_GE(exact * 10, steps * 8) << what;
 }
 
 class CudaRolloutFamilies : public ::testing::TestWithParam<const char*> {};
@@ -180,29 +212,8 @@ TEST_P(CudaRolloutFamilies, GreedyBf16IsTheFullForwardArgmaxAtEveryStep) {
   opt.max_step_tokens = 9;
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(request(seeded_prompt(20 + i, 4 + 6 * i, V), 24, 0.0));
-  RolloutEngine engine(gpu, opt, {});
-  auto out = engine.generate(reqs);
-  int64_t steps = 0, exact = 0;
-  for (size_t r = 0; r < reqs.size(); ++r) {
-    const SampleOutput& s = out[r].samples[0];
-    ASSERT_EQ(s.ids.size(), 24u);
-    std::vector<int32_t> seq = reqs[r].prompt;
-    seq.insert(seq.end(), s.ids.begin(), s.ids.end());
-    Tensor logits = host(gpu.forward(make_batch({seq}, V)));
-    for (size_t k = 0; k < s.ids.size(); ++k) {
-      const int64_t row = static_cast<int64_t>(reqs[r].prompt.size() + k) - 1;
-      const float* z = logits.data<float>() + row * V;
-      const int64_t best = std::max_element(z, z + V) - z;
-      const double tol = 0.05 + 0.02 * std::fabs(z[best]);
-      EXPECT_GE(z[s.ids[k]], z[best] - tol) << GetParam() << " request " << r << " step " << k
-                                            << ": picked " << s.ids[k] << ", argmax " << best;
-      exact += s.ids[k] == best;
-      ++steps;
-    }
-  }
-  std::printf("%s bf16: %lld of %lld greedy picks equal the full-forward argmax\n", GetParam(),
-              (long long)exact, (long long)steps);
-  EXPECT_GE(exact * 10, steps * 8);
+  auto out = RolloutEngine(gpu, opt, {}).generate(reqs);
+  expect_greedy_is_full_forward_argmax(gpu, reqs, out, 24, std::string(GetParam()) + " bf16");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaRolloutFamilies,
@@ -431,6 +442,108 @@ TEST(CudaRollout, TunedDecodeGemmsMatchTheHeuristicsWithinRounding) {
   }
   EXPECT_TRUE(close(logits[1], logits[0], 2e-2, 2e-2, 2e-2));
   EXPECT_GE(cuda::gemm_cache_stats().tuned_plans, 1);
+}
+
+// A bf16 model whose head_dim (64) has the tensor-core attention kernels, so prompt chunks
+// that start at position 0 take PagedForward's fresh-prefill path (random weights, std 0.1).
+Transformer fresh_prefill_model() {
+  ModelConfig c = tiny_demo_config(128, 2);
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.max_position_embeddings = 512;
+  return Transformer(c, init_weights(c, 7, 0.1)).to(Device::CUDA, DType::BF16);
+}
+
+// Fresh prompts (context 0) attend with the tensor-core varlen kernel instead of the paged
+// kernel (PagedForward::set_fresh_prefill). Three steps over the same blocks, with the path off
+// and on, plain and fused layers: (1) two fresh prompts; (2) a decode token and a chunk with
+// context first, then fresh prompts of 1, 7, 64 and 130 tokens (the mixed steps the rollout
+// runs); (3) one decode token each over those caches. Logits within bf16 rounding of the
+// all-paged run; step 2's bits differ somewhere (the other kernel ran).
+TEST(CudaRollout, FreshPromptsOnTensorCoresMatchThePagedKernel) {
+  REQUIRE_GPU();
+  Transformer gpu = fresh_prefill_model();
+  const int64_t V = gpu.config().vocab_size, bs = 16, blocks = 64;
+  ASSERT_TRUE(cuda::attention_has_fast_path(DType::BF16, gpu.config().head_dim));
+  const std::vector<int64_t> lens = {20, 14, 1, 7, 64, 130};
+  std::vector<std::vector<int32_t>> toks;
+  for (size_t i = 0; i < lens.size(); ++i) toks.push_back(seeded_prompt(40 + i, lens[i] + 1, V));
+  for (bool fused : {false, true}) {
+    std::vector<Tensor> logits[2];
+    for (int fresh = 0; fresh < 2; ++fresh) {
+      PagedForward f(gpu, fused);
+      f.set_fresh_prefill(fresh == 1);
+      KvCache cache(gpu.config(), bs, blocks, DType::BF16, Device::CUDA);
+      std::vector<std::vector<int32_t>> tables(lens.size());
+      std::vector<int64_t> done(lens.size(), 0);
+      int32_t next = blocks - 1;  // blocks handed out from the top: not in sequence order
+      auto add = [&](PagedStep& ps, size_t i, int64_t n) {
+        while (static_cast<int64_t>(tables[i].size()) * bs < done[i] + n) tables[i].push_back(next--);
+        ps.add(std::span<const int32_t>(toks[i]).subspan(static_cast<size_t>(done[i]), static_cast<size_t>(n)),
+               done[i], tables[i]);
+        done[i] += n;
+      };
+      // Each step runs before the next is built: a step holds views of the block tables.
+      PagedStep s1;
+      add(s1, 0, 20);
+      add(s1, 1, 9);
+      logits[fresh].push_back(host(f.step(s1, cache)));
+      PagedStep s2;
+      add(s2, 0, 1);  // decode token, context 20
+      add(s2, 1, 5);  // chunk with context 9
+      for (size_t i = 2; i < lens.size(); ++i) add(s2, i, lens[i]);
+      logits[fresh].push_back(host(f.step(s2, cache)));
+      PagedStep s3;
+      for (size_t i = 0; i < lens.size(); ++i) add(s3, i, 1);
+      logits[fresh].push_back(host(f.step(s3, cache)));
+    }
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_TRUE(close(logits[1][k], logits[0][k], 3e-2, 3e-2, 2e-2))
+          << (fused ? "fused" : "plain") << " step " << k + 1 << ": "
+          << diff_summary(logits[1][k], logits[0][k]);
+    }
+    EXPECT_FALSE(same_bits(logits[1][1], logits[0][1]))
+        << "step 2 gave the all-paged bits: the fresh path did not run";
+  }
+}
+
+// The engine with fresh prefill (the default) on that model: greedy picks are the argmax of a
+// full forward (the training path's attention) at every step, within bf16 near-ties; prompts
+// of 1..150 tokens, admitted with decodes running (max_step_tokens 160).
+TEST(CudaRollout, FreshPrefillGreedyIsTheFullForwardArgmax) {
+  REQUIRE_GPU();
+  Transformer gpu = fresh_prefill_model();
+  const int64_t V = gpu.config().vocab_size;
+  EngineOptions opt;
+  opt.block_size = 16;
+  opt.max_step_tokens = 160;
+  ASSERT_TRUE(opt.cuda_fresh_prefill);
+  std::vector<GenerationRequest> reqs;
+  for (int64_t len : {150, 1, 33, 64, 97}) reqs.push_back(request(seeded_prompt(60 + len, len, V), 20, 0.0));
+  auto out = RolloutEngine(gpu, opt, {}).generate(reqs);
+  expect_greedy_is_full_forward_argmax(gpu, reqs, out, 20, "fresh prefill bf16");
+}
+
+// The L2 prefetch of decode weights is a hint: rollouts with and without it give the same ids
+// and log-probabilities bit for bit (f32 fixture model and the bf16 head_dim-64 model; decode
+// steps from graphs, so the prefetch kernel is captured too).
+TEST(CudaRollout, L2PrefetchGivesTheSameTokensBitForBit) {
+  REQUIRE_GPU();
+  Transformer f32 = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::F32);
+  Transformer bf16 = fresh_prefill_model();
+  for (const Transformer* m : {&f32, &bf16}) {
+    const int64_t V = m->config().vocab_size;
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 6; ++i) reqs.push_back(sampled_req(seeded_prompt(80 + i, 3 + 5 * i, V), 2, 11 + i));
+    EngineOptions off, on;
+    on.cuda_l2_prefetch = true;
+    RolloutEngine with(*m, on, {});
+    auto got = with.generate(reqs);
+    EXPECT_GT(with.stats().graph_steps, 0);
+    expect_bit_identical(got, RolloutEngine(*m, off, {}).generate(reqs),
+                         dtype_label(m->dtype()) + " L2 prefetch on vs off");
+  }
 }
 
 // The graph replay runs the same kernels with the same arguments as the eager decode step:

@@ -4,6 +4,8 @@
 // softmax (row max m, row sum l) and O in registers, and never materializes [T x T].
 // out = softmax(S) v, lse = m + log(l) (natural log, f32) saved for the backward.
 //
+// bf16 head_dim 128 on Hopper runs the wgmma kernel instead (attention_fwd_wgmma.cu; measured
+// faster; OPD_ATTENTION_FWD=mma forces the mma.sync kernel below, which stays its reference).
 // bf16 head_dim 64/128: mma.sync.m16n8k16 tensor cores (attention_mma.h), 8 warps x 16 query
 // rows, key blocks of 64 double-buffered with cp.async, causal mask only on blocks that cross
 // the diagonal. Anything else (f32, other head_dim <= 256): a simple warp-per-row kernel with
@@ -15,6 +17,7 @@
 
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/attention_wgmma.h"  // the Hopper kernel for bf16 / head_dim 128
 #include "kernels/cuda/cuda_ops.h"
 
 namespace opd::cuda {
@@ -330,6 +333,12 @@ void attention_forward(const AttentionPlan& plan, const void* q, const void* k, 
   if (plan.total_rows() == 0 || hq == 0) return;
   const int iq = static_cast<int>(hq), ik = static_cast<int>(hkv), id = static_cast<int>(d);
   if (dtype == DType::BF16) {
+    // bf16 / head_dim 128: the wgmma kernel where OPD_ATTENTION_FWD or the measured default
+    // picks it (attention_wgmma.h), else the mma.sync kernel below (also its reference).
+    if (d == 128 && resolve_attention_fwd_kernel(dtype, d, stream) == AttentionFwdKernel::Wgmma) {
+      return attention_forward_wgmma(plan, q, k, v, hq, hkv, scale, /*causal=*/true, out, lse,
+                                     stream);
+    }
     if (d == 128) return launch_fwd_bf16<128, 64>(plan, q, k, v, iq, ik, scale, out, lse, stream);
     if (d == 64) return launch_fwd_bf16<64, 64>(plan, q, k, v, iq, ik, scale, out, lse, stream);
     return launch_fwd_naive<bf16>(plan, q, k, v, iq, ik, id, scale, out, lse, stream);

@@ -1,0 +1,481 @@
+// Causal or non-causal grouped-query attention forward for packed variable-length batches on
+// Hopper, bf16, head_dim 128, with warpgroup MMA: FlashAttention-3 (Shah et al. 2024) without
+// the producer warp. out = softmax(scale q k^T [+ causal mask]) v, lse = m + log(l) (natural
+// log, f32), the online softmax of FlashAttention-2 (Dao 2023) kept in registers.
+//
+// One CTA = one 128-row query block of one sequence (the AttentionPlan's tiles) x one query
+// head = 2 warpgroups of 64 rows. Per key tile j (block_n = 64 or 128 keys):
+//   S_j = Q K_j^T   wgmma m64nBNk16 x 8, Q and K from 128-byte-swizzled shared memory
+//   online softmax of S_j in registers (row max/sum over the quad that shares a row)
+//   O += P_j V_j    wgmma m64n128k16 x BN/16, P from registers (S's accumulator layout is
+//                   the A-fragment layout), V from shared memory read N-major ([keys][d]).
+// K_{j+1} and V_j are loaded with cp.async while tile j is computed (two buffers each: K_j is
+// needed one step before V_j). With `overlap`, S_{j+1} is issued before O += P_j V_j is
+// waited for, so the softmax of one tile runs while the tensor cores finish the other.
+// Causal: only key tiles up to the block's last row are visited; the mask is applied only to
+// tiles that cross a warp's first row. Non-causal: keys >= len are masked in the last tile.
+// Rows past the sequence end are computed on zero-filled Q and never stored.
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/stream.h"
+#include "core/error.h"
+#include "kernels/cuda/attention_mma.h"  // attn::Tile, cp.async helpers
+#include "kernels/cuda/attention_wgmma.h"
+#include "kernels/cuda/attention_wgmma_ptx.h"
+
+namespace opd::cuda {
+namespace {
+
+using attn::Tile;
+using bf16 = __nv_bfloat16;
+
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
+[[maybe_unused]] constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kThreads = 256;                   // 2 warpgroups
+constexpr int kBM = AttentionPlan::kTileRows;   // 128 query rows per CTA, 64 per warpgroup
+constexpr int kD = 128;
+static_assert(kBM == 128, "two warpgroups of 64 rows cover one plan tile");
+
+template <int BN>
+constexpr int smem_bytes() {
+  return 1024 + (kBM * kD + 4 * BN * kD) * static_cast<int>(sizeof(bf16));  // align + Q + 2(K,V)
+}
+
+// Rows [0, ROWS) of a [rows][128] tile (row i at src + i * stride elements) into the swizzled
+// panels at shared address dst; rows >= valid_rows are zero-filled and not read. All threads.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(uint32_t dst, const bf16* src, int64_t stride,
+                                          int valid_rows) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  static_assert((ROWS * kChunks) % kThreads == 0, "chunks must divide over the threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const bool valid = row < valid_rows;
+    // An invalid row still needs a legal address operand; src (row 0 of a visited tile, which
+    // always has a valid row) is in bounds.
+    const bf16* g = valid ? src + row * stride + chunk * 8 : src;
+    attn::cp_async_16(dst + wg::swz128_offset(ROWS, row, chunk), g, valid);
+  }
+}
+
+#if OPD_WGMMA_ENABLED
+template <int BN>
+__device__ __forceinline__ void wgmma_s(float (&s)[BN / 2], uint64_t desc_a, uint64_t desc_b,
+                                        int scale_d) {
+  if constexpr (BN == 128) {
+    wg::wgmma_m64n128k16_ss(s, desc_a, desc_b, scale_d);
+  } else {
+    wg::wgmma_m64n64k16_ss(s, desc_a, desc_b, scale_d);
+  }
+}
+
+// Descriptors of the V tile at shared address v_tile for O += P V, one per 16 keys: 2 groups of
+// 8 rows (SBO 1024 B) by d = 2 panels of 64 columns (LBO = panel bytes), N-major. Computed
+// before a pipeline stage starts: ptxas serializes wgmmas whose inputs are defined by other
+// instructions between them.
+template <int BN>
+__device__ __forceinline__ void v_descs(uint64_t (&desc)[BN / 16], uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) desc[kk] = wg::make_desc(v_tile + kk * 16 * 128, BN * 128, 1024);
+}
+
+// O += P V (all BN keys), committed as one group.
+template <int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[BN / 16][4],
+                                         const uint64_t (&desc)[BN / 16]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wg::wgmma_m64n128k16_rs_tb(o, p[kk], desc[kk]);
+  wg::wgmma_commit();
+}
+#endif
+
+// grid.x = num_tiles * hq (heaviest tiles first, head fastest); 256 threads.
+template <int BN, bool kCausal, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_wgmma_kernel(const Tile* __restrict__ tiles, int hq, int hkv, float scale_log2,
+                               const bf16* __restrict__ q, const bf16* __restrict__ k,
+                               const bf16* __restrict__ v, bf16* __restrict__ out,
+                               float* __restrict__ lse) {
+#if OPD_WGMMA_ENABLED
+  static_assert(BN == 64 || BN == 128, "key tile of 64 or 128");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The swizzle is a function of address bits [4:9]: tiles start on 1024-byte boundaries.
+  const uint32_t raw = attn::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = BN * kD * 2;
+  const uint32_t sQ = base;                // [128][128]: panels of 16 KiB
+  const uint32_t sK = sQ + kQBytes;        // [2][BN][128]
+  const uint32_t sV = sK + 2 * kKVBytes;   // [2][BN][128]
+
+  const Tile tile = tiles[blockIdx.x / hq];
+  const int h = static_cast<int>(blockIdx.x % hq);
+  const int g = h / (hq / hkv);  // GQA: the kv head this query head reads
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+
+  const int q0 = tile.block * kBM;           // sequence-relative first query row
+  const int rows = min(kBM, tile.len - q0);  // valid query rows of this block
+  const int kv_end = kCausal ? q0 + rows : tile.len;  // keys any valid row can see
+  const int n_kv = (kv_end + BN - 1) / BN;
+  const int64_t q_stride = static_cast<int64_t>(hq) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(hkv) * kD;
+  const bf16* q_ptr = q + (static_cast<int64_t>(tile.start + q0) * hq + h) * kD;
+  const bf16* k_ptr = k + (static_cast<int64_t>(tile.start) * hkv + g) * kD;
+  const bf16* v_ptr = v + (static_cast<int64_t>(tile.start) * hkv + g) * kD;
+
+  // Group: Q and K_0. Rows past the valid range are zero-filled: V rows past kv_end are 0
+  // (P is 0 there too, but 0 * garbage could be NaN).
+  load_tile<kBM>(sQ, q_ptr, q_stride, rows);
+  load_tile<BN>(sK, k_ptr, kv_stride, min(BN, kv_end));
+  attn::cp_async_commit();
+
+  float o[64];  // O rows r, r+8 of this warp's 16 x 128 (accumulator layout)
+  float s[BN / 2];
+  uint32_t p[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 16; ++i) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0u;
+  // m in log2 units of the scaled score; l = this thread's partial row sum (a quad shares a
+  // row and agrees on m, so the partial sums are combined once at the end).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int warp_row0 = q0 + wgi * 64 + warp * 16;  // sequence-relative
+  const int row_lo = warp_row0 + lane / 4;          // row of s[4i + 0..1]; +8 for [4i + 2..3]
+  const uint32_t q_wg = sQ + wgi * 64 * 128;        // this warpgroup's 64 rows, panel 0
+
+  // One key tile; kFirst (j = 0: no P V pending) is peeled off as a constant so that every
+  // wgmma stage has the same shape (ptxas serializes wgmmas across data-dependent branches).
+  auto step = [&](int j, auto first) {
+    constexpr bool kFirst = decltype(first)::value;
+    // K_j (and V_{j-1}) landed: this thread's copies done, made visible to the async proxy,
+    // and after the barrier everyone's are. The barrier also means every warpgroup finished
+    // step j-1, whose wgmmas were waited for: the buffers refilled below are free.
+    attn::cp_async_wait<0>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n_kv) {
+      const int n1 = (j + 1) * BN;
+      load_tile<BN>(sK + ((j + 1) & 1) * kKVBytes, k_ptr + n1 * kv_stride, kv_stride,
+                    min(BN, kv_end - n1));
+    }
+    load_tile<BN>(sV + (j & 1) * kKVBytes, v_ptr + static_cast<int64_t>(j) * BN * kv_stride,
+                  kv_stride, min(BN, kv_end - j * BN));
+    attn::cp_async_commit();
+
+    uint64_t vd[BN / 16];
+    v_descs<BN>(vd, sV + ((j + 1) & 1) * kKVBytes);  // V_{j-1}'s buffer (unused when j = 0)
+    if (!kOverlap && !kFirst) {
+      wg::wgmma_fence();
+      issue_pv<BN>(o, p, vd);
+      wg::wgmma_wait<0>();
+      wg::fence_regs(o);
+    }
+    // S_j = Q K_j^T: 8 steps of 16 along d; step ks is panel ks / 4, +32 bytes per 16 columns.
+    const uint32_t k_tile = sK + (j & 1) * kKVBytes;
+    uint64_t qd[kD / 16], kd[kD / 16];
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      qd[ks] = wg::make_desc(q_wg + (ks >> 2) * (kBM * 128) + (ks & 3) * 32, 16, 1024);
+      kd[ks] = wg::make_desc(k_tile + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+    }
+    wg::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) wgmma_s<BN>(s, qd[ks], kd[ks], ks > 0 ? 1 : 0);
+    wg::wgmma_commit();
+    if (kOverlap && !kFirst) {
+      issue_pv<BN>(o, p, vd);  // reads P_{j-1}: left untouched until the wait below
+      wg::wgmma_wait<1>();     // S_j done; P_{j-1} V_{j-1} may still run
+    } else {
+      wg::wgmma_wait<0>();
+    }
+    wg::fence_regs(s);
+
+    // Scale into log2 units; mask keys after the row (causal: only tiles reaching past this
+    // warp's first row hold such keys) or keys past the sequence (non-causal, last tile).
+    const int n0 = j * BN;
+    const bool need_mask = kCausal ? (n0 + BN - 1 > warp_row0) : (n0 + BN > kv_end);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[4 * i + e] * scale_log2;
+        if (need_mask) {
+          const int key = n0 + i * 8 + (lane % 4) * 2 + (e & 1);
+          const bool masked = kCausal ? key > row_lo + (e >> 1) * 8 : key >= kv_end;
+          if (masked) x = -INFINITY;
+        }
+        s[4 * i + e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+    float alpha[2], mref[2], rowsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      // A row with every key masked so far has m = -inf; 0 as its reference keeps
+      // exp2(-inf - ref) = 0 instead of exp2(-inf + inf) = NaN.
+      mref[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+      alpha[r] = exp2f(m[r] - mref[r]);
+      m[r] = mx[r];
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      s[i] = exp2f(s[i] - mref[(i >> 1) & 1]);
+      rowsum[(i >> 1) & 1] += s[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rowsum[r];
+
+    if (kOverlap && !kFirst) wg::wgmma_wait<0>();  // P_{j-1} V_{j-1} is in O: P may change
+    wg::fence_regs(o);
+    wg::fence_regs(p);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    // P_j as A fragments: keys 16kk..16kk+15 = n8 blocks 2kk (a0, a1) and 2kk + 1 (a2, a3).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      p[kk][0] = attn::pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      p[kk][1] = attn::pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      p[kk][2] = attn::pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      p[kk][3] = attn::pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  step(0, std::true_type{});
+  for (int j = 1; j < n_kv; ++j) step(j, std::false_type{});
+  // The last V tile (issued in the last step) and its product.
+  attn::cp_async_wait<0>();
+  wg::fence_proxy_async();
+  __syncthreads();
+  {
+    uint64_t vd[BN / 16];
+    v_descs<BN>(vd, sV + ((n_kv - 1) & 1) * kKVBytes);
+    wg::wgmma_fence();
+    issue_pv<BN>(o, p, vd);
+  }
+  wg::wgmma_wait<0>();
+  wg::fence_regs(o);
+
+  // Epilogue: combine the quad's partial sums, normalize, stage the warp's 16 rows in its
+  // warpgroup's own rows of sQ (the wgmmas that read them are complete; no other warp reads
+  // them) with the tile swizzle (conflict-free), then 16-byte coalesced stores.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  const int trow = wgi * 64 + warp * 16 + lane / 4;  // tile-relative row of o[4i + 0..1]
+  const uint32_t qoff_base = sQ - base;  // 0: sQ is the aligned base
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    const uint32_t within = (lane % 4) * 4;
+    *reinterpret_cast<uint32_t*>(smem + qoff_base + wg::swz128_offset(kBM, trow, i) + within) =
+        attn::pack_bf16(o[4 * i + 0] * inv[0], o[4 * i + 1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(smem + qoff_base + wg::swz128_offset(kBM, trow + 8, i) +
+                                 within) =
+        attn::pack_bf16(o[4 * i + 2] * inv[1], o[4 * i + 3] * inv[1]);
+  }
+  __syncwarp();
+  bf16* o_ptr = out + (static_cast<int64_t>(tile.start + q0) * hq + h) * kD;
+#pragma unroll
+  for (int it = 0; it < 16 * (kD / 8) / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int row = wgi * 64 + warp * 16 + idx / (kD / 8), chunk = idx % (kD / 8);
+    if (row < rows) {
+      *reinterpret_cast<uint4*>(o_ptr + row * q_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(smem + qoff_base + wg::swz128_offset(kBM, row, chunk));
+    }
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = trow + r * 8;
+      if (row < rows) {
+        lse[static_cast<int64_t>(tile.start + q0 + row) * hq + h] = (m[r] + log2f(l[r])) * kLn2;
+      }
+    }
+  }
+#endif  // OPD_WGMMA_ENABLED: the plain sm_90 build has an empty body and is never launched
+}
+
+// Writes 1 from the sm_90a build of this file, 0 from the plain sm_90 one: tells the host
+// which of the two the driver loaded for this device.
+__global__ void wgmma_probe_kernel(int* flag) { *flag = OPD_WGMMA_ENABLED; }
+
+template <int BN, bool kCausal, bool kOverlap>
+void launch(const AttentionPlan& plan, const void* q, const void* k, const void* v, int hq,
+            int hkv, double scale, void* out, float* lse, cudaStream_t stream) {
+  constexpr int smem = smem_bytes<BN>();
+  auto kernel = attention_fwd_wgmma_kernel<BN, kCausal, kOverlap>;
+  OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t blocks = plan.num_tiles() * hq;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+      reinterpret_cast<const Tile*>(plan.q_tiles()), hq, hkv,
+      static_cast<float>(scale) * kLog2e, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+      static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
+  check_launch("attention_fwd_wgmma_kernel");
+}
+
+template <int BN>
+void launch_bn(const AttentionPlan& plan, const void* q, const void* k, const void* v, int hq,
+               int hkv, double scale, bool causal, bool overlap, void* out, float* lse,
+               cudaStream_t stream) {
+  if (causal) {
+    if (overlap) return launch<BN, true, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+    return launch<BN, true, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+  }
+  if (overlap) return launch<BN, false, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+  return launch<BN, false, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+}
+
+// -1 unknown, 0 no, 1 yes; per device ordinal (more devices than this: probed every call).
+constexpr int kMaxProbedDevices = 64;
+std::atomic<int> g_probe[kMaxProbedDevices];
+std::atomic<int> g_probe_init{0};
+
+bool probe_device(int device, cudaStream_t stream) {
+  if (device < kMaxProbedDevices) {
+    if (g_probe_init.exchange(1) == 0) {
+      for (auto& x : g_probe) x.store(-1);
+    }
+    const int known = g_probe[device].load();
+    if (known >= 0) return known == 1;
+  }
+  // The probe allocates and synchronizes: never inside a stream capture. There the answer is
+  // "no" for this call only (the mma.sync kernel runs), and the next eager call probes.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  OPD_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  int prop_major = 0, prop_minor = 0;
+  OPD_CUDA_CHECK(cudaDeviceGetAttribute(&prop_major, cudaDevAttrComputeCapabilityMajor, device));
+  OPD_CUDA_CHECK(cudaDeviceGetAttribute(&prop_minor, cudaDevAttrComputeCapabilityMinor, device));
+  int result = 0;
+  if (prop_major == 9 && prop_minor == 0) {  // sm_90a code runs on compute capability 9.0 only
+    int* flag = nullptr;
+    OPD_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    wgmma_probe_kernel<<<1, 1>>>(flag);
+    cudaError_t st = cudaGetLastError();
+    int host = 0;
+    if (st == cudaSuccess) st = cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost);
+    (void)cudaFree(flag);
+    OPD_CUDA_CHECK(st);
+    result = host == 1 ? 1 : 0;
+  }
+  if (device < kMaxProbedDevices) g_probe[device].store(result);
+  return result == 1;
+}
+
+bool available_on(cudaStream_t stream) {
+  int device = 0;
+  OPD_CUDA_CHECK(cudaGetDevice(&device));
+  return probe_device(device, stream);
+}
+
+// Setting: -2 not read yet, -1 invalid environment value, else the enum.
+std::atomic<int> g_setting{-2};
+
+AttentionFwdKernel setting_or_throw() {
+  int s = g_setting.load();
+  if (s == -2) {
+    const char* env = std::getenv("OPD_ATTENTION_FWD");
+    int parsed = static_cast<int>(AttentionFwdKernel::Auto);
+    if (env != nullptr && *env != '\0') {
+      if (std::strcmp(env, "auto") == 0) parsed = static_cast<int>(AttentionFwdKernel::Auto);
+      else if (std::strcmp(env, "mma") == 0) parsed = static_cast<int>(AttentionFwdKernel::Mma);
+      else if (std::strcmp(env, "wgmma") == 0) parsed = static_cast<int>(AttentionFwdKernel::Wgmma);
+      else parsed = -1;
+    }
+    int expected = -2;
+    g_setting.compare_exchange_strong(expected, parsed);  // a concurrent set_ wins
+    s = g_setting.load();
+  }
+  if (s == -1) {
+    const char* env = std::getenv("OPD_ATTENTION_FWD");
+    OPD_FAIL(InvalidArgument, "OPD_ATTENTION_FWD=", env ? env : "",
+             " is not one of mma, wgmma, auto");
+  }
+  return static_cast<AttentionFwdKernel>(s);
+}
+
+// What Auto means for bf16 / head_dim 128 / causal on a device that can run wgmma, chosen by
+// `opd bench attention` on the H200 (docs/perf.md "Attention — wgmma forward", 2026-11-30):
+// the wgmma kernel was 1.27-1.43x faster than the mma.sync one on all four W1 shapes.
+constexpr AttentionFwdKernel kAutoChoice = AttentionFwdKernel::Wgmma;
+
+}  // namespace
+
+bool attention_wgmma_available() { return available_on(nullptr); }
+
+void set_attention_fwd_kernel(AttentionFwdKernel kernel) {
+  g_setting.store(static_cast<int>(kernel));
+}
+
+AttentionFwdKernel attention_fwd_kernel_setting() { return setting_or_throw(); }
+
+const char* attention_fwd_kernel_name(AttentionFwdKernel kernel) {
+  switch (kernel) {
+    case AttentionFwdKernel::Auto: return "auto";
+    case AttentionFwdKernel::Mma: return "mma";
+    case AttentionFwdKernel::Wgmma: return "wgmma";
+  }
+  return "?";
+}
+
+AttentionFwdKernel resolve_attention_fwd_kernel(DType dtype, int64_t head_dim,
+                                                cudaStream_t stream) {
+  const AttentionFwdKernel s = setting_or_throw();
+  if (dtype != DType::BF16 || head_dim != kD || s == AttentionFwdKernel::Mma) {
+    return AttentionFwdKernel::Mma;
+  }
+  if (s == AttentionFwdKernel::Wgmma) {
+    OPD_CHECK(available_on(stream), Unsupported,
+              "attention forward: the wgmma kernel was requested (OPD_ATTENTION_FWD=wgmma or "
+              "set_attention_fwd_kernel) but this device does not run sm_90a code");
+    return AttentionFwdKernel::Wgmma;
+  }
+  if (kAutoChoice == AttentionFwdKernel::Wgmma && available_on(stream)) {
+    return AttentionFwdKernel::Wgmma;
+  }
+  return AttentionFwdKernel::Mma;
+}
+
+void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const void* k,
+                             const void* v, int64_t hq, int64_t hkv, double scale, bool causal,
+                             void* out, float* lse, cudaStream_t stream,
+                             const AttentionWgmmaConfig& config) {
+  OPD_CHECK(hkv >= 1 && hq >= 1 && hq % hkv == 0, InvalidArgument,
+            "CUDA attention_forward_wgmma: query heads ", hq, " must be a positive multiple of kv heads ",
+            hkv);
+  OPD_CHECK(config.block_n == 64 || config.block_n == 128, InvalidArgument,
+            "CUDA attention_forward_wgmma: block_n ", config.block_n, " (64 or 128)");
+  OPD_CHECK(std::isfinite(scale), InvalidArgument, "CUDA attention_forward_wgmma: scale ", scale);
+  OPD_CHECK(plan.num_tiles() * hq < (int64_t{1} << 31) && plan.total_rows() * hq < (int64_t{1} << 33),
+            Unsupported, "CUDA attention_forward_wgmma: ", plan.total_rows(), " rows x ", hq,
+            " heads is too large for one launch");
+  OPD_CHECK(available_on(stream), Unsupported,
+            "CUDA attention_forward_wgmma: this device does not run sm_90a (wgmma) code");
+  if (plan.total_rows() == 0 || plan.num_tiles() == 0) return;
+  const int iq = static_cast<int>(hq), ik = static_cast<int>(hkv);
+  if (config.block_n == 128) {
+    return launch_bn<128>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream);
+  }
+  return launch_bn<64>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream);
+}
+
+}  // namespace opd::cuda

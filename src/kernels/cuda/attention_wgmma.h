@@ -1,0 +1,60 @@
+// Host API of the Hopper attention forward (attention_fwd_wgmma.cu): FlashAttention-3-style
+// (Shah et al. 2024) causal or non-causal GQA forward over a packed varlen batch with
+// warpgroup MMA (wgmma.mma_async, sm_90a) for bf16, head_dim 128, and the process-wide choice
+// between it and the mma.sync kernel (attention_fwd.cu) that attention_forward makes.
+// Same contract as attention_forward (kernels/cuda/cuda_ops.h): q/out [T, hq, 128] bf16,
+// k/v [T, hkv, 128] bf16, lse f32 [T, hq] = natural-log log-sum-exp of the scaled scores.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_ops.h"  // AttentionPlan
+
+namespace opd::cuda {
+
+// Which kernel attention_forward runs where both can (bf16, head_dim 128, causal). Every other
+// case (f32, other head_dim) always runs the kernels of attention_fwd.cu. Auto = wgmma on a
+// device that runs sm_90a code (measured faster on the H200), else mma.
+enum class AttentionFwdKernel { Auto, Mma, Wgmma };
+
+// Kernel knobs (benchmark and test variants; every variant computes the same result):
+// block_n = keys per K/V tile (64 or 128); overlap = issue S_j = Q K_j^T before waiting for
+// O += P_{j-1} V_{j-1}, so the softmax of tile j runs while the tensor cores do the previous
+// P V (FlashAttention-3's intra-warpgroup pipelining); off = each product waited for at once.
+// Default: 64 keys with overlap, the fastest on 3 of the 4 BENCHMARKS.md shapes on the H200
+// (within 1.3% of 128 keys on the fourth; docs/perf.md).
+struct AttentionWgmmaConfig {
+  int block_n = 64;
+  bool overlap = true;
+};
+
+// True when the current device runs this library's sm_90a code (a Hopper GPU; the sm_90
+// fallback build of the kernel has no wgmma and is never launched). Probed once per device.
+bool attention_wgmma_available();
+
+// The wgmma forward. Throws Unsupported unless attention_wgmma_available(), InvalidArgument
+// on bad heads / config. Deterministic (no atomics): every output element is written once by
+// one thread in a fixed order. Shared memory: 32 KiB (Q) + 4 x block_n x 256 B (K, V double
+// buffered) + 1 KiB alignment per CTA of 128 query rows; no device allocation.
+void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const void* k,
+                             const void* v, int64_t hq, int64_t hkv, double scale, bool causal,
+                             void* out, float* lse, cudaStream_t stream,
+                             const AttentionWgmmaConfig& config = {});
+
+// The process-wide setting: initially from the environment variable OPD_ATTENTION_FWD
+// (`mma`, `wgmma` or `auto`; unset = auto; anything else is an InvalidArgument error at the
+// first attention call); set_attention_fwd_kernel overrides it (tests, benchmarks).
+void set_attention_fwd_kernel(AttentionFwdKernel kernel);
+AttentionFwdKernel attention_fwd_kernel_setting();
+// What attention_forward runs for (dtype, head_dim) on the current device: Mma or Wgmma
+// (Auto resolved; a forced Wgmma where the device cannot run it is an Unsupported error).
+// The probe of attention_wgmma_available() is skipped while `stream` is being captured into a
+// CUDA graph (the mma kernel runs then, unless the device was probed before).
+AttentionFwdKernel resolve_attention_fwd_kernel(DType dtype, int64_t head_dim,
+                                                cudaStream_t stream = nullptr);
+const char* attention_fwd_kernel_name(AttentionFwdKernel kernel);
+
+}  // namespace opd::cuda
