@@ -22,8 +22,9 @@
 # under racecheck, `opd bench score` (in process + loopback server) and its PyTorch twin.
 # pdl (~5 min, issue 6): programmatic dependent launch of the decode kernels and the cluster
 # sampler: their tests plain, under memcheck, and racecheck on opd's kernels (GEMM-free tests);
-# `opd bench rollout --no-pdl` / `--pdl` (3 runs each, then eager both ways); the sampling
-# kernels alone (cluster kernel vs the one-CTA-per-row kernel, same run).
+# `opd bench rollout` without both, with PDL, with the cluster sampler, with both (3 runs each;
+# then eager without / with PDL); the sampling kernels alone (cluster kernel vs the
+# one-CTA-per-row kernel, same run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -302,8 +303,11 @@ if [[ "$what" == pdl ]]; then
         --kernel-name "kns=$k" $B/test_cuda \
         --gtest_filter='CudaDecodeFused.Pdl*:CudaSampler.SanitizerSized*'
   done
-  run bench_rollout_nopdl 120 $B/opd bench rollout --no-pdl
-  run bench_rollout_pdl 120 $B/opd bench rollout --pdl
+  # Baseline (main before issue 6's PDL and sampler), each change alone, both: 3 runs each.
+  run bench_rollout_base 120 $B/opd bench rollout --no-pdl --no-cluster-sampler
+  run bench_rollout_pdl 120 $B/opd bench rollout --pdl --no-cluster-sampler
+  run bench_rollout_sampler 120 $B/opd bench rollout --no-pdl --cluster-sampler
+  run bench_rollout_both 120 $B/opd bench rollout --pdl --cluster-sampler
   run bench_rollout_eager_nopdl 90 $B/opd bench rollout --no-graphs --runs 1 --no-pdl
   run bench_rollout_eager_pdl 90 $B/opd bench rollout --no-graphs --runs 1 --pdl
   run bench_sample 60 $B/opd bench kernels --filter sample

@@ -65,6 +65,7 @@ struct BenchRolloutOptions {
   bool tuned_gemm = false;
   bool decode_gemm = EngineOptions{}.cuda_decode_gemm;
   bool pdl = EngineOptions{}.cuda_pdl;
+  bool cluster_sampler = EngineOptions{}.cuda_cluster_sampler;
   bool fresh_prefill = EngineOptions{}.cuda_fresh_prefill;
   bool l2_prefetch = EngineOptions{}.cuda_l2_prefetch;
   bool keep_state = false;
@@ -181,6 +182,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_tuned_gemm = o.tuned_gemm;
   eo.cuda_decode_gemm = o.decode_gemm;
   eo.cuda_pdl = o.pdl;
+  eo.cuda_cluster_sampler = o.cluster_sampler;
   eo.cuda_fresh_prefill = o.fresh_prefill;
   eo.cuda_l2_prefetch = o.l2_prefetch;
   eo.keep_device_state = o.keep_state;
@@ -206,13 +208,13 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, decode GEMM %s, fresh prefill %s, L2 prefetch %s, PDL %s\n",
+                "graphs %s, fused layers %s, decode GEMM %s, fresh prefill %s, L2 prefetch %s, PDL %s, sampler %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
                 o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt",
                 o.fresh_prefill ? "tensor-core attention" : "paged kernel", o.l2_prefetch ? "on" : "off",
-                o.pdl ? "on" : "off");
+                o.pdl ? "on" : "off", o.cluster_sampler ? "cluster" : "one CTA per row");
   }
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
@@ -275,6 +277,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["tuned_gemm"] = o.tuned_gemm;
   j["decode_gemm"] = o.decode_gemm;
   j["pdl"] = o.pdl;
+  j["cluster_sampler"] = o.cluster_sampler;
   j["fresh_prefill"] = o.fresh_prefill;
   j["l2_prefetch"] = o.l2_prefetch;
   j["keep_state"] = o.keep_state;
@@ -391,6 +394,10 @@ void register_bench_rollout(CLI::App& bench) {
                 cat("decode steps (<= 64 tokens) run q|k|v, o, gate|up and down on opd's "
                     "weight-streaming decode GEMM instead of cuBLASLt (default ",
                     EngineOptions{}.cuda_decode_gemm ? "on" : "off", ")"));
+  cmd->add_flag("--cluster-sampler,!--no-cluster-sampler", o->cluster_sampler,
+                cat("sampling splits each row over a cluster of up to 8 CTAs; --no-cluster-sampler: "
+                    "one CTA per row, the kernel before (default ",
+                    EngineOptions{}.cuda_cluster_sampler ? "on" : "off", ")"));
   cmd->add_flag("--pdl,!--no-pdl", o->pdl,
                 cat("decode steps launch opd's kernels that follow a kernel with programmatic "
                     "dependent launch (same results) (default ",

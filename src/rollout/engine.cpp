@@ -255,6 +255,7 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     lim.max_seq_len = max_kv;
     lim.scratch_block = scratch_block;
     lim.use_graphs = options_.cuda_graphs;
+    lim.cluster_sampler = options_.cuda_cluster_sampler;
     if (device_->runner)
       device_->runner->begin_rollout(cache, lim);
     else

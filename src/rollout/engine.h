@@ -94,6 +94,10 @@ struct EngineOptions {
   // dependent launch (PagedForward::set_pdl, kernels/cuda/pdl.cuh): same results, shorter gaps
   // between kernels. Off until measured on the H200 (docs/rollout.md).
   bool cuda_pdl = false;
+  // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
+  // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
+  // distribution; for A/B measurements).
+  bool cuda_cluster_sampler = true;
   // CUDA bf16 models (head_dim 64/128): prompt chunks that start at position 0 attend with the
   // tensor-core varlen attention instead of the paged kernel (PagedForward::set_fresh_prefill);
   // false: every row through the paged kernel.

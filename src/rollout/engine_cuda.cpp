@@ -71,6 +71,7 @@ Layout make_layout(int64_t T, int64_t B, int64_t W, int64_t D) {
 struct CaptureKey {
   std::vector<const void*> kv;  // k(l), v(l) of every layer
   int64_t num_blocks = 0, block_size = 0, table_width = 0, max_seq_len = 0;
+  bool cluster_sampler = true;  // which sampling kernel the sampling graph launches
   bool operator==(const CaptureKey&) const = default;
 };
 
@@ -84,6 +85,7 @@ CaptureKey capture_key(KvCache& cache, const CudaRunnerLimits& l) {
   k.block_size = cache.block_size();
   k.table_width = l.table_width;
   k.max_seq_len = l.max_seq_len;
+  k.cluster_sampler = l.cluster_sampler;
   return k;
 }
 
@@ -189,7 +191,8 @@ struct CudaStepRunner::Impl {
   void sample(const Layout& L, int64_t draws, bool mapped) {
     cuda::sample_rows(logits.data<float>(), draws, vocab, d<cuda::SampleRowParams>(L.params),
                       d<int32_t>(L.out_ids), d<float>(L.out_slp), d<float>(L.out_mlp),
-                      d<unsigned>(L.flags) + 1, stream, mapped ? d<int32_t>(L.rows) : nullptr);
+                      d<unsigned>(L.flags) + 1, stream, mapped ? d<int32_t>(L.rows) : nullptr,
+                      limits.cluster_sampler ? 0 : -1);
   }
 
   // Captures body into a graph. `old` (an executable graph of the same bucket, or nullptr) is

@@ -43,6 +43,9 @@ struct CudaRunnerLimits {
   int64_t max_seq_len = 1;  // longest sequence (prompt + max_new_tokens - 1): the decode grid
   int32_t scratch_block = -1;  // a cache block no sequence holds (the padding rows' slot)
   bool use_graphs = true;
+  // Sampling: a row split over a thread-block cluster (cuda::sample_rows' default) or, false,
+  // one CTA per row (the kernel before issue 6; same distribution, for A/B runs).
+  bool cluster_sampler = true;
 };
 
 // GPU time by kind of step (CUDA events around the device work of each step).

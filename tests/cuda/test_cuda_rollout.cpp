@@ -655,6 +655,15 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
   auto got = e_on.generate(reqs);
   EXPECT_GT(e_on.stats().graph_steps, 10);
   expect_bits(got, want, "W1 shape, 2 layers, bf16");
+  // The one-CTA-per-row sampler (EngineOptions::cuda_cluster_sampler = false) draws the same ids:
+  // the two kernels differ only in the order of f64 sums (~1e-16), so a pick could differ only
+  // for u that close to a CDF boundary (not hit here); log-probabilities to f32 rounding.
+  EngineOptions one_cta = off;
+  one_cta.cuda_cluster_sampler = false;
+  auto other = RolloutEngine(gpu, one_cta, {}).generate(reqs);
+  for (size_t r = 0; r < reqs.size(); ++r)
+    for (size_t k = 0; k < static_cast<size_t>(reqs[r].n); ++k)
+      expect_same(other[r].samples[k], want[r].samples[k], cat("one-CTA sampler, request ", r), 1e-5);
 }
 
 // EOS (and ignore_eos), a stop token id, max_new_tokens on the CUDA engine, with the CPU
