@@ -96,8 +96,8 @@ struct EngineOptions {
   bool cuda_pdl = false;
   // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
   // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
-  // distribution; for A/B measurements).
-  bool cuda_cluster_sampler = true;
+  // distribution; for A/B measurements). Off until measured on the H200.
+  bool cuda_cluster_sampler = false;
   // CUDA bf16 models (head_dim 64/128): prompt chunks that start at position 0 attend with the
   // tensor-core varlen attention instead of the paged kernel (PagedForward::set_fresh_prefill);
   // false: every row through the paged kernel.
