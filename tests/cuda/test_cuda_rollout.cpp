@@ -648,6 +648,7 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
   EngineOptions off;
   off.kv_cache_bytes = int64_t{256} << 20;
   off.cuda_pdl = false;
+  off.cuda_cluster_sampler = true;  // compared with the one-CTA sampler below
   EngineOptions on = off;
   on.cuda_pdl = true;
   RolloutEngine e_off(gpu, off, {}), e_on(gpu, on, {});
