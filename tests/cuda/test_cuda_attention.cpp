@@ -4,7 +4,7 @@
 // sequences, GQA ratios 1/2/4/8, head_dim 64/128 (tensor cores) and 32/96 (simple path), f32 and
 // bf16; poisoned outputs, bit-exact determinism, every backward tile variant, input errors.
 // The Hopper wgmma forward (attention_fwd_wgmma.cu): every variant (key tile 64/128, overlap
-// on/off, ping-pong), causal against the CPU op and the mma.sync kernel, non-causal against an
+// on/off, producer warp with and without ping-pong), causal against the CPU op and the mma.sync kernel, non-causal against an
 // f64 reference here; lengths 1, 17, 63, 65, 127, 129, 768, 1500 and varlen batches with empty
 // sequences, GQA 16/8, 16/16, 32/8; the OPD_ATTENTION_FWD selection.
 // GPU only: every test skips cleanly without a device.
@@ -399,11 +399,16 @@ struct FwdKernelGuard {
   ~FwdKernelGuard() { cuda::set_attention_fwd_kernel(saved); }
 };
 
+using Sched = cuda::AttentionWgmmaSchedule;
 const std::vector<cuda::AttentionWgmmaConfig> kWgmmaVariants = {
-    {128, true}, {128, false}, {64, true}, {64, false}, {64, true, true}, {128, true, true}};
+    {128, true},  {128, false}, {64, true, Sched::Producer}, {128, true, Sched::Producer},
+    {64, true},   {64, false},  {64, true, Sched::PingPong}, {128, true, Sched::PingPong}};
 
 std::string variant_name(const cuda::AttentionWgmmaConfig& v) {
-  return cat("block_n ", v.block_n, v.pingpong ? " pingpong" : v.overlap ? " overlap" : " serial");
+  const char* sched = v.schedule == Sched::PingPong   ? " ping-pong"
+                      : v.schedule == Sched::Producer ? " producer"
+                                                      : "";
+  return cat("block_n ", v.block_n, v.overlap ? " overlap" : " serial", sched);
 }
 
 // The reference f64 forward agrees with the CPU op on causal inputs (so the non-causal
@@ -531,8 +536,8 @@ TEST(CudaAttentionWgmma, SelectionRoutesTheTensorOp) {
     EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 64), K::Mma);
     EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::F32, 128), K::Mma);
   }
-  EXPECT_FALSE(cuda::attention_wgmma_config(K::Wgmma).pingpong);
-  EXPECT_TRUE(cuda::attention_wgmma_config(K::WgmmaPingPong).pingpong);
+  EXPECT_EQ(cuda::attention_wgmma_config(K::Wgmma).schedule, Sched::Synced);
+  EXPECT_EQ(cuda::attention_wgmma_config(K::WgmmaPingPong).schedule, Sched::PingPong);
   EXPECT_THROW(cuda::attention_wgmma_config(K::Mma), Error);
   cuda::set_attention_fwd_kernel(K::Mma);
   EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Mma);
@@ -568,7 +573,7 @@ TEST(CudaAttentionWgmma, RejectsBadConfig) {
   cuda::AttentionPlan plan(cu.data(), 1, 8, nullptr);
   Tensor q = poisoned_device({8, 4, 128}, DType::BF16), k = poisoned_device({8, 3, 128}, DType::BF16);
   Tensor lse = poisoned_device({8, 4}, DType::F32);
-  // hq not a multiple of hkv; block_n not 64/128; pingpong without overlap.
+  // hq not a multiple of hkv; block_n not 64/128; producer / ping-pong without overlap.
   EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 3, 0.1, true,
                                              q.raw(), lse.data<float>(), nullptr),
                Error);
@@ -577,7 +582,11 @@ TEST(CudaAttentionWgmma, RejectsBadConfig) {
                Error);
   EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
                                              q.raw(), lse.data<float>(), nullptr,
-                                             {64, false, true}),
+                                             {64, false, Sched::PingPong}),
+               Error);
+  EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
+                                             q.raw(), lse.data<float>(), nullptr,
+                                             {64, false, Sched::Producer}),
                Error);
 }
 

@@ -417,8 +417,9 @@ __device__ __forceinline__ void load_tile_warp(uint32_t dst, const bf16* src, in
   }
 }
 
-// grid.x = num_tiles * hq as above; 288 threads.
-template <int BN, bool kCausal>
+// grid.x = num_tiles * hq as above; 288 threads. kTurns = PingPong (else Producer: the same
+// without the named-barrier turns).
+template <int BN, bool kCausal, bool kTurns>
 __global__ void __maxnreg__(kPPMaxRegs)
     attention_fwd_wgmma_pp_kernel(const Tile* __restrict__ tiles, int hq, int hkv,
                                   float scale_log2, const bf16* __restrict__ q,
@@ -490,7 +491,7 @@ __global__ void __maxnreg__(kPPMaxRegs)
   attn::cp_async_wait<0>();
   wg::fence_proxy_async();
   wg::named_bar_sync(kBarQ0 + wgi, 128);
-  if (wgi == 1) wg::named_bar_arrive(kBarTurn0, 256);  // warpgroup 0 takes the first turn
+  if (kTurns && wgi == 1) wg::named_bar_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
 
   float o[64];
   float s[BN / 2];
@@ -522,13 +523,13 @@ __global__ void __maxnreg__(kPPMaxRegs)
       kd[ks] = wg::make_desc(k_tile + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
     }
     v_descs<BN>(vd, sV + prev * kKVBytes);
-    wg::named_bar_sync(bar_mine, 256);  // my turn
+    if (kTurns) wg::named_bar_sync(bar_mine, 256);  // my turn
     wg::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) wgmma_s<BN>(s, qd[ks], kd[ks], ks > 0 ? 1 : 0);
     wg::wgmma_commit();
     if (!kFirst) issue_pv<BN>(o, p, vd);   // reads P_{j-1}: untouched until the wait below
-    wg::named_bar_arrive(bar_other, 256);  // the other warpgroup's turn
+    if (kTurns) wg::named_bar_arrive(bar_other, 256);  // the other warpgroup's turn
     if (!kFirst) {
       wg::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     } else {
@@ -550,10 +551,10 @@ __global__ void __maxnreg__(kPPMaxRegs)
   {  // the last turn: P_{n-1} V_{n-1} (V_{n-1} landed under the last step's wait)
     uint64_t vd[BN / 16];
     v_descs<BN>(vd, sV + ((n_kv - 1) % kStages) * kKVBytes);
-    wg::named_bar_sync(bar_mine, 256);
+    if (kTurns) wg::named_bar_sync(bar_mine, 256);
     wg::wgmma_fence();
     issue_pv<BN>(o, p, vd);
-    if (wgi == 0) wg::named_bar_arrive(bar_other, 256);  // warpgroup 1's last turn
+    if (kTurns && wgi == 0) wg::named_bar_arrive(bar_other, 256);  // warpgroup 1's last turn
   }
   wg::wgmma_wait<0>();
   wg::fence_regs(o);
@@ -581,11 +582,11 @@ void launch(const AttentionPlan& plan, const void* q, const void* k, const void*
   check_launch("attention_fwd_wgmma_kernel");
 }
 
-template <int BN, bool kCausal>
+template <int BN, bool kCausal, bool kTurns>
 void launch_pp(const AttentionPlan& plan, const void* q, const void* k, const void* v, int hq,
                int hkv, double scale, void* out, float* lse, cudaStream_t stream) {
   constexpr int smem = pp_smem_bytes<BN>();
-  auto kernel = attention_fwd_wgmma_pp_kernel<BN, kCausal>;
+  auto kernel = attention_fwd_wgmma_pp_kernel<BN, kCausal, kTurns>;
   OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t blocks = plan.num_tiles() * hq;
   kernel<<<static_cast<unsigned>(blocks), kPPThreads, smem, stream>>>(
@@ -598,10 +599,14 @@ void launch_pp(const AttentionPlan& plan, const void* q, const void* k, const vo
 template <int BN>
 void launch_bn(const AttentionPlan& plan, const void* q, const void* k, const void* v, int hq,
                int hkv, double scale, bool causal, bool overlap, void* out, float* lse,
-               cudaStream_t stream, bool pingpong) {
-  if (pingpong) {
-    if (causal) return launch_pp<BN, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
-    return launch_pp<BN, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+               cudaStream_t stream, AttentionWgmmaSchedule schedule) {
+  if (schedule == AttentionWgmmaSchedule::PingPong) {
+    if (causal) return launch_pp<BN, true, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+    return launch_pp<BN, false, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+  }
+  if (schedule == AttentionWgmmaSchedule::Producer) {
+    if (causal) return launch_pp<BN, true, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+    return launch_pp<BN, false, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
   }
   if (causal) {
     if (overlap) return launch<BN, true, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
@@ -690,8 +695,8 @@ AttentionFwdKernel setting_or_throw() {
 constexpr AttentionFwdKernel kAutoChoice = AttentionFwdKernel::Wgmma;
 // The knobs of each (docs/perf.md): the synced kernel's fastest on 3 of the 4 shapes was 64
 // keys + overlap; the ping-pong one is UNMEASURED so far (64 keys).
-constexpr AttentionWgmmaConfig kWgmmaConfig{64, true, false};
-constexpr AttentionWgmmaConfig kPingPongConfig{64, true, true};
+constexpr AttentionWgmmaConfig kWgmmaConfig{64, true, AttentionWgmmaSchedule::Synced};
+constexpr AttentionWgmmaConfig kPingPongConfig{64, true, AttentionWgmmaSchedule::PingPong};
 
 }  // namespace
 
@@ -748,9 +753,14 @@ void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const voi
             hkv);
   OPD_CHECK(config.block_n == 64 || config.block_n == 128, InvalidArgument,
             "CUDA attention_forward_wgmma: block_n ", config.block_n, " (64 or 128)");
-  OPD_CHECK(config.overlap || !config.pingpong, InvalidArgument,
-            "CUDA attention_forward_wgmma: pingpong needs overlap (its warpgroups pipeline their "
-            "products the overlap way)");
+  OPD_CHECK(config.schedule == AttentionWgmmaSchedule::Synced ||
+                config.schedule == AttentionWgmmaSchedule::Producer ||
+                config.schedule == AttentionWgmmaSchedule::PingPong,
+            InvalidArgument, "CUDA attention_forward_wgmma: schedule ",
+            static_cast<int>(config.schedule));
+  OPD_CHECK(config.overlap || config.schedule == AttentionWgmmaSchedule::Synced, InvalidArgument,
+            "CUDA attention_forward_wgmma: the producer and ping-pong schedules need overlap "
+            "(their warpgroups pipeline their products the overlap way)");
   OPD_CHECK(std::isfinite(scale), InvalidArgument, "CUDA attention_forward_wgmma: scale ", scale);
   OPD_CHECK(plan.num_tiles() * hq < (int64_t{1} << 31) && plan.total_rows() * hq < (int64_t{1} << 33),
             Unsupported, "CUDA attention_forward_wgmma: ", plan.total_rows(), " rows x ", hq,
@@ -761,10 +771,10 @@ void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const voi
   const int iq = static_cast<int>(hq), ik = static_cast<int>(hkv);
   if (config.block_n == 128) {
     return launch_bn<128>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream,
-                          config.pingpong);
+                          config.schedule);
   }
   return launch_bn<64>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream,
-                       config.pingpong);
+                       config.schedule);
 }
 
 }  // namespace opd::cuda

@@ -26,18 +26,24 @@ enum class AttentionFwdKernel { Auto, Mma, Wgmma, WgmmaPingPong };
 // block_n = keys per K/V tile (64 or 128); overlap = issue S_j = Q K_j^T before waiting for
 // O += P_{j-1} V_{j-1}, so the softmax of tile j runs while the tensor cores do the previous
 // P V (FlashAttention-3's intra-warpgroup pipelining); off = each product waited for at once.
-// pingpong = the warp-specialized schedule (FlashAttention-3's other two tricks): one producer
-// warp streams K/V tiles through a 4-stage (block_n 64) or 3-stage (128) cp.async ring guarded
-// by mbarriers, so the consumers never wait at a CTA-wide barrier, and the two consumer
-// warpgroups take turns issuing their wgmmas (named barriers), so one warpgroup's softmax runs
-// while the other's products occupy the tensor cores. Requires overlap (its pipelining within
-// a warpgroup is the overlap variant's).
-// Default: 64 keys with overlap, the fastest on 3 of the 4 BENCHMARKS.md shapes on the H200
-// (within 1.3% of 128 keys on the fourth; docs/perf.md).
+// schedule = how the CTA's warps cooperate:
+//  Synced:   256 threads, every thread loads its share of K/V with cp.async (two buffers) and
+//            the two warpgroups meet at a CTA-wide barrier every key tile.
+//  Producer: warp-specialized (FlashAttention-3): one extra producer warp streams K/V tiles
+//            through a 4-stage (block_n 64) or 3-stage (128) cp.async ring guarded by
+//            mbarriers, so the consumer warpgroups never wait at a CTA-wide barrier.
+//  PingPong: Producer, and the two consumer warpgroups take turns issuing their wgmmas (named
+//            barriers), so one warpgroup's softmax runs while the other's products occupy the
+//            tensor cores instead of both softmaxes coinciding.
+// Producer and PingPong require overlap (their warpgroups pipeline the overlap way).
+enum class AttentionWgmmaSchedule { Synced, Producer, PingPong };
+
+// Default: 64 keys with overlap, synced: the fastest synced variant on 3 of the 4
+// BENCHMARKS.md shapes on the H200 (within 1.3% of 128 keys on the fourth; docs/perf.md).
 struct AttentionWgmmaConfig {
   int block_n = 64;
   bool overlap = true;
-  bool pingpong = false;
+  AttentionWgmmaSchedule schedule = AttentionWgmmaSchedule::Synced;
 };
 
 // True when the current device runs this library's sm_90a code (a Hopper GPU; the sm_90
@@ -47,9 +53,9 @@ bool attention_wgmma_available();
 // The wgmma forward. Throws Unsupported unless attention_wgmma_available(), InvalidArgument
 // on bad heads / config. Deterministic (no atomics): every output element is written once by
 // one thread in a fixed order. Shared memory per CTA of 128 query rows: 32 KiB (Q) +
-// 4 x block_n x 256 B (K, V double buffered) + 1 KiB alignment; pingpong: 32 KiB (Q) +
-// stages x 2 x block_n x 256 B (stages = 4 for block_n 64, 3 for 128) + 1 KiB + the
-// mbarriers. No device allocation.
+// 4 x block_n x 256 B (K, V double buffered) + 1 KiB alignment; Producer and PingPong:
+// 32 KiB (Q) + stages x 2 x block_n x 256 B (stages = 4 for block_n 64, 3 for 128) + 1 KiB +
+// the mbarriers. No device allocation.
 void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const void* k,
                              const void* v, int64_t hq, int64_t hkv, double scale, bool causal,
                              void* out, float* lse, cudaStream_t stream,
