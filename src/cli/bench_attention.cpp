@@ -146,7 +146,16 @@ void run_bench_attention(const BenchAttentionOptions& o) {
           cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), v.raw(), s.hq, s.hkv, scale,
                                         /*causal=*/true, out.raw(), lse.data<float>(), nullptr, wv);
         };
-        const double ms = median_ms(o.warmup, o.iters, run);
+        // A variant that cannot run here (e.g. a launch refused for resources) is reported and
+        // skipped instead of ending the bench: the other rows stay measurable.
+        double ms = 0;
+        try {
+          ms = median_ms(o.warmup, o.iters, run);
+        } catch (const Error& e) {
+          std::fprintf(stderr, "opd bench attention: wgmma variant block_n %d skipped: %s\n",
+                       wv.block_n, e.what());
+          continue;
+        }
         const char* kind = wv.schedule == cuda::AttentionWgmmaSchedule::PingPong   ? "p"
                            : wv.schedule == cuda::AttentionWgmmaSchedule::Producer ? "w"
                            : wv.overlap                                             ? "o"

@@ -360,11 +360,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 //    P V); warpgroup 1 arrives once before its first turn and not after its last, so each
 //    barrier ends with every arrival matched.
 // Deterministic: the same products in the same order per warpgroup as the overlap variant.
-constexpr int kPPThreads = kThreads + 32;  // two consumer warpgroups + the producer warp
+// Three warpgroups: the two consumers (warps 0-7) and the producer (warps 8-11). The
+// consumers need ~220 registers, and registers are budgeted per SM quarter (16,384 each, warp
+// w on quarter w % 4): even a single producer warp (288 threads) put 3 warps x 32 x 224 on
+// quarter 0 and failed to launch (measured: cudaErrorLaunchOutOfResources). So, as in
+// FlashAttention-3: launch 384 threads at 168 registers (3 x 32 x 168 <= 16,384), then the
+// producer warpgroup drops to kProducerRegs and the consumers rise to kConsumerRegs
+// (setmaxnreg; 40 + 2 x 232 = 504 <= 512 per thread slot of a quarter).
+constexpr int kPPThreads = kThreads + 128;
 [[maybe_unused]] constexpr int kProducerWarp = kThreads / 32;
-// __launch_bounds__(288, 1) would cap registers at 168 (ptxas budgets whole warpgroups: 384
-// threads); 9 warps x 32 x 224 = 64,512 of the SM's 65,536 registers fit one CTA per SM.
-constexpr int kPPMaxRegs = 224;
+[[maybe_unused]] constexpr int kProducerRegs = 40;
+[[maybe_unused]] constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs + 2 * kConsumerRegs <= 512, "register budget of one SM quarter");
 [[maybe_unused]] constexpr uint32_t kBarTurn0 = 1;  // named barrier ids; 0 is __syncthreads'
 [[maybe_unused]] constexpr uint32_t kBarQ0 = 3;     // per warpgroup: its Q rows landed (3, 4)
 
@@ -398,29 +405,31 @@ __device__ __forceinline__ void load_rows(uint32_t dst, int row0, const bf16* sr
   }
 }
 
-// A [ROWS][128] K or V tile by one warp: lane = (row parity, 16-byte chunk), so each half-warp
-// reads one 256-byte row; the source pointer advances by two rows per instruction (computing
-// all 32 addresses up front would keep them live across the producer loop: spills). Rows >=
-// valid_rows are zero-filled and not read (src = the tile's row 0, always valid).
+// A [ROWS][128] K or V tile by the producer warpgroup (t in [0, 128)): thread t copies chunk
+// t % 16 of rows t / 16, t / 16 + 8, ...; rows 8 apart have the same swizzle (chunk ^ row % 8),
+// so its shared offsets are one base + 1024 bytes per copy and its source pointer advances by 8
+// rows: a few instructions and registers per copy (the producer runs on kProducerRegs), and
+// the copies spread over the four warps' schedulers. Rows >= valid_rows are zero-filled and
+// not read (src = the tile's row 0, always valid).
 template <int ROWS>
-__device__ __forceinline__ void load_tile_warp(uint32_t dst, const bf16* src, int64_t stride,
-                                               int valid_rows, int lane) {
+__device__ __forceinline__ void load_tile_producer(uint32_t dst, const bf16* src, int64_t stride,
+                                                   int valid_rows, int t) {
   constexpr int kChunks = kD / 8;
-  const int chunk = lane % kChunks, half = lane / kChunks;
-  const bf16* g = src + half * stride + chunk * 8;
+  const int chunk = t % kChunks, r = t / kChunks;
+  const uint32_t d = dst + wg::swz128_offset(ROWS, r, chunk);
+  const bf16* g = src + r * stride + chunk * 8;
 #pragma unroll
-  for (int i = 0; i < ROWS / 2; ++i) {
-    const int row = 2 * i + half;
-    const bool valid = row < valid_rows;
-    attn::cp_async_16(dst + wg::swz128_offset(ROWS, row, chunk), valid ? g : src, valid);
-    g += 2 * stride;
+  for (int i = 0; i < ROWS / 8; ++i) {
+    const bool valid = r + 8 * i < valid_rows;
+    attn::cp_async_16(d + i * 1024, valid ? g : src, valid);
+    g += 8 * stride;
   }
 }
 
-// grid.x = num_tiles * hq as above; 288 threads. kTurns = PingPong (else Producer: the same
+// grid.x = num_tiles * hq as above; 384 threads. kTurns = PingPong (else Producer: the same
 // without the named-barrier turns).
 template <int BN, bool kCausal, bool kTurns>
-__global__ void __maxnreg__(kPPMaxRegs)
+__global__ void __launch_bounds__(kPPThreads, 1)
     attention_fwd_wgmma_pp_kernel(const Tile* __restrict__ tiles, int hq, int hkv,
                                   float scale_log2, const bf16* __restrict__ q,
                                   const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -458,22 +467,27 @@ __global__ void __maxnreg__(kPPMaxRegs)
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      wg::mbar_init(full_bar + 8 * st, 32);  // one .noinc arrival per producer lane
+      wg::mbar_init(full_bar + 8 * st, 128);  // one .noinc arrival per producer thread
       wg::mbar_init(empty_bar + 8 * st, 8);  // one arrival per consumer warp
     }
   }
   __syncthreads();  // the only CTA-wide barrier (the producer warp leaves early)
 
-  if (warp_id == kProducerWarp) {
+  if (warp_id >= kProducerWarp) {
+    wg::setmaxnreg_dec<kProducerRegs>();
     for (int t = 0; t < n_kv; ++t) {
       const int slot = t % kStages;
       // Slot free: tile t - kStages released by all 8 consumer warps (passes at once on the
       // first round: parity 1 names the phase before the barrier's first).
       wg::mbar_wait(empty_bar + 8 * slot, ((t / kStages) & 1) ^ 1);
       const int n0 = t * BN, valid = min(BN, kv_end - n0);
+      // The thread index hidden from the optimizer per tile, so that per-thread address terms
+      // are recomputed per tile instead of hoisted out of this loop and kept live (spills).
+      int pt = tid - kThreads;
+      asm volatile("" : "+r"(pt));
       // Rows past kv_end are zero-filled: P is 0 there, but 0 * garbage could be NaN.
-      load_tile_warp<BN>(sK + slot * kKVBytes, k_ptr + n0 * kv_stride, kv_stride, valid, lane);
-      load_tile_warp<BN>(sV + slot * kKVBytes, v_ptr + n0 * kv_stride, kv_stride, valid, lane);
+      load_tile_producer<BN>(sK + slot * kKVBytes, k_ptr + n0 * kv_stride, kv_stride, valid, pt);
+      load_tile_producer<BN>(sV + slot * kKVBytes, v_ptr + n0 * kv_stride, kv_stride, valid, pt);
       wg::cp_async_mbar_arrive_noinc(full_bar + 8 * slot);
     }
     // Leave with nothing in flight (cp.async.wait_all).
@@ -482,6 +496,7 @@ __global__ void __maxnreg__(kPPMaxRegs)
     return;
   }
 
+  wg::setmaxnreg_inc<kConsumerRegs>();
   const int wgi = warp_id / 4, warp = warp_id % 4;
   const uint32_t bar_mine = kBarTurn0 + wgi, bar_other = kBarTurn0 + 1 - wgi;
   // This warpgroup's 64 Q rows, by its own 128 threads; visible to its wgmmas after the

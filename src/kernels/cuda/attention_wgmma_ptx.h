@@ -114,6 +114,20 @@ __device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Warp-specialized register split (setmaxnreg, sm_90a): every warp of the warpgroup executes
+// it; .dec gives registers back to the SM's pool, .inc blocks until the pool has them. The
+// launch allocates the same count to every warp, and registers are a per-SM-sub-partition
+// budget (16,384 per quarter; warp w runs on quarter w % 4), so a 3-warpgroup CTA launched at
+// 168 can move to 24 (producer) + 2 x 240 (consumers) per quarter: 504 x 32 <= 16,384.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // Register "fence": the compiler must assume x changes here, so no read of an accumulator
 // is moved above the wgmma_wait before it and no write below the next wgmma issue.
 template <int N>
