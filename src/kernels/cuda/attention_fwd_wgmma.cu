@@ -15,6 +15,10 @@
 // Causal: only key tiles up to the block's last row are visited; the mask is applied only to
 // tiles that cross a warp's first row. Non-causal: keys >= len are masked in the last tile.
 // Rows past the sequence end are computed on zero-filled Q and never stored.
+// Two more schedules of the same computation (AttentionWgmmaSchedule, second kernel below):
+// Producer (a producer warpgroup feeds a cp.async ring on mbarriers; no CTA-wide barrier per
+// tile) and PingPong (also the two consumer warpgroups take turns issuing their wgmmas, so one
+// softmax overlaps the other's products: FlashAttention-3's inter-warpgroup pipelining).
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -709,7 +713,8 @@ AttentionFwdKernel setting_or_throw() {
 // the wgmma kernel was 1.27-1.43x faster than the mma.sync one on all four W1 shapes.
 constexpr AttentionFwdKernel kAutoChoice = AttentionFwdKernel::Wgmma;
 // The knobs of each (docs/perf.md): the synced kernel's fastest on 3 of the 4 shapes was 64
-// keys + overlap; the ping-pong one is UNMEASURED so far (64 keys).
+// keys + overlap; the ping-pong one is not measured yet (64 keys: its ring has 4 stages), so
+// Auto stays on the synced kernel.
 constexpr AttentionWgmmaConfig kWgmmaConfig{64, true, AttentionWgmmaSchedule::Synced};
 constexpr AttentionWgmmaConfig kPingPongConfig{64, true, AttentionWgmmaSchedule::PingPong};
 

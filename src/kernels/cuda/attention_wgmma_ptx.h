@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA helpers for the wgmma attention forward (attention_fwd_wgmma.cu): the
 // shared-memory matrix descriptor, wgmma.mma_async wrappers (inline PTX, sm_90a only), the
-// fence / commit / wait of the async wgmma pipeline, and the 128-byte swizzled tile layout the
-// descriptors describe. PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate";
+// fence / commit / wait of the async wgmma pipeline, the 128-byte swizzled tile layout the
+// descriptors describe, and for the warp-specialized schedules mbarriers, named barriers and
+// setmaxnreg. PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate";
 // layouts as in FlashAttention-3 (Shah et al. 2024) and CUTLASS's GMMA canonical layouts.
 // Included only by attention_fwd_wgmma.cu (CUDA C++17); every wgmma instruction is inside
 // `#if OPD_WGMMA_ENABLED` because the same file is also compiled for plain sm_90.
