@@ -1,7 +1,9 @@
 // `opd bench attention [--json] [--fwd-only] [--iters N] [--warmup N]`: times the CUDA
 // FlashAttention-2 kernels (Dao 2023; kernels/cuda/attention_*.cu) and, on Hopper, the
 // FlashAttention-3-style wgmma forward (attention_fwd_wgmma.cu, each variant labeled
-// fwd-wgmma<block_n><o|s>; fwd-mma = the mma.sync kernel; fwd = what attention_forward
+// fwd-wgmma<block_n><o|s|w|p> = synced overlap / synced serial / warp-specialized producer /
+// producer + ping-pong; fwd-mma = the mma.sync kernel;
+// fwd = what attention_forward
 // picks by default) on the BENCHMARKS.md attention shapes
 // (causal, head_dim 128, bf16: 8 x 768 and 4 x 4096 tokens, 16 query heads, 8 and 16 kv heads)
 // with CUDA events, median of N after warm-up. Reports TFLOP/s with causal FLOPs
@@ -77,7 +79,14 @@ void run_bench_attention(const BenchAttentionOptions& o) {
       {8, 768, 16, 8, 128}, {8, 768, 16, 16, 128}, {4, 4096, 16, 8, 128}, {4, 4096, 16, 16, 128}};
   const std::vector<cuda::AttentionBwdTiles> variants = {{64, 64}, {64, 32}, {32, 64}, {32, 32}};
   const std::vector<cuda::AttentionWgmmaConfig> wg_variants = {
-      {128, true}, {128, false}, {64, true}, {64, false}};
+      {128, true},
+      {128, false},
+      {64, true},
+      {64, false},
+      {64, true, cuda::AttentionWgmmaSchedule::Producer},
+      {128, true, cuda::AttentionWgmmaSchedule::Producer},
+      {64, true, cuda::AttentionWgmmaSchedule::PingPong},
+      {128, true, cuda::AttentionWgmmaSchedule::PingPong}};
   const bool wgmma = cuda::attention_wgmma_available();
   const char* fwd_default =
       cuda::attention_fwd_kernel_name(cuda::resolve_attention_fwd_kernel(DType::BF16, 128));
@@ -137,8 +146,21 @@ void run_bench_attention(const BenchAttentionOptions& o) {
           cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), v.raw(), s.hq, s.hkv, scale,
                                         /*causal=*/true, out.raw(), lse.data<float>(), nullptr, wv);
         };
-        const double ms = median_ms(o.warmup, o.iters, run);
-        const std::string name = cat("fwd-wgmma", wv.block_n, wv.overlap ? "o" : "s");
+        // A variant that cannot run here (e.g. a launch refused for resources) is reported and
+        // skipped instead of ending the bench: the other rows stay measurable.
+        double ms = 0;
+        try {
+          ms = median_ms(o.warmup, o.iters, run);
+        } catch (const Error& e) {
+          std::fprintf(stderr, "opd bench attention: wgmma variant block_n %d skipped: %s\n",
+                       wv.block_n, e.what());
+          continue;
+        }
+        const char* kind = wv.schedule == cuda::AttentionWgmmaSchedule::PingPong   ? "p"
+                           : wv.schedule == cuda::AttentionWgmmaSchedule::Producer ? "w"
+                           : wv.overlap                                             ? "o"
+                                                                                    : "s";
+        const std::string name = cat("fwd-wgmma", wv.block_n, kind);
         rows.push_back({name, ms});
         if (ms < best_wg) best_wg = ms, best_wg_name = name;
       }

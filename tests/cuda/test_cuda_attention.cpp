@@ -4,8 +4,8 @@
 // sequences, GQA ratios 1/2/4/8, head_dim 64/128 (tensor cores) and 32/96 (simple path), f32 and
 // bf16; poisoned outputs, bit-exact determinism, every backward tile variant, input errors.
 // The Hopper wgmma forward (attention_fwd_wgmma.cu): every variant (key tile 64/128, overlap
-// on/off), causal against the CPU op and the mma.sync kernel, non-causal against an f64
-// reference here; lengths 1, 17, 63, 65, 127, 129, 768 and varlen batches with empty
+// on/off, producer warp with and without ping-pong), causal against the CPU op and the mma.sync kernel, non-causal against an
+// f64 reference here; lengths 1, 17, 63, 65, 127, 129, 768, 1500 and varlen batches with empty
 // sequences, GQA 16/8, 16/16, 32/8; the OPD_ATTENTION_FWD selection.
 // GPU only: every test skips cleanly without a device.
 #include <gtest/gtest.h>
@@ -399,11 +399,16 @@ struct FwdKernelGuard {
   ~FwdKernelGuard() { cuda::set_attention_fwd_kernel(saved); }
 };
 
+using Sched = cuda::AttentionWgmmaSchedule;
 const std::vector<cuda::AttentionWgmmaConfig> kWgmmaVariants = {
-    {128, true}, {128, false}, {64, true}, {64, false}};
+    {128, true},  {128, false}, {64, true, Sched::Producer}, {128, true, Sched::Producer},
+    {64, true},   {64, false},  {64, true, Sched::PingPong}, {128, true, Sched::PingPong}};
 
 std::string variant_name(const cuda::AttentionWgmmaConfig& v) {
-  return cat("block_n ", v.block_n, v.overlap ? " overlap" : " serial");
+  const char* sched = v.schedule == Sched::PingPong   ? " ping-pong"
+                      : v.schedule == Sched::Producer ? " producer"
+                                                      : "";
+  return cat("block_n ", v.block_n, v.overlap ? " overlap" : " serial", sched);
 }
 
 // The reference f64 forward agrees with the CPU op on causal inputs (so the non-causal
@@ -482,6 +487,8 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{"len127_g16_16", {127}, 16, 16, 128},
                       AttnCase{"len129_g32_8", {129}, 32, 8, 128},
                       AttnCase{"len768_g16_8", {768}, 16, 8, 128},
+                      // 24 key tiles of 64: the ping-pong ring (4 slots) wraps six times.
+                      AttnCase{"len1500_g4_2", {1500}, 4, 2, 128},
                       AttnCase{"len300_g2_1", {300}, 2, 1, 128},
                       AttnCase{"mixed_g16_8", kWgmmaMixed, 16, 8, 128},
                       AttnCase{"mixed_g16_16", kWgmmaMixed, 16, 16, 128},
@@ -523,10 +530,15 @@ TEST(CudaAttentionWgmma, SelectionRoutesTheTensorOp) {
   REQUIRE_WGMMA();
   FwdKernelGuard guard;
   using K = cuda::AttentionFwdKernel;
-  cuda::set_attention_fwd_kernel(K::Wgmma);
-  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Wgmma);
-  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 64), K::Mma);
-  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::F32, 128), K::Mma);
+  for (K wg : {K::Wgmma, K::WgmmaPingPong}) {
+    cuda::set_attention_fwd_kernel(wg);
+    EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), wg);
+    EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 64), K::Mma);
+    EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::F32, 128), K::Mma);
+  }
+  EXPECT_EQ(cuda::attention_wgmma_config(K::Wgmma).schedule, Sched::Synced);
+  EXPECT_EQ(cuda::attention_wgmma_config(K::WgmmaPingPong).schedule, Sched::PingPong);
+  EXPECT_THROW(cuda::attention_wgmma_config(K::Mma), Error);
   cuda::set_attention_fwd_kernel(K::Mma);
   EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Mma);
   cuda::set_attention_fwd_kernel(K::Auto);  // the measured default on a device with sm_90a
@@ -538,19 +550,21 @@ TEST(CudaAttentionWgmma, SelectionRoutesTheTensorOp) {
   const DType dt = DType::BF16;
   Tensor cu_d = p.cu.to(Device::CUDA);
   Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
-  Tensor outs[2];
-  for (K kernel : {K::Mma, K::Wgmma}) {
+  Tensor outs[3];
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaPingPong}) {
     SCOPED_TRACE(cuda::attention_fwd_kernel_name(kernel));
     cuda::set_attention_fwd_kernel(kernel);
     Tensor o = poisoned_device({p.n, c.hq, c.d}, dt), l = poisoned_device({p.n, c.hq}, DType::F32);
     ops::attention_forward(qd, kd, vd, cu_d, p.scale, o, l);
     EXPECT_TRUE(matches("out", from_device(o), p.out_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
     EXPECT_TRUE(matches("lse", from_device(l), p.lse_ref, c.lengths, 1e-5, 1e-5, 1e-5));
-    outs[kernel == K::Wgmma] = o;
+    outs[static_cast<int>(kernel) - static_cast<int>(K::Mma)] = o;
   }
-  // The two kernels round P differently only through summation order: close, not identical.
+  // The kernels round P differently only through summation order: close, not identical.
   EXPECT_TRUE(matches("wgmma vs mma", from_device(outs[1]), from_device(outs[0]), c.lengths,
                       tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+  EXPECT_TRUE(matches("wgmma-pingpong vs mma", from_device(outs[2]), from_device(outs[0]),
+                      c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
 }
 
 TEST(CudaAttentionWgmma, RejectsBadConfig) {
@@ -559,12 +573,20 @@ TEST(CudaAttentionWgmma, RejectsBadConfig) {
   cuda::AttentionPlan plan(cu.data(), 1, 8, nullptr);
   Tensor q = poisoned_device({8, 4, 128}, DType::BF16), k = poisoned_device({8, 3, 128}, DType::BF16);
   Tensor lse = poisoned_device({8, 4}, DType::F32);
-  // hq not a multiple of hkv; block_n not 64/128.
+  // hq not a multiple of hkv; block_n not 64/128; producer / ping-pong without overlap.
   EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 3, 0.1, true,
                                              q.raw(), lse.data<float>(), nullptr),
                Error);
   EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
                                              q.raw(), lse.data<float>(), nullptr, {96, true}),
+               Error);
+  EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
+                                             q.raw(), lse.data<float>(), nullptr,
+                                             {64, false, Sched::PingPong}),
+               Error);
+  EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
+                                             q.raw(), lse.data<float>(), nullptr,
+                                             {64, false, Sched::Producer}),
                Error);
 }
 

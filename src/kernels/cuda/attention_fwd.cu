@@ -335,9 +335,12 @@ void attention_forward(const AttentionPlan& plan, const void* q, const void* k, 
   if (dtype == DType::BF16) {
     // bf16 / head_dim 128: the wgmma kernel where OPD_ATTENTION_FWD or the measured default
     // picks it (attention_wgmma.h), else the mma.sync kernel below (also its reference).
-    if (d == 128 && resolve_attention_fwd_kernel(dtype, d, stream) == AttentionFwdKernel::Wgmma) {
-      return attention_forward_wgmma(plan, q, k, v, hq, hkv, scale, /*causal=*/true, out, lse,
-                                     stream);
+    if (d == 128) {
+      const AttentionFwdKernel kernel = resolve_attention_fwd_kernel(dtype, d, stream);
+      if (kernel != AttentionFwdKernel::Mma) {
+        return attention_forward_wgmma(plan, q, k, v, hq, hkv, scale, /*causal=*/true, out, lse,
+                                       stream, attention_wgmma_config(kernel));
+      }
     }
     if (d == 128) return launch_fwd_bf16<128, 64>(plan, q, k, v, iq, ik, scale, out, lse, stream);
     if (d == 64) return launch_fwd_bf16<64, 64>(plan, q, k, v, iq, ik, scale, out, lse, stream);

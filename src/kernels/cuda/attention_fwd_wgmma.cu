@@ -15,6 +15,10 @@
 // Causal: only key tiles up to the block's last row are visited; the mask is applied only to
 // tiles that cross a warp's first row. Non-causal: keys >= len are masked in the last tile.
 // Rows past the sequence end are computed on zero-filled Q and never stored.
+// Two more schedules of the same computation (AttentionWgmmaSchedule, second kernel below):
+// Producer (a producer warpgroup feeds a cp.async ring on mbarriers; no CTA-wide barrier per
+// tile) and PingPong (also the two consumer warpgroups take turns issuing their wgmmas, so one
+// softmax overlaps the other's products: FlashAttention-3's inter-warpgroup pipelining).
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -98,6 +102,118 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t (&p)[BN / 16][
   wg::wgmma_commit();
 }
 #endif
+
+// Online softmax of one key tile (FlashAttention-2): scales S_j into log2 units, masks keys
+// after the row (causal: only tiles reaching past this warp's first row hold such keys) or
+// past the sequence (non-causal, last tile), updates the row max m and this thread's partial
+// row sum l, and leaves exp2(S - m) in s and the factor the old O must be rescaled by in alpha.
+template <int BN, bool kCausal>
+__device__ __forceinline__ void online_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], int n0, int warp_row0,
+                                               int row_lo, int kv_end, int lane,
+                                               float scale_log2) {
+  const bool need_mask = kCausal ? (n0 + BN - 1 > warp_row0) : (n0 + BN > kv_end);
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * i + e] * scale_log2;
+      if (need_mask) {
+        const int key = n0 + i * 8 + (lane % 4) * 2 + (e & 1);
+        const bool masked = kCausal ? key > row_lo + (e >> 1) * 8 : key >= kv_end;
+        if (masked) x = -INFINITY;
+      }
+      s[4 * i + e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  }
+  float mref[2], rowsum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    // A row with every key masked so far has m = -inf; 0 as its reference keeps
+    // exp2(-inf - ref) = 0 instead of exp2(-inf + inf) = NaN.
+    mref[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+    alpha[r] = exp2f(m[r] - mref[r]);
+    m[r] = mx[r];
+  }
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+    s[i] = exp2f(s[i] - mref[(i >> 1) & 1]);
+    rowsum[(i >> 1) & 1] += s[i];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rowsum[r];
+}
+
+// O *= alpha (per row) and P_j = bf16(s) as A fragments: keys 16kk..16kk+15 are n8 blocks 2kk
+// (a0, a1) and 2kk + 1 (a2, a3). Call only once no wgmma reading o or p is in flight.
+template <int BN>
+__device__ __forceinline__ void rescale_and_pack(float (&o)[64], uint32_t (&p)[BN / 16][4],
+                                                 const float (&s)[BN / 2],
+                                                 const float (&alpha)[2]) {
+#if OPD_WGMMA_ENABLED
+  wg::fence_regs(o);
+  wg::fence_regs(p);
+#endif
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    p[kk][0] = attn::pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    p[kk][1] = attn::pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    p[kk][2] = attn::pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    p[kk][3] = attn::pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// Epilogue of one warp (16 rows of its warpgroup's 64): combine the quad's partial sums,
+// normalize, stage the rows in the warpgroup's own (no longer read: every wgmma reading them
+// was waited for) rows of the Q tile at sq (generic pointer to the 1024-aligned tile) with the
+// tile swizzle (conflict-free), then 16-byte coalesced stores of the rows < rows, and lse.
+// row0 = packed row of the tile's first query row.
+[[maybe_unused]] __device__ __forceinline__ void store_output(const float (&o)[64], const float (&m)[2],
+                                             float (&l)[2], unsigned char* sq, bf16* out,
+                                             float* lse, int64_t row0, int rows, int h, int hq,
+                                             int wgi, int warp, int lane) {
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  const int trow = wgi * 64 + warp * 16 + lane / 4;  // tile-relative row of o[4i + 0..1]
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    const uint32_t within = (lane % 4) * 4;
+    *reinterpret_cast<uint32_t*>(sq + wg::swz128_offset(kBM, trow, i) + within) =
+        attn::pack_bf16(o[4 * i + 0] * inv[0], o[4 * i + 1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sq + wg::swz128_offset(kBM, trow + 8, i) + within) =
+        attn::pack_bf16(o[4 * i + 2] * inv[1], o[4 * i + 3] * inv[1]);
+  }
+  __syncwarp();
+  const int64_t q_stride = static_cast<int64_t>(hq) * kD;
+  bf16* o_ptr = out + (row0 * hq + h) * kD;
+#pragma unroll
+  for (int it = 0; it < 16 * (kD / 8) / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int row = wgi * 64 + warp * 16 + idx / (kD / 8), chunk = idx % (kD / 8);
+    if (row < rows) {
+      *reinterpret_cast<uint4*>(o_ptr + row * q_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sq + wg::swz128_offset(kBM, row, chunk));
+    }
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = trow + r * 8;
+      if (row < rows) lse[(row0 + row) * hq + h] = (m[r] + log2f(l[r])) * kLn2;
+    }
+  }
+}
 
 // grid.x = num_tiles * hq (heaviest tiles first, head fastest); 256 threads.
 template <int BN, bool kCausal, bool kOverlap>
@@ -203,57 +319,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wg::fence_regs(s);
 
-    // Scale into log2 units; mask keys after the row (causal: only tiles reaching past this
-    // warp's first row hold such keys) or keys past the sequence (non-causal, last tile).
-    const int n0 = j * BN;
-    const bool need_mask = kCausal ? (n0 + BN - 1 > warp_row0) : (n0 + BN > kv_end);
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[4 * i + e] * scale_log2;
-        if (need_mask) {
-          const int key = n0 + i * 8 + (lane % 4) * 2 + (e & 1);
-          const bool masked = kCausal ? key > row_lo + (e >> 1) * 8 : key >= kv_end;
-          if (masked) x = -INFINITY;
-        }
-        s[4 * i + e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    }
-    float alpha[2], mref[2], rowsum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // A row with every key masked so far has m = -inf; 0 as its reference keeps
-      // exp2(-inf - ref) = 0 instead of exp2(-inf + inf) = NaN.
-      mref[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-      alpha[r] = exp2f(m[r] - mref[r]);
-      m[r] = mx[r];
-    }
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) {
-      s[i] = exp2f(s[i] - mref[(i >> 1) & 1]);
-      rowsum[(i >> 1) & 1] += s[i];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rowsum[r];
+    float alpha[2];
+    online_softmax<BN, kCausal>(s, m, l, alpha, j * BN, warp_row0, row_lo, kv_end, lane,
+                                scale_log2);
 
     if (kOverlap && !kFirst) wg::wgmma_wait<0>();  // P_{j-1} V_{j-1} is in O: P may change
-    wg::fence_regs(o);
-    wg::fence_regs(p);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-    // P_j as A fragments: keys 16kk..16kk+15 = n8 blocks 2kk (a0, a1) and 2kk + 1 (a2, a3).
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      p[kk][0] = attn::pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      p[kk][1] = attn::pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      p[kk][2] = attn::pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      p[kk][3] = attn::pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    rescale_and_pack<BN>(o, p, s, alpha);
   };
   step(0, std::true_type{});
   for (int j = 1; j < n_kv; ++j) step(j, std::false_type{});
@@ -270,48 +341,246 @@ __global__ void __launch_bounds__(kThreads, 1)
   wg::wgmma_wait<0>();
   wg::fence_regs(o);
 
-  // Epilogue: combine the quad's partial sums, normalize, stage the warp's 16 rows in its
-  // warpgroup's own rows of sQ (the wgmmas that read them are complete; no other warp reads
-  // them) with the tile swizzle (conflict-free), then 16-byte coalesced stores.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
-  }
-  const int trow = wgi * 64 + warp * 16 + lane / 4;  // tile-relative row of o[4i + 0..1]
-  const uint32_t qoff_base = sQ - base;  // 0: sQ is the aligned base
-#pragma unroll
-  for (int i = 0; i < kD / 8; ++i) {
-    const uint32_t within = (lane % 4) * 4;
-    *reinterpret_cast<uint32_t*>(smem + qoff_base + wg::swz128_offset(kBM, trow, i) + within) =
-        attn::pack_bf16(o[4 * i + 0] * inv[0], o[4 * i + 1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(smem + qoff_base + wg::swz128_offset(kBM, trow + 8, i) +
-                                 within) =
-        attn::pack_bf16(o[4 * i + 2] * inv[1], o[4 * i + 3] * inv[1]);
-  }
-  __syncwarp();
-  bf16* o_ptr = out + (static_cast<int64_t>(tile.start + q0) * hq + h) * kD;
-#pragma unroll
-  for (int it = 0; it < 16 * (kD / 8) / 32; ++it) {
-    const int idx = it * 32 + lane;
-    const int row = wgi * 64 + warp * 16 + idx / (kD / 8), chunk = idx % (kD / 8);
-    if (row < rows) {
-      *reinterpret_cast<uint4*>(o_ptr + row * q_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(smem + qoff_base + wg::swz128_offset(kBM, row, chunk));
-    }
-  }
-  if (lane % 4 == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = trow + r * 8;
-      if (row < rows) {
-        lse[static_cast<int64_t>(tile.start + q0 + row) * hq + h] = (m[r] + log2f(l[r])) * kLn2;
-      }
-    }
-  }
+  store_output(o, m, l, smem + (sQ - base), out, lse, tile.start + q0, rows, h, hq, wgi, warp,
+               lane);
 #endif  // OPD_WGMMA_ENABLED: the plain sm_90 build has an empty body and is never launched
+}
+
+// ---- ping-pong: a producer warp, an mbarrier ring, and turns between the warpgroups -------
+// FlashAttention-3 (Shah et al. 2024, sections 3.1-3.2) with cp.async instead of TMA:
+//  * warp 8 (the producer) streams K_t and V_t into slot t % kStages of a ring of K/V buffers:
+//    it waits for the slot's `empty` mbarrier (both warpgroups finished with tile t - kStages),
+//    issues the cp.asyncs and has their completion arrive on the slot's `full` mbarrier
+//    (cp.async.mbarrier.arrive.noinc, so it never waits itself). The consumers never meet at a
+//    CTA-wide barrier, so nothing forces the two warpgroups into step.
+//  * each consumer warpgroup (64 query rows, warps 0-3 and 4-7) runs the overlap schedule:
+//    at key tile j it issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}, waits for S_j only, and
+//    does the softmax of S_j while P_{j-1} V_{j-1} runs.
+//  * the two warpgroups issue their wgmmas in turns: a warpgroup waits on its named barrier
+//    (bar.sync id, 256) before issuing and, once issued, arrives on the other's (bar.arrive),
+//    warpgroup 0 first. So the tensor cores take 0's products, then 1's, then 0's...: one
+//    warpgroup's softmax runs while the other's products run, instead of both softmaxes
+//    coinciding. Every warpgroup has n_kv + 1 issue turns (S_0; S_j + P_{j-1}V_{j-1}; the last
+//    P V); warpgroup 1 arrives once before its first turn and not after its last, so each
+//    barrier ends with every arrival matched.
+// Deterministic: the same products in the same order per warpgroup as the overlap variant.
+// Three warpgroups: the two consumers (warps 0-7) and the producer (warps 8-11). The
+// consumers need ~220 registers, and registers are budgeted per SM quarter (16,384 each, warp
+// w on quarter w % 4): even a single producer warp (288 threads) put 3 warps x 32 x 224 on
+// quarter 0 and failed to launch (measured: cudaErrorLaunchOutOfResources). So, as in
+// FlashAttention-3: launch 384 threads at 168 registers (3 x 32 x 168 <= 16,384), then the
+// producer warpgroup drops to kProducerRegs and the consumers rise to kConsumerRegs
+// (setmaxnreg; 40 + 2 x 232 = 504 <= 512 per thread slot of a quarter).
+constexpr int kPPThreads = kThreads + 128;
+[[maybe_unused]] constexpr int kProducerWarp = kThreads / 32;
+[[maybe_unused]] constexpr int kProducerRegs = 40;
+[[maybe_unused]] constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs + 2 * kConsumerRegs <= 512, "register budget of one SM quarter");
+[[maybe_unused]] constexpr uint32_t kBarTurn0 = 1;  // named barrier ids; 0 is __syncthreads'
+[[maybe_unused]] constexpr uint32_t kBarQ0 = 3;     // per warpgroup: its Q rows landed (3, 4)
+
+// Ring depth: enough that the producer refills a slot two steps before it is read.
+template <int BN>
+constexpr int pp_stages() {
+  return BN == 64 ? 4 : 3;
+}
+template <int BN>
+constexpr int pp_smem_bytes() {
+  return 1024 + (kBM * kD + 2 * pp_stages<BN>() * BN * kD) * static_cast<int>(sizeof(bf16)) +
+         2 * pp_stages<BN>() * 8;
+}
+static_assert(pp_smem_bytes<64>() <= 227 * 1024 && pp_smem_bytes<128>() <= 227 * 1024,
+              "the ping-pong ring must fit the 227 KiB of shared memory a CTA may use");
+
+// Rows [row0, row0 + ROWS) of a [TILE_ROWS][128] swizzled tile by NT threads (t in [0, NT));
+// rows >= valid_rows are zero-filled and not read (src = the tile's row 0, always valid).
+template <int TILE_ROWS, int ROWS, int NT>
+__device__ __forceinline__ void load_rows(uint32_t dst, int row0, const bf16* src, int64_t stride,
+                                          int valid_rows, int t) {
+  constexpr int kChunks = kD / 8;
+  static_assert((ROWS * kChunks) % NT == 0, "chunks must divide over the threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NT; ++i) {
+    const int idx = i * NT + t;
+    const int row = row0 + idx / kChunks, chunk = idx % kChunks;
+    const bool valid = row < valid_rows;
+    const bf16* g = valid ? src + row * stride + chunk * 8 : src;
+    attn::cp_async_16(dst + wg::swz128_offset(TILE_ROWS, row, chunk), g, valid);
+  }
+}
+
+// A [ROWS][128] K or V tile by the producer warpgroup (t in [0, 128)): thread t copies chunk
+// t % 16 of rows t / 16, t / 16 + 8, ...; rows 8 apart have the same swizzle (chunk ^ row % 8),
+// so its shared offsets are one base + 1024 bytes per copy and its source pointer advances by 8
+// rows: a few instructions and registers per copy (the producer runs on kProducerRegs), and
+// the copies spread over the four warps' schedulers. Rows >= valid_rows are zero-filled and
+// not read (src = the tile's row 0, always valid).
+template <int ROWS>
+__device__ __forceinline__ void load_tile_producer(uint32_t dst, const bf16* src, int64_t stride,
+                                                   int valid_rows, int t) {
+  constexpr int kChunks = kD / 8;
+  const int chunk = t % kChunks, r = t / kChunks;
+  const uint32_t d = dst + wg::swz128_offset(ROWS, r, chunk);
+  const bf16* g = src + r * stride + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / 8; ++i) {
+    const bool valid = r + 8 * i < valid_rows;
+    attn::cp_async_16(d + i * 1024, valid ? g : src, valid);
+    g += 8 * stride;
+  }
+}
+
+// grid.x = num_tiles * hq as above; 384 threads. kTurns = PingPong (else Producer: the same
+// without the named-barrier turns).
+template <int BN, bool kCausal, bool kTurns>
+__global__ void __launch_bounds__(kPPThreads, 1)
+    attention_fwd_wgmma_pp_kernel(const Tile* __restrict__ tiles, int hq, int hkv,
+                                  float scale_log2, const bf16* __restrict__ q,
+                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                  bf16* __restrict__ out, float* __restrict__ lse) {
+#if OPD_WGMMA_ENABLED
+  static_assert(BN == 64 || BN == 128, "key tile of 64 or 128");
+  constexpr int kStages = pp_stages<BN>();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = attn::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = BN * kD * 2;
+  const uint32_t sQ = base;                           // [128][128]
+  const uint32_t sK = sQ + kQBytes;                   // [kStages][BN][128]
+  const uint32_t sV = sK + kStages * kKVBytes;        // [kStages][BN][128]
+  const uint32_t full_bar = sV + kStages * kKVBytes;  // [kStages]: K_t and V_t landed
+  const uint32_t empty_bar = full_bar + kStages * 8;  // [kStages]: both warpgroups done
+
+  const Tile tile = tiles[blockIdx.x / hq];
+  const int h = static_cast<int>(blockIdx.x % hq);
+  const int g = h / (hq / hkv);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp_id = tid / 32, lane = tid % 32;
+
+  const int q0 = tile.block * kBM;
+  const int rows = min(kBM, tile.len - q0);
+  const int kv_end = kCausal ? q0 + rows : tile.len;
+  const int n_kv = (kv_end + BN - 1) / BN;  // >= 1: a plan tile has >= 1 row
+  const int64_t q_stride = static_cast<int64_t>(hq) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(hkv) * kD;
+  const bf16* q_ptr = q + (static_cast<int64_t>(tile.start + q0) * hq + h) * kD;
+  const bf16* k_ptr = k + (static_cast<int64_t>(tile.start) * hkv + g) * kD;
+  const bf16* v_ptr = v + (static_cast<int64_t>(tile.start) * hkv + g) * kD;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      wg::mbar_init(full_bar + 8 * st, 128);  // one .noinc arrival per producer thread
+      wg::mbar_init(empty_bar + 8 * st, 8);  // one arrival per consumer warp
+    }
+  }
+  __syncthreads();  // the only CTA-wide barrier (the producer warp leaves early)
+
+  if (warp_id >= kProducerWarp) {
+    wg::setmaxnreg_dec<kProducerRegs>();
+    for (int t = 0; t < n_kv; ++t) {
+      const int slot = t % kStages;
+      // Slot free: tile t - kStages released by all 8 consumer warps (passes at once on the
+      // first round: parity 1 names the phase before the barrier's first).
+      wg::mbar_wait(empty_bar + 8 * slot, ((t / kStages) & 1) ^ 1);
+      const int n0 = t * BN, valid = min(BN, kv_end - n0);
+      // The thread index hidden from the optimizer per tile, so that per-thread address terms
+      // are recomputed per tile instead of hoisted out of this loop and kept live (spills).
+      int pt = tid - kThreads;
+      asm volatile("" : "+r"(pt));
+      // Rows past kv_end are zero-filled: P is 0 there, but 0 * garbage could be NaN.
+      load_tile_producer<BN>(sK + slot * kKVBytes, k_ptr + n0 * kv_stride, kv_stride, valid, pt);
+      load_tile_producer<BN>(sV + slot * kKVBytes, v_ptr + n0 * kv_stride, kv_stride, valid, pt);
+      wg::cp_async_mbar_arrive_noinc(full_bar + 8 * slot);
+    }
+    // Leave with nothing in flight (cp.async.wait_all).
+    attn::cp_async_commit();
+    attn::cp_async_wait<0>();
+    return;
+  }
+
+  wg::setmaxnreg_inc<kConsumerRegs>();
+  const int wgi = warp_id / 4, warp = warp_id % 4;
+  const uint32_t bar_mine = kBarTurn0 + wgi, bar_other = kBarTurn0 + 1 - wgi;
+  // This warpgroup's 64 Q rows, by its own 128 threads; visible to its wgmmas after the
+  // proxy fence of each writer and the warpgroup's barrier.
+  load_rows<kBM, 64, 128>(sQ, wgi * 64, q_ptr, q_stride, rows, tid % 128);
+  attn::cp_async_commit();
+  attn::cp_async_wait<0>();
+  wg::fence_proxy_async();
+  wg::named_bar_sync(kBarQ0 + wgi, 128);
+  if (kTurns && wgi == 1) wg::named_bar_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
+
+  float o[64];
+  float s[BN / 2];
+  uint32_t p[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 16; ++i) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0u;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int warp_row0 = q0 + wgi * 64 + warp * 16;
+  const int row_lo = warp_row0 + lane / 4;
+  const uint32_t q_wg = sQ + wgi * 64 * 128;
+
+  auto step = [&](int j, auto first) {
+    constexpr bool kFirst = decltype(first)::value;
+    const int slot = j % kStages;
+    const int prev = (j + kStages - 1) % kStages;  // tile j-1's slot (unused when j = 0)
+    // K_j and V_j landed (V_j is read one step later, under this same wait). The cp.async
+    // writes are the generic proxy's; the fence orders them before this thread's wgmmas.
+    wg::mbar_wait(full_bar + 8 * slot, (j / kStages) & 1);
+    wg::fence_proxy_async();
+    const uint32_t k_tile = sK + slot * kKVBytes;
+    uint64_t qd[kD / 16], kd[kD / 16], vd[BN / 16];
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      qd[ks] = wg::make_desc(q_wg + (ks >> 2) * (kBM * 128) + (ks & 3) * 32, 16, 1024);
+      kd[ks] = wg::make_desc(k_tile + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+    }
+    v_descs<BN>(vd, sV + prev * kKVBytes);
+    if (kTurns) wg::named_bar_sync(bar_mine, 256);  // my turn
+    wg::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) wgmma_s<BN>(s, qd[ks], kd[ks], ks > 0 ? 1 : 0);
+    wg::wgmma_commit();
+    if (!kFirst) issue_pv<BN>(o, p, vd);   // reads P_{j-1}: untouched until the wait below
+    if (kTurns) wg::named_bar_arrive(bar_other, 256);  // the other warpgroup's turn
+    if (!kFirst) {
+      wg::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    } else {
+      wg::wgmma_wait<0>();
+    }
+    wg::fence_regs(s);
+
+    float alpha[2];
+    online_softmax<BN, kCausal>(s, m, l, alpha, j * BN, warp_row0, row_lo, kv_end, lane,
+                                scale_log2);
+    if (!kFirst) {
+      wg::wgmma_wait<0>();  // P_{j-1} V_{j-1} is in O: P may change, tile j-1 is free
+      if (lane == 0) wg::mbar_arrive(empty_bar + 8 * prev);
+    }
+    rescale_and_pack<BN>(o, p, s, alpha);
+  };
+  step(0, std::true_type{});
+  for (int j = 1; j < n_kv; ++j) step(j, std::false_type{});
+  {  // the last turn: P_{n-1} V_{n-1} (V_{n-1} landed under the last step's wait)
+    uint64_t vd[BN / 16];
+    v_descs<BN>(vd, sV + ((n_kv - 1) % kStages) * kKVBytes);
+    if (kTurns) wg::named_bar_sync(bar_mine, 256);
+    wg::wgmma_fence();
+    issue_pv<BN>(o, p, vd);
+    if (kTurns && wgi == 0) wg::named_bar_arrive(bar_other, 256);  // warpgroup 1's last turn
+  }
+  wg::wgmma_wait<0>();
+  wg::fence_regs(o);
+
+  store_output(o, m, l, smem + (sQ - base), out, lse, tile.start + q0, rows, h, hq, wgi, warp,
+               lane);
+#endif  // OPD_WGMMA_ENABLED
 }
 
 // Writes 1 from the sm_90a build of this file, 0 from the plain sm_90 one: tells the host
@@ -332,10 +601,32 @@ void launch(const AttentionPlan& plan, const void* q, const void* k, const void*
   check_launch("attention_fwd_wgmma_kernel");
 }
 
+template <int BN, bool kCausal, bool kTurns>
+void launch_pp(const AttentionPlan& plan, const void* q, const void* k, const void* v, int hq,
+               int hkv, double scale, void* out, float* lse, cudaStream_t stream) {
+  constexpr int smem = pp_smem_bytes<BN>();
+  auto kernel = attention_fwd_wgmma_pp_kernel<BN, kCausal, kTurns>;
+  OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t blocks = plan.num_tiles() * hq;
+  kernel<<<static_cast<unsigned>(blocks), kPPThreads, smem, stream>>>(
+      reinterpret_cast<const Tile*>(plan.q_tiles()), hq, hkv,
+      static_cast<float>(scale) * kLog2e, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+      static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
+  check_launch("attention_fwd_wgmma_pp_kernel");
+}
+
 template <int BN>
 void launch_bn(const AttentionPlan& plan, const void* q, const void* k, const void* v, int hq,
                int hkv, double scale, bool causal, bool overlap, void* out, float* lse,
-               cudaStream_t stream) {
+               cudaStream_t stream, AttentionWgmmaSchedule schedule) {
+  if (schedule == AttentionWgmmaSchedule::PingPong) {
+    if (causal) return launch_pp<BN, true, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+    return launch_pp<BN, false, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+  }
+  if (schedule == AttentionWgmmaSchedule::Producer) {
+    if (causal) return launch_pp<BN, true, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+    return launch_pp<BN, false, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
+  }
   if (causal) {
     if (overlap) return launch<BN, true, true>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
     return launch<BN, true, false>(plan, q, k, v, hq, hkv, scale, out, lse, stream);
@@ -399,7 +690,11 @@ AttentionFwdKernel setting_or_throw() {
       if (std::strcmp(env, "auto") == 0) parsed = static_cast<int>(AttentionFwdKernel::Auto);
       else if (std::strcmp(env, "mma") == 0) parsed = static_cast<int>(AttentionFwdKernel::Mma);
       else if (std::strcmp(env, "wgmma") == 0) parsed = static_cast<int>(AttentionFwdKernel::Wgmma);
-      else parsed = -1;
+      else if (std::strcmp(env, "wgmma-pingpong") == 0) {
+        parsed = static_cast<int>(AttentionFwdKernel::WgmmaPingPong);
+      } else {
+        parsed = -1;
+      }
     }
     int expected = -2;
     g_setting.compare_exchange_strong(expected, parsed);  // a concurrent set_ wins
@@ -408,7 +703,7 @@ AttentionFwdKernel setting_or_throw() {
   if (s == -1) {
     const char* env = std::getenv("OPD_ATTENTION_FWD");
     OPD_FAIL(InvalidArgument, "OPD_ATTENTION_FWD=", env ? env : "",
-             " is not one of mma, wgmma, auto");
+             " is not one of mma, wgmma, wgmma-pingpong, auto");
   }
   return static_cast<AttentionFwdKernel>(s);
 }
@@ -417,6 +712,11 @@ AttentionFwdKernel setting_or_throw() {
 // `opd bench attention` on the H200 (docs/perf.md "Attention — wgmma forward", 2026-11-30):
 // the wgmma kernel was 1.27-1.43x faster than the mma.sync one on all four W1 shapes.
 constexpr AttentionFwdKernel kAutoChoice = AttentionFwdKernel::Wgmma;
+// The knobs of each (docs/perf.md): the synced kernel's fastest on 3 of the 4 shapes was 64
+// keys + overlap; the ping-pong one is not measured yet (64 keys: its ring has 4 stages), so
+// Auto stays on the synced kernel.
+constexpr AttentionWgmmaConfig kWgmmaConfig{64, true, AttentionWgmmaSchedule::Synced};
+constexpr AttentionWgmmaConfig kPingPongConfig{64, true, AttentionWgmmaSchedule::PingPong};
 
 }  // namespace
 
@@ -433,6 +733,7 @@ const char* attention_fwd_kernel_name(AttentionFwdKernel kernel) {
     case AttentionFwdKernel::Auto: return "auto";
     case AttentionFwdKernel::Mma: return "mma";
     case AttentionFwdKernel::Wgmma: return "wgmma";
+    case AttentionFwdKernel::WgmmaPingPong: return "wgmma-pingpong";
   }
   return "?";
 }
@@ -443,16 +744,24 @@ AttentionFwdKernel resolve_attention_fwd_kernel(DType dtype, int64_t head_dim,
   if (dtype != DType::BF16 || head_dim != kD || s == AttentionFwdKernel::Mma) {
     return AttentionFwdKernel::Mma;
   }
-  if (s == AttentionFwdKernel::Wgmma) {
-    OPD_CHECK(available_on(stream), Unsupported,
-              "attention forward: the wgmma kernel was requested (OPD_ATTENTION_FWD=wgmma or "
+  if (s == AttentionFwdKernel::Wgmma || s == AttentionFwdKernel::WgmmaPingPong) {
+    OPD_CHECK(available_on(stream), Unsupported, "attention forward: the ",
+              attention_fwd_kernel_name(s), " kernel was requested (OPD_ATTENTION_FWD or "
               "set_attention_fwd_kernel) but this device does not run sm_90a code");
-    return AttentionFwdKernel::Wgmma;
+    return s;
   }
-  if (kAutoChoice == AttentionFwdKernel::Wgmma && available_on(stream)) {
-    return AttentionFwdKernel::Wgmma;
-  }
+  if (kAutoChoice != AttentionFwdKernel::Mma && available_on(stream)) return kAutoChoice;
   return AttentionFwdKernel::Mma;
+}
+
+AttentionWgmmaConfig attention_wgmma_config(AttentionFwdKernel kernel) {
+  switch (kernel) {
+    case AttentionFwdKernel::Wgmma: return kWgmmaConfig;
+    case AttentionFwdKernel::WgmmaPingPong: return kPingPongConfig;
+    default: break;
+  }
+  OPD_FAIL(InvalidArgument, "attention_wgmma_config: ", attention_fwd_kernel_name(kernel),
+           " is not a wgmma kernel");
 }
 
 void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const void* k,
@@ -464,6 +773,14 @@ void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const voi
             hkv);
   OPD_CHECK(config.block_n == 64 || config.block_n == 128, InvalidArgument,
             "CUDA attention_forward_wgmma: block_n ", config.block_n, " (64 or 128)");
+  OPD_CHECK(config.schedule == AttentionWgmmaSchedule::Synced ||
+                config.schedule == AttentionWgmmaSchedule::Producer ||
+                config.schedule == AttentionWgmmaSchedule::PingPong,
+            InvalidArgument, "CUDA attention_forward_wgmma: schedule ",
+            static_cast<int>(config.schedule));
+  OPD_CHECK(config.overlap || config.schedule == AttentionWgmmaSchedule::Synced, InvalidArgument,
+            "CUDA attention_forward_wgmma: the producer and ping-pong schedules need overlap "
+            "(their warpgroups pipeline their products the overlap way)");
   OPD_CHECK(std::isfinite(scale), InvalidArgument, "CUDA attention_forward_wgmma: scale ", scale);
   OPD_CHECK(plan.num_tiles() * hq < (int64_t{1} << 31) && plan.total_rows() * hq < (int64_t{1} << 33),
             Unsupported, "CUDA attention_forward_wgmma: ", plan.total_rows(), " rows x ", hq,
@@ -473,9 +790,11 @@ void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const voi
   if (plan.total_rows() == 0 || plan.num_tiles() == 0) return;
   const int iq = static_cast<int>(hq), ik = static_cast<int>(hkv);
   if (config.block_n == 128) {
-    return launch_bn<128>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream);
+    return launch_bn<128>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream,
+                          config.schedule);
   }
-  return launch_bn<64>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream);
+  return launch_bn<64>(plan, q, k, v, iq, ik, scale, causal, config.overlap, out, lse, stream,
+                       config.schedule);
 }
 
 }  // namespace opd::cuda

@@ -16,19 +16,34 @@
 namespace opd::cuda {
 
 // Which kernel attention_forward runs where both can (bf16, head_dim 128, causal). Every other
-// case (f32, other head_dim) always runs the kernels of attention_fwd.cu. Auto = wgmma on a
-// device that runs sm_90a code (measured faster on the H200), else mma.
-enum class AttentionFwdKernel { Auto, Mma, Wgmma };
+// case (f32, other head_dim) always runs the kernels of attention_fwd.cu. Wgmma = the wgmma
+// kernel with its CTA-wide barrier per key tile, WgmmaPingPong = its warp-specialized
+// ping-pong variant (attention_wgmma_config says which knobs each runs with). Auto = the
+// measured choice on a device that runs sm_90a code, else mma.
+enum class AttentionFwdKernel { Auto, Mma, Wgmma, WgmmaPingPong };
 
 // Kernel knobs (benchmark and test variants; every variant computes the same result):
 // block_n = keys per K/V tile (64 or 128); overlap = issue S_j = Q K_j^T before waiting for
 // O += P_{j-1} V_{j-1}, so the softmax of tile j runs while the tensor cores do the previous
 // P V (FlashAttention-3's intra-warpgroup pipelining); off = each product waited for at once.
-// Default: 64 keys with overlap, the fastest on 3 of the 4 BENCHMARKS.md shapes on the H200
-// (within 1.3% of 128 keys on the fourth; docs/perf.md).
+// schedule = how the CTA's warps cooperate:
+//  Synced:   256 threads, every thread loads its share of K/V with cp.async (two buffers) and
+//            the two warpgroups meet at a CTA-wide barrier every key tile.
+//  Producer: warp-specialized (FlashAttention-3): one extra producer warp streams K/V tiles
+//            through a 4-stage (block_n 64) or 3-stage (128) cp.async ring guarded by
+//            mbarriers, so the consumer warpgroups never wait at a CTA-wide barrier.
+//  PingPong: Producer, and the two consumer warpgroups take turns issuing their wgmmas (named
+//            barriers), so one warpgroup's softmax runs while the other's products occupy the
+//            tensor cores instead of both softmaxes coinciding.
+// Producer and PingPong require overlap (their warpgroups pipeline the overlap way).
+enum class AttentionWgmmaSchedule { Synced, Producer, PingPong };
+
+// Default: 64 keys with overlap, synced: the fastest synced variant on 3 of the 4
+// BENCHMARKS.md shapes on the H200 (within 1.3% of 128 keys on the fourth; docs/perf.md).
 struct AttentionWgmmaConfig {
   int block_n = 64;
   bool overlap = true;
+  AttentionWgmmaSchedule schedule = AttentionWgmmaSchedule::Synced;
 };
 
 // True when the current device runs this library's sm_90a code (a Hopper GPU; the sm_90
@@ -37,20 +52,28 @@ bool attention_wgmma_available();
 
 // The wgmma forward. Throws Unsupported unless attention_wgmma_available(), InvalidArgument
 // on bad heads / config. Deterministic (no atomics): every output element is written once by
-// one thread in a fixed order. Shared memory: 32 KiB (Q) + 4 x block_n x 256 B (K, V double
-// buffered) + 1 KiB alignment per CTA of 128 query rows; no device allocation.
+// one thread in a fixed order. Shared memory per CTA of 128 query rows: 32 KiB (Q) +
+// 4 x block_n x 256 B (K, V double buffered) + 1 KiB alignment; Producer and PingPong:
+// 32 KiB (Q) + stages x 2 x block_n x 256 B (stages = 4 for block_n 64, 3 for 128) + 1 KiB +
+// the mbarriers. No device allocation.
 void attention_forward_wgmma(const AttentionPlan& plan, const void* q, const void* k,
                              const void* v, int64_t hq, int64_t hkv, double scale, bool causal,
                              void* out, float* lse, cudaStream_t stream,
                              const AttentionWgmmaConfig& config = {});
 
+// The knobs attention_forward runs the wgmma kernel with for `kernel` (Wgmma or
+// WgmmaPingPong; InvalidArgument for the others).
+AttentionWgmmaConfig attention_wgmma_config(AttentionFwdKernel kernel);
+
 // The process-wide setting: initially from the environment variable OPD_ATTENTION_FWD
-// (`mma`, `wgmma` or `auto`; unset = auto; anything else is an InvalidArgument error at the
-// first attention call); set_attention_fwd_kernel overrides it (tests, benchmarks).
+// (`mma`, `wgmma`, `wgmma-pingpong` or `auto`; unset = auto; anything else is an
+// InvalidArgument error at the first attention call); set_attention_fwd_kernel overrides it
+// (tests, benchmarks).
 void set_attention_fwd_kernel(AttentionFwdKernel kernel);
 AttentionFwdKernel attention_fwd_kernel_setting();
-// What attention_forward runs for (dtype, head_dim) on the current device: Mma or Wgmma
-// (Auto resolved; a forced Wgmma where the device cannot run it is an Unsupported error).
+// What attention_forward runs for (dtype, head_dim) on the current device: Mma, Wgmma or
+// WgmmaPingPong (Auto resolved; a forced wgmma kernel where the device cannot run it is an
+// Unsupported error).
 // The probe of attention_wgmma_available() is skipped while `stream` is being captured into a
 // CUDA graph (the mma kernel runs then, unless the device was probed before).
 AttentionFwdKernel resolve_attention_fwd_kernel(DType dtype, int64_t head_dim,

@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA helpers for the wgmma attention forward (attention_fwd_wgmma.cu): the
 // shared-memory matrix descriptor, wgmma.mma_async wrappers (inline PTX, sm_90a only), the
-// fence / commit / wait of the async wgmma pipeline, and the 128-byte swizzled tile layout the
-// descriptors describe. PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate";
+// fence / commit / wait of the async wgmma pipeline, the 128-byte swizzled tile layout the
+// descriptors describe, and for the warp-specialized schedules mbarriers, named barriers and
+// setmaxnreg. PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate";
 // layouts as in FlashAttention-3 (Shah et al. 2024) and CUTLASS's GMMA canonical layouts.
 // Included only by attention_fwd_wgmma.cu (CUDA C++17); every wgmma instruction is inside
 // `#if OPD_WGMMA_ENABLED` because the same file is also compiled for plain sm_90.
@@ -71,6 +72,61 @@ __device__ __forceinline__ void wgmma_wait() {
 // that wgmma reads through; each writing thread fences before the barrier.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- ping-pong variant: mbarriers (producer/consumer pipeline) and named barriers ----------
+// mbarrier (PTX "Parallel Synchronization and Communication Instructions: mbarrier"): a 64-bit
+// shared-memory object counting arrivals per phase. Initialised by one thread, before a
+// __syncthreads that publishes it.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival (release semantics at CTA scope: this thread's earlier memory operations, including
+// completed wgmma reads waited for with wgmma_wait, happen before the phase completes).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// Waits (acquire) until the phase of parity `parity` has completed. Parity 1 on a fresh barrier
+// (phase 0 current) refers to the preceding phase, which counts as complete: a producer's first
+// pass over its free slots does not block.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// The mbarrier receives one arrival (counted in its init count: .noinc) when every cp.async this
+// thread issued so far has completed, without the thread waiting for them.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Named barriers (bar.sync / bar.arrive id, count): `count` threads in all, the arriving ones do
+// not wait. Id 0 is __syncthreads'. Warp-uniform operands, whole warps.
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Warp-specialized register split (setmaxnreg, sm_90a): every warp of the warpgroup executes
+// it; .dec gives registers back to the SM's pool, .inc blocks until the pool has them. The
+// launch allocates the same count to every warp, and registers are a per-SM-sub-partition
+// budget (16,384 per quarter; warp w runs on quarter w % 4), so a 3-warpgroup CTA launched at
+// 168 can move to 24 (producer) + 2 x 240 (consumers) per quarter: 504 x 32 <= 16,384.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // Register "fence": the compiler must assume x changes here, so no read of an accumulator
