@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|anchor|product|memory|pdl]
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|anchor|product|memory|pdl]
 # (default all)
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
@@ -292,6 +292,35 @@ if [[ "$what" == dist || "$what" == all ]]; then
   else
     summary+=("dist: skipped ($gpus GPU)")
   fi
+fi
+if [[ "$what" == final5 ]]; then
+  # Session 5, one nvidia-h200-x2 call (~8 min): the whole GPU suite on GPU 0 while GPU 1 runs the
+  # rollout A/B (fresh prefill, PDL, cluster sampler, L2 prefetch), the attention forward variants
+  # with their PyTorch twin, the sampler kernels and W1; then the sanitizers of the new decode
+  # kernels on GPU 0; then the 2-GPU trainer test and W2 with ZeRO-2 (reduce once per step).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  ( export CUDA_VISIBLE_DEVICES=1
+    for v in "base:--no-pdl --no-cluster-sampler --no-l2-prefetch" "nofresh:--no-fresh-prefill" \
+             "pdl:--pdl" "sampler:--cluster-sampler" "l2:--l2-prefetch" \
+             "all3:--pdl --cluster-sampler --l2-prefetch"; do
+      timeout 60 $B/opd bench rollout --runs 3 ${v#*:} >"$OUT/rollout_${v%%:*}.log" 2>&1
+    done
+    timeout 120 $B/opd bench attention --fwd-only --iters 30 --warmup 5 >"$OUT/bench_attn.log" 2>&1
+    timeout 120 python3 tools/bench_attention_torch.py --iters 30 --warmup 5 >"$OUT/torch_attn.log" 2>&1
+    timeout 60 $B/opd bench kernels --filter sample >"$OUT/bench_sample.log" 2>&1
+    timeout 150 $B/opd bench w1 --work-dir /tmp/opd_w1 >"$OUT/w1.log" 2>&1
+  ) &
+  run cuda 280 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda
+  wait
+  for f in "$OUT"/rollout_*.log; do echo "$(basename "$f" .log): $(grep -h '^opd:' "$f") $(grep -h 'split:' "$f")"; done
+  run memcheck_new 150 env CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaRollout.PdlGivesThePlainLaunchesTokensBitForBit:CudaDecodeFused.Pdl*:CudaSampler.SanitizerSized*:CudaSampler.NonFinite*:CudaRollout.L2Prefetch*:CudaRollout.FreshPrompts*:*CudaAttentionWgmma.MatchesReferenceAndMmaKernel/mixed_g16_8'
+  for k in qkv_norm_rope swiglu_packed sample_cluster; do
+    run "racecheck_$k" 60 env CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        --kernel-name "kns=$k" $B/test_cuda --gtest_filter='CudaDecodeFused.Pdl*:CudaSampler.SanitizerSized*'
+  done
+  [[ -x $B/test_cli ]] && run train_dist_gpu 120 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
 fi
 if [[ "$what" == pdl ]]; then
   run pdl_tests 240 $B/test_cuda \
