@@ -92,18 +92,21 @@ struct EngineOptions {
   bool cuda_decode_gemm = false;
   // CUDA models: decode steps launch opd's kernels that follow a kernel with programmatic
   // dependent launch (PagedForward::set_pdl, kernels/cuda/pdl.cuh): same results, shorter gaps
-  // between kernels. Off until measured on the H200 (docs/rollout.md).
-  bool cuda_pdl = false;
+  // between kernels. On: W1 decode forward 1.096 -> 1.080 s per rollout on the H200
+  // (docs/perf.md, session 5).
+  bool cuda_pdl = true;
   // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
   // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
-  // distribution; for A/B measurements). Off until measured on the H200.
-  bool cuda_cluster_sampler = false;
+  // distribution; for A/B measurements). On: W1 sampling 0.074 -> 0.051 s per rollout on the
+  // H200 (docs/perf.md, session 5).
+  bool cuda_cluster_sampler = true;
   // CUDA bf16 models (head_dim 64/128): prompt chunks that start at position 0 attend with the
   // tensor-core varlen attention instead of the paged kernel (PagedForward::set_fresh_prefill);
   // false: every row through the paged kernel.
   bool cuda_fresh_prefill = true;
   // CUDA fused decode steps: prefetch each layer's o, gate|up, down and the next layer's q|k|v
-  // weights into L2 before the attention (PagedForward::set_l2_prefetch). Off until measured.
+  // weights into L2 before the attention (PagedForward::set_l2_prefetch). Off: measured slower
+  // on the H200 (W1 rollout 1.281 -> 1.406 s, docs/perf.md session 5).
   bool cuda_l2_prefetch = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between

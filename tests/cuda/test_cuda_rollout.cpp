@@ -468,7 +468,8 @@ TEST(CudaRollout, FreshPromptsOnTensorCoresMatchThePagedKernel) {
   ASSERT_TRUE(cuda::attention_has_fast_path(DType::BF16, gpu.config().head_dim));
   const std::vector<int64_t> lens = {20, 14, 1, 7, 64, 130};
   std::vector<std::vector<int32_t>> toks;
-  for (size_t i = 0; i < lens.size(); ++i) toks.push_back(seeded_prompt(40 + i, lens[i] + 1, V));
+  // Up to two tokens past each prompt are fed: sequence 0 gets 20 + 1 + 1.
+  for (size_t i = 0; i < lens.size(); ++i) toks.push_back(seeded_prompt(40 + i, lens[i] + 2, V));
   for (bool fused : {false, true}) {
     std::vector<Tensor> logits[2];
     for (int fresh = 0; fresh < 2; ++fresh) {
