@@ -542,7 +542,7 @@ TEST(CudaAttentionWgmma, SelectionRoutesTheTensorOp) {
   cuda::set_attention_fwd_kernel(K::Mma);
   EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Mma);
   cuda::set_attention_fwd_kernel(K::Auto);  // the measured default on a device with sm_90a
-  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::Wgmma);
+  EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 128), K::WgmmaPingPong);
   EXPECT_EQ(cuda::resolve_attention_fwd_kernel(DType::BF16, 64), K::Mma);
   AttnCase c{"selection", {5, 130, 700}, 16, 8, 128};
   FwdProblem p = make_fwd_problem(c, true, 800);

@@ -709,14 +709,16 @@ AttentionFwdKernel setting_or_throw() {
 }
 
 // What Auto means for bf16 / head_dim 128 / causal on a device that can run wgmma, chosen by
-// `opd bench attention` on the H200 (docs/perf.md "Attention — wgmma forward", 2026-11-30):
-// the wgmma kernel was 1.27-1.43x faster than the mma.sync one on all four W1 shapes.
-constexpr AttentionFwdKernel kAutoChoice = AttentionFwdKernel::Wgmma;
+// `opd bench attention` on the H200 (docs/perf.md "Attention — wgmma forward"): the ping-pong
+// schedule with 128-key tiles was the fastest variant on all four W1 shapes in one call
+// (session 5, 2026-11-30: 258 / 247 / 433 / 415 TFLOP/s, 1.12-1.14x the synced kernel, which was
+// 1.27-1.43x the mma.sync one); its tests (every variant vs the f64 reference and the mma kernel)
+// and memcheck passed in the same call.
+constexpr AttentionFwdKernel kAutoChoice = AttentionFwdKernel::WgmmaPingPong;
 // The knobs of each (docs/perf.md): the synced kernel's fastest on 3 of the 4 shapes was 64
-// keys + overlap; the ping-pong one is not measured yet (64 keys: its ring has 4 stages), so
-// Auto stays on the synced kernel.
+// keys + overlap; the ping-pong one's 128 keys (3-stage ring) on all 4.
 constexpr AttentionWgmmaConfig kWgmmaConfig{64, true, AttentionWgmmaSchedule::Synced};
-constexpr AttentionWgmmaConfig kPingPongConfig{64, true, AttentionWgmmaSchedule::PingPong};
+constexpr AttentionWgmmaConfig kPingPongConfig{128, true, AttentionWgmmaSchedule::PingPong};
 
 }  // namespace
 
