@@ -361,5 +361,12 @@ if [[ "$what" == pdl ]]; then
   run bench_sample 60 $B/opd bench kernels --filter sample
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
+# The device tool brings back at most 8 files from $OUT: with more, every log goes into one
+# archive (logs.tgz; unpack it where the files land) and only gpu.txt stays beside it.
+if (( $(find "$OUT" -maxdepth 1 -type f | wc -l) > 8 )); then
+  (cd "$OUT" && tar -czf logs.tgz --exclude=logs.tgz --exclude=gpu.txt -- * && \
+     find . -maxdepth 1 -type f ! -name logs.tgz ! -name gpu.txt -delete)
+  echo "logs packed into \$OUT/logs.tgz"
+fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
