@@ -29,6 +29,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,10 @@ void run_bench_w1(const BenchW1Options& o) {
 
   // The trainer's metrics of the measured steps.
   std::vector<double> rollout, score, trainp, step, tokens;
+  // The rollout's split (trainer metrics time/rollout/*), to tell where a slower rollout went.
+  const char* kSplit[] = {"sync_wait_s", "prefill_s", "decode_forward_s", "sample_s", "host_s",
+                          "fixed_s"};
+  std::map<std::string, std::vector<double>> split;
   int64_t peak = 0;
   std::ifstream mf(run + "/metrics.jsonl");
   std::string line;
@@ -187,6 +192,7 @@ void run_bench_w1(const BenchW1Options& o) {
     peak = std::max<int64_t>(peak, m.value("memory/peak_device_bytes", int64_t{0}));
     if (m.value("step", int64_t{0}) <= o.warmup) continue;
     rollout.push_back(m.value("time/rollout_s", 0.0));
+    for (const char* k : kSplit) split[k].push_back(m.value(std::string("time/rollout/") + k, 0.0));
     score.push_back(m.value("time/score_s", 0.0));
     trainp.push_back(m.value("time/train_s", 0.0));
     step.push_back(m.value("time/step_s", 0.0));
@@ -225,6 +231,7 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"train_mfu", mfu},
                       {"step_s", st},
                       {"peak_device_gib", peak_gib}};
+  for (const char* k : kSplit) j[std::string("rollout_") + k] = median(split[k]);
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -311,6 +318,11 @@ void run_bench_w2(const BenchW2Options& o) {
   for (const char* k : {"rollout_s", "score_s", "train_s", "step_s"})
     std::printf("  %-10s  1 GPU %8.3f s   %d GPUs %8.3f s\n", k, w1.at(k).get<double>(), o.nproc,
                 w2.at(k).get<double>());
+  std::printf("  rollout split (rank 0; device time on CUDA):\n");
+  for (const char* k : {"rollout_sync_wait_s", "rollout_prefill_s", "rollout_decode_forward_s",
+                        "rollout_sample_s", "rollout_host_s", "rollout_fixed_s"})
+    std::printf("    %-26s  1 GPU %8.4f s   %d GPUs %8.4f s\n", k, w1.value(k, 0.0), o.nproc,
+                w2.value(k, 0.0));
   std::printf("  peak device memory: 1 GPU %.2f GiB, %d GPUs %.2f GiB per GPU\n",
               w1.at("peak_device_gib").get<double>(), o.nproc, w2.at("peak_device_gib").get<double>());
   std::printf("  scaling efficiency (W1 step / W2 step) %.1f%% (goal >= 95%%)\n", 100 * eff);

@@ -303,6 +303,7 @@ class Trainer {
   void replay_reductions();  // ZeRO-2, a rank with no micro-batch this step: the same reduces
   dist::BucketReadiness& bucket_readiness();
   std::unique_ptr<dist::BucketReadiness> bucket_ready_;
+  EngineStats rollout_stats_;  // the last rollout's engine statistics (its time split, for metrics)
   std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
   void save(int64_t step, const char* why);
   void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
@@ -849,6 +850,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
   eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
   RolloutEngine engine(gen_model, eo, eos);
   auto out = engine.generate(reqs);
+  rollout_stats_ = engine.stats();
   for (size_t i = 0; i < picks.size(); ++i) {
     const Sample& s = (*data_)[picks[i]];
     for (const auto& smp : out[i].samples) {
@@ -1262,7 +1264,20 @@ TrainResult Trainer::run_steps() {
       m["tokens_per_s/score"] = score_s > 0 ? n_total / score_s : 0;
     }
     m["time/rollout_s"] = rollout_s;
-    if (rollout_s > 0) m["tokens_per_s/rollout"] = n_total / rollout_s;
+    if (rollout_s > 0) {
+      m["tokens_per_s/rollout"] = n_total / rollout_s;
+      // Where this rank's rollout went (EngineStats: device time of prefill / decode forward /
+      // sampling on CUDA, host scheduling, the synchronization before it, e.g. with the
+      // previous step's optimizer work still queued, and the per-rollout fixed costs).
+      const EngineStats& es = rollout_stats_;
+      m["time/rollout/sync_wait_s"] = es.sync_wait_seconds;
+      m["time/rollout/prefill_s"] = es.prefill_seconds;
+      m["time/rollout/decode_forward_s"] = es.decode_forward_seconds;
+      m["time/rollout/sample_s"] = es.sample_seconds;
+      m["time/rollout/host_s"] = es.host_seconds;
+      m["time/rollout/fixed_s"] = es.kv_alloc_seconds + es.pack_seconds + es.runner_seconds +
+                                  es.capture_seconds + es.teardown_seconds;
+    }
     m["time/train_s"] = train_s;
     m["tokens_per_s/train"] = train_s > 0 ? n_total / train_s : 0;
     m["time/step_s"] = step_s;

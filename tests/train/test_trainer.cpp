@@ -154,6 +154,20 @@ TEST_F(TrainerTest, EverySourceOfCompletionsRuns) {
       EXPECT_GT(l.at("loss").get<double>(), 0);  // random teacher != random student
       EXPECT_EQ(l.at("skipped"), 0);
       if (c.lmbda == 1.0) EXPECT_TRUE(l.contains("reverse_kl_estimate"));
+      // Steps that generate report where the rollout went; its parts fit inside it.
+      const bool generated = c.lmbda == 1.0 || c.seq_kd;
+      EXPECT_EQ(l.contains("time/rollout/decode_forward_s"), generated) << c.want;
+      if (generated) {
+        double parts = 0;
+        for (const char* k : {"sync_wait_s", "prefill_s", "decode_forward_s", "sample_s", "host_s"}) {
+          const double v = l.at(std::string("time/rollout/") + k).get<double>();
+          EXPECT_GE(v, 0) << k;
+          parts += v;
+        }
+        EXPECT_GT(l.at("time/rollout/prefill_s").get<double>(), 0) << c.want;
+        EXPECT_GT(l.at("time/rollout/decode_forward_s").get<double>(), 0) << c.want;
+        EXPECT_LE(parts, l.at("time/rollout_s").get<double>() * 1.001 + 1e-4) << c.want;
+      }
     }
     EXPECT_EQ(steps, 3);
     // The checkpoint is a model directory that loads.
