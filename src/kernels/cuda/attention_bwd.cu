@@ -14,7 +14,8 @@
 // bit-identical run to run and no f32 dQ buffer or conversion pass is needed.
 //
 // bf16 head_dim 64/128 use mma.sync.m16n8k16 (attention_mma.h); f32 and other head_dim run
-// simple warp-per-row kernels with f32 arithmetic.
+// simple warp-per-row kernels with f32 arithmetic. bf16 head_dim 128 on Hopper can run the
+// wgmma dK/dV kernel instead (attention_bwd_wgmma.cu; OPD_ATTENTION_BWD, attention_wgmma.h).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -22,6 +23,7 @@
 
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/attention_wgmma.h"  // the wgmma dK/dV kernel and its selection
 #include "kernels/cuda/cuda_ops.h"
 
 namespace opd::cuda {
@@ -426,8 +428,11 @@ template <int D>
 void launch_bwd_bf16(const AttentionPlan& plan, const void* dout, const void* q, const void* k,
                      const void* v, const float* lse, const float* delta, int hq, int hkv,
                      double scale, void* dq, void* dk, void* dv, const AttentionBwdTiles& tiles,
-                     cudaStream_t stream) {
-  if (tiles.dkdv_queries == 32) {
+                     bool wgmma_dkdv, cudaStream_t stream) {
+  if (wgmma_dkdv) {  // 64 queries per step, fixed: tiles.dkdv_queries does not apply
+    attention_backward_dkdv_wgmma(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv,
+                                  stream);
+  } else if (tiles.dkdv_queries == 32) {
     launch_dkdv_bf16<D, 32>(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv, stream);
   } else {
     launch_dkdv_bf16<D, 64>(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv, stream);
@@ -630,12 +635,14 @@ void attention_backward(const AttentionPlan& plan, const void* dout, const void*
   if (dtype == DType::BF16) {
     launch_delta<bf16>(dout, out, rows, id, delta.get(), stream);
     if (d == 128) {
+      const bool wgmma =
+          resolve_attention_bwd_kernel(dtype, d, stream) == AttentionBwdKernel::Wgmma;
       return launch_bwd_bf16<128>(plan, dout, q, k, v, lse, delta.get(), iq, ik, scale, dq, dk,
-                                  dv, tiles, stream);
+                                  dv, tiles, wgmma, stream);
     }
     if (d == 64) {
       return launch_bwd_bf16<64>(plan, dout, q, k, v, lse, delta.get(), iq, ik, scale, dq, dk,
-                                 dv, tiles, stream);
+                                 dv, tiles, false, stream);
     }
     return launch_bwd_naive<bf16>(plan, dout, q, k, v, lse, delta.get(), iq, ik, id, scale, dq,
                                   dk, dv, stream);
