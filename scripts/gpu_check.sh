@@ -8,9 +8,10 @@
 #        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|anchor|product|memory|pdl|
 #        attn-bwd]
 # (default all)
-# attn-bwd (~4 min, issue 4): the wgmma dK/dV backward (never run before): the attention tests,
-# the attention + model tests with OPD_ATTENTION_BWD=wgmma, memcheck of the new kernel's small
-# cases, then `opd bench attention` (rows bwd-wgmma/<k>) with its PyTorch twin in the same call.
+# attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
+# tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
+# the new kernels' small cases, then `opd bench attention` (rows bwd-wgmma/<k>, bwd-wgmma-all)
+# with its PyTorch twin in the same call.
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
@@ -367,7 +368,9 @@ fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
   run attn_bwd_model 150 env OPD_ATTENTION_BWD=wgmma $B/test_cuda \
-      --gtest_filter='*CudaModel*:CudaAttention.*:*CudaAttentionWgmmaBwd*'
+      --gtest_filter='*CudaModel*:CudaAttention.*'
+  run attn_bwd_all_model 150 env OPD_ATTENTION_BWD=wgmma-all $B/test_cuda \
+      --gtest_filter='*CudaModel*:CudaAttention.*'
   run memcheck_attn_bwd 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len1_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/mixed_g16_8:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/exact_tiles_*:CudaAttentionWgmmaBwd.DeterministicBitIdentical'
   run bench_attn 120 $B/opd bench attention --iters 30 --warmup 5

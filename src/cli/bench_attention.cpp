@@ -6,7 +6,8 @@
 // fwd = what attention_forward
 // picks by default) and the backward (bwd<q>/<k> = mma.sync dK/dV with q queries per step +
 // mma.sync dQ with k keys per step; bwd-wgmma/<k> = the wgmma dK/dV kernel of
-// attention_bwd_wgmma.cu + the same dQ kernel) on the BENCHMARKS.md attention shapes
+// attention_bwd_wgmma.cu + the same dQ kernel; bwd-wgmma-all = its wgmma dK/dV and dQ kernels)
+// on the BENCHMARKS.md attention shapes
 // (causal, head_dim 128, bf16: 8 x 768 and 4 x 4096 tokens, 16 query heads, 8 and 16 kv heads)
 // with CUDA events, median of N after warm-up. Reports TFLOP/s with causal FLOPs
 // (forward 4 B H L^2 D / 2, backward 2.5x that, the convention SDPA numbers use) and the two
@@ -200,6 +201,22 @@ void run_bench_attention(const BenchAttentionOptions& o) {
       }
       cuda::set_attention_bwd_kernel(saved_bwd);
     }
+    if (wgmma && !o.fwd_only) {  // both wgmma kernels (their step sizes are fixed)
+      auto bwd = [&] {
+        cuda::attention_backward(plan, dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
+                                 lse.data<float>(), s.hq, s.hkv, s.d, scale, DType::BF16,
+                                 dq.raw(), dk.raw(), dv.raw(), nullptr);
+      };
+      cuda::set_attention_bwd_kernel(cuda::AttentionBwdKernel::WgmmaAll);
+      try {
+        const double wms = median_ms(o.warmup, o.iters, bwd);
+        rows.push_back({"bwd-wgmma-all", wms});
+        if (wms < best_wg_bwd) best_wg_bwd = wms, best_wg_bwd_name = "bwd-wgmma-all";
+      } catch (const Error& e) {
+        std::fprintf(stderr, "opd bench attention: wgmma-all backward skipped: %s\n", e.what());
+      }
+      cuda::set_attention_bwd_kernel(saved_bwd);
+    }
     const std::string label = cat(s.batch, " x ", s.len, ", ", s.hq, "/", s.hkv);
     nlohmann::json j;
     j["batch"] = s.batch;
@@ -247,7 +264,8 @@ void run_bench_attention(const BenchAttentionOptions& o) {
     std::printf("%s\n", top.dump().c_str());
   } else {
     std::printf("summary (TFLOP/s; fwd = default kernel, wgmma = best wgmma variant, bwd = best "
-                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel):\n");
+                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel, alone or with the "
+                "wgmma dQ kernel):\n");
     for (const auto& j : results) {
       std::printf("  B %lld L %lld Hq %lld Hkv %lld: fwd %.1f (%s)  mma %.1f", static_cast<long long>(j["batch"]),
                   static_cast<long long>(j["seqlen"]), static_cast<long long>(j["hq"]),
@@ -279,7 +297,7 @@ void register_bench_attention(CLI::App& app) {
   CLI::App* cmd = bench->add_subcommand(
       "attention",
       "CUDA causal GQA attention forward/backward TFLOP/s (FlashAttention-2 kernels; on Hopper "
-      "also every wgmma forward variant and the wgmma dK/dV backward, labeled)");
+      "also every wgmma forward variant and the wgmma backward kernels, labeled)");
   cmd->add_flag("--json", opts->json, "print one JSON object (default off)");
   cmd->add_flag("--fwd-only", opts->fwd_only, "time the forward kernels only (default off)");
   cmd->add_option("--iters", opts->iters, "timed repetitions (median reported; default 30)");

@@ -7,8 +7,9 @@
 // on/off, producer warp with and without ping-pong), causal against the CPU op and the mma.sync kernel, non-causal against an
 // f64 reference here; lengths 1, 17, 63, 65, 127, 129, 768, 1500 and varlen batches with empty
 // sequences, GQA 16/8, 16/16, 32/8; the OPD_ATTENTION_FWD selection.
-// The Hopper wgmma dK/dV backward (attention_bwd_wgmma.cu): dk, dv against the f64 reference
-// and the mma.sync kernel (dq, from the same mma.sync dQ kernel, bit-identical), lengths 1, 17,
+// The Hopper wgmma backward (attention_bwd_wgmma.cu): dk, dv (and with wgmma-all dq) against the
+// f64 reference and the mma.sync kernels (dq of `wgmma`, from the same mma.sync dQ kernel,
+// bit-identical), lengths 1, 17,
 // 63, 65, 127, 129, 300, 768, 1500 and varlen batches with empty sequences, GQA 16/8, 16/16,
 // 32/8, 2/1; poisoned outputs; bit-identical reruns; the OPD_ATTENTION_BWD selection.
 // GPU only: every test skips cleanly without a device.
@@ -632,8 +633,9 @@ BwdOut run_backward(const Problem& p, const AttnCase& c, cuda::AttentionBwdKerne
 class CudaAttentionWgmmaBwd : public ::testing::TestWithParam<AttnCase> {};
 
 // dk, dv of the wgmma kernel against the f64 reference and against the mma.sync kernel (the
-// same bf16 rounding points: P and dS rounded before their products); dq comes from the same
-// mma.sync dQ kernel in both runs, so it is bit-identical.
+// same bf16 rounding points: P and dS rounded before their products); with `wgmma`, dq comes
+// from the same mma.sync dQ kernel as with `mma`, so it is bit-identical; with `wgmma-all` it
+// comes from the wgmma dQ kernel (checked like dk, dv) and dk, dv are `wgmma`'s bit for bit.
 TEST_P(CudaAttentionWgmmaBwd, MatchesReferenceAndMmaKernel) {
   REQUIRE_WGMMA();
   const AttnCase& c = GetParam();
@@ -642,6 +644,16 @@ TEST_P(CudaAttentionWgmmaBwd, MatchesReferenceAndMmaKernel) {
   Problem p = make_problem(c, DType::BF16, 1000);
   using K = cuda::AttentionBwdKernel;
   const BwdOut mma = run_backward(p, c, K::Mma), wg = run_backward(p, c, K::Wgmma);
+  const BwdOut all = run_backward(p, c, K::WgmmaAll);
+  {
+    SCOPED_TRACE("wgmma-all");
+    const Tensor dq = from_device(all.dq);
+    EXPECT_TRUE(matches("dq", dq, p.dq_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(matches("dq vs mma", dq, from_device(mma.dq), c.lengths, tol.rtol,
+                        tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(same_bytes(all.dk, wg.dk));
+    EXPECT_TRUE(same_bytes(all.dv, wg.dv));
+  }
   const Tensor dk = from_device(wg.dk), dv = from_device(wg.dv);
   EXPECT_TRUE(matches("dk", dk, p.dk_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
   EXPECT_TRUE(matches("dv", dv, p.dv_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
@@ -679,23 +691,27 @@ TEST(CudaAttentionWgmmaBwd, DeterministicBitIdentical) {
   REQUIRE_WGMMA();
   AttnCase c{"determinism", kWgmmaMixed, 16, 8, 128};
   Problem p = make_problem(c, DType::BF16, 1100);
-  const BwdOut a = run_backward(p, c, cuda::AttentionBwdKernel::Wgmma, /*zero_init=*/true);
-  const BwdOut b = run_backward(p, c, cuda::AttentionBwdKernel::Wgmma);
-  EXPECT_TRUE(same_bytes(a.dk, b.dk));
-  EXPECT_TRUE(same_bytes(a.dv, b.dv));
-  EXPECT_TRUE(same_bytes(a.dq, b.dq));
+  for (auto kernel : {cuda::AttentionBwdKernel::Wgmma, cuda::AttentionBwdKernel::WgmmaAll}) {
+    SCOPED_TRACE(cuda::attention_bwd_kernel_name(kernel));
+    const BwdOut a = run_backward(p, c, kernel, /*zero_init=*/true);
+    const BwdOut b = run_backward(p, c, kernel);
+    EXPECT_TRUE(same_bytes(a.dk, b.dk));
+    EXPECT_TRUE(same_bytes(a.dv, b.dv));
+    EXPECT_TRUE(same_bytes(a.dq, b.dq));
+  }
 }
 
 // The setting itself needs no device: names, the setter, and auto staying a setting of its own.
 TEST(CudaAttentionWgmmaBwd, SettingRoundTrip) {
   BwdKernelGuard guard;
   using K = cuda::AttentionBwdKernel;
-  for (K kernel : {K::Mma, K::Wgmma, K::Auto}) {
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll, K::Auto}) {
     cuda::set_attention_bwd_kernel(kernel);
     EXPECT_EQ(cuda::attention_bwd_kernel_setting(), kernel);
   }
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Mma), "mma");
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Wgmma), "wgmma");
+  EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::WgmmaAll), "wgmma-all");
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Auto), "auto");
 }
 
@@ -705,10 +721,12 @@ TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
   REQUIRE_WGMMA();
   BwdKernelGuard guard;
   using K = cuda::AttentionBwdKernel;
-  cuda::set_attention_bwd_kernel(K::Wgmma);
-  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::Wgmma);
-  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 64), K::Mma);
-  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::F32, 128), K::Mma);
+  for (K wg : {K::Wgmma, K::WgmmaAll}) {
+    cuda::set_attention_bwd_kernel(wg);
+    EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), wg);
+    EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 64), K::Mma);
+    EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::F32, 128), K::Mma);
+  }
   cuda::set_attention_bwd_kernel(K::Mma);
   EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::Mma);
   cuda::set_attention_bwd_kernel(K::Auto);
@@ -721,7 +739,7 @@ TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
   Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
   Tensor dout_d = to_device(p.dout, dt), out_d = to_device(p.out_in, dt);
   Tensor lse_d = to_device(p.lse_in, DType::F32);
-  for (K kernel : {K::Mma, K::Wgmma}) {
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll}) {
     SCOPED_TRACE(cuda::attention_bwd_kernel_name(kernel));
     cuda::set_attention_bwd_kernel(kernel);
     Tensor dq = poisoned_device({p.n, c.hq, c.d}, dt), dk = poisoned_device({p.n, c.hkv, c.d}, dt);
@@ -742,6 +760,10 @@ TEST(CudaAttentionWgmmaBwd, RejectsBadHeads) {
   EXPECT_THROW(cuda::attention_backward_dkdv_wgmma(plan, q.raw(), q.raw(), k.raw(), k.raw(),
                                                    lse.data<float>(), lse.data<float>(), 4, 3,
                                                    0.1, k.raw(), k.raw(), nullptr),
+               Error);
+  EXPECT_THROW(cuda::attention_backward_dq_wgmma(plan, q.raw(), q.raw(), k.raw(), k.raw(),
+                                                 lse.data<float>(), lse.data<float>(), 4, 3,
+                                                 0.1, q.raw(), nullptr),
                Error);
 }
 

@@ -1,6 +1,7 @@
 // dK and dV of the causal grouped-query attention backward on Hopper (bf16, head_dim 128) with
 // warpgroup MMA: FlashAttention-2 algorithm 2 (Dao 2023) in FlashAttention-3's form (Shah et
-// al. 2024, section 3.3), and the OPD_ATTENTION_BWD selection. With P = exp(scale q k^T - lse),
+// al. 2024, section 3.3), a wgmma dQ kernel (second kernel below), and the OPD_ATTENTION_BWD
+// selection. With P = exp(scale q k^T - lse),
 // dP = dout v^T, D = rowsum(dout * out), dS = P * (dP - D):  dV = P^T dout, dK = scale dS^T q.
 //
 // One CTA = one 128-key tile of one sequence (the AttentionPlan's k_tiles) x one kv head =
@@ -250,6 +251,171 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // OPD_WGMMA_ENABLED: the plain sm_90 build has an empty body and is never launched
 }
 
+// ---- dQ: one CTA per (128-query tile, query head), looping over 64-key tiles ---------------
+// The forward's structure with the backward's products (FlashAttention-2 algorithm 2's dQ half,
+// kept as a separate kernel so that dQ needs no atomics): each warpgroup owns 64 query rows and
+// per key tile computes S = Q K^T and dP = dO V^T (wgmma m64n64k16, Q, dO, K, V K-major),
+// dS = P (dP - D) with P = exp2(S scale log2e - lse) causally masked, and dQ += dS K
+// (wgmma m64n128k16, dS from registers, K N-major). K and V tiles are double-buffered.
+constexpr int kBN = 64;                      // keys per loop step
+constexpr int kQTileBytes = kBK * kD * 2;    // Q or dO of the CTA's 128 rows
+constexpr int kKTileBytes = kBN * kD * 2;    // one K or V buffer
+constexpr int kDqSmemBytes = 1024 + 2 * kQTileBytes + 4 * kKTileBytes;
+
+// grid.x = num_tiles * hq (the plan's q_tiles: query tiles with the most keys first, head
+// fastest); 256 threads.
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dq_wgmma_kernel(const Tile* __restrict__ tiles, int hq, int hkv, float scale,
+                                  float scale_log2, const bf16* __restrict__ q,
+                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                  const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                  const float* __restrict__ delta, bf16* __restrict__ dq) {
+#if OPD_WGMMA_ENABLED
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = attn::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t sQ = base;                   // [128][128], later the dQ staging tile
+  const uint32_t sdO = sQ + kQTileBytes;      // [128][128]
+  const uint32_t sK = sdO + kQTileBytes;      // [2][64][128]
+  const uint32_t sV = sK + 2 * kKTileBytes;   // [2][64][128]
+
+  const Tile tile = tiles[blockIdx.x / hq];
+  const int h = static_cast<int>(blockIdx.x % hq);
+  const int g = h / (hq / hkv);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+
+  const int q0 = tile.block * kBK;            // sequence-relative first query row
+  const int rows = min(kBK, tile.len - q0);   // valid rows (>= 1)
+  const int kv_end = q0 + rows;               // keys any valid row sees (causal)
+  const int n_kv = (kv_end + kBN - 1) / kBN;
+  const int64_t q_stride = static_cast<int64_t>(hq) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(hkv) * kD;
+  const int64_t q_off = (static_cast<int64_t>(tile.start + q0) * hq + h) * kD;
+  const bf16* k_ptr = k + (static_cast<int64_t>(tile.start) * hkv + g) * kD;
+  const bf16* v_ptr = v + (static_cast<int64_t>(tile.start) * hkv + g) * kD;
+
+  wg::load_tile_swz128<kBK, kThreads>(sQ, q + q_off, q_stride, rows);
+  wg::load_tile_swz128<kBK, kThreads>(sdO, dout + q_off, q_stride, rows);
+  wg::load_tile_swz128<kBN, kThreads>(sK, k_ptr, kv_stride, min(kBN, kv_end));
+  wg::load_tile_swz128<kBN, kThreads>(sV, v_ptr, kv_stride, min(kBN, kv_end));
+  attn::cp_async_commit();
+
+  // lse (log2 units) and D of this thread's rows r and r + 8; rows past the sequence get
+  // lse = +inf (P = 0) and are never stored.
+  const int wg_row0 = wgi * 64;
+  const int warp_row0 = q0 + wg_row0 + warp * 16;  // sequence-relative
+  const int row_lo = warp_row0 + lane / 4;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_lo + r * 8;
+    const int64_t idx = static_cast<int64_t>(tile.start + row) * hq + h;
+    lse2[r] = row < tile.len ? lse[idx] * kLog2e : INFINITY;
+    dl[r] = row < tile.len ? delta[idx] : 0.f;
+  }
+
+  float dq_acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dq_acc[i] = 0.f;
+
+  for (int j = 0; j < n_kv; ++j) {
+    const int buf = j & 1;
+    // Tile j landed everywhere; both warpgroups finished tile j - 1 (waited for), so its
+    // buffer (buf ^ 1) may be refilled with tile j + 1.
+    attn::cp_async_wait<0>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n_kv) {
+      const int n1 = (j + 1) * kBN;
+      wg::load_tile_swz128<kBN, kThreads>(sK + (buf ^ 1) * kKTileBytes, k_ptr + n1 * kv_stride,
+                                          kv_stride, min(kBN, kv_end - n1));
+      wg::load_tile_swz128<kBN, kThreads>(sV + (buf ^ 1) * kKTileBytes, v_ptr + n1 * kv_stride,
+                                          kv_stride, min(kBN, kv_end - n1));
+      attn::cp_async_commit();
+    }
+    const uint32_t tk = sK + buf * kKTileBytes, tv = sV + buf * kKTileBytes;
+    uint64_t qd[kD / 16], kd[kD / 16], dod[kD / 16], vd[kD / 16], kn[kBN / 16];
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      qd[ks] = wg::desc_k_major(sQ, kBK, wg_row0, ks);
+      dod[ks] = wg::desc_k_major(sdO, kBK, wg_row0, ks);
+      kd[ks] = wg::desc_k_major(tk, kBN, 0, ks);
+      vd[ks] = wg::desc_k_major(tv, kBN, 0, ks);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) kn[kk] = wg::desc_n_major(tk, kBN, kk * 16);
+
+    float s[kBN / 2], dp[kBN / 2];
+    wg::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) wg::wgmma_m64n64k16_ss(s, qd[ks], kd[ks], ks > 0 ? 1 : 0);
+    wg::wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) wg::wgmma_m64n64k16_ss(dp, dod[ks], vd[ks], ks > 0 ? 1 : 0);
+    wg::wgmma_commit();
+    wg::wgmma_wait<1>();  // S done; dP may still run
+    wg::fence_regs(s);
+
+    // P, masked where the key is after the row (only tiles reaching past the warp's first row).
+    // Row of s[4i + e]: row_lo + 8 (e >> 1); key: n0 + 8i + 2(lane % 4) + (e & 1).
+    const int n0 = j * kBN;
+    const bool need_mask = n0 + kBN - 1 > warp_row0;
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[4 * i + e] * scale_log2 - lse2[e >> 1]);
+        if (need_mask && n0 + i * 8 + (lane % 4) * 2 + (e & 1) > row_lo + (e >> 1) * 8) p = 0.f;
+        s[4 * i + e] = p;
+      }
+    }
+    wg::wgmma_wait<0>();
+    wg::fence_regs(dp);
+    uint32_t dsa[kBN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i0 = 8 * kk + 2 * r;  // two floats of one row: same (e >> 1)
+        const float dl_r = dl[r & 1];
+        dsa[kk][r] = attn::pack_bf16(s[i0] * (dp[i0] - dl_r), s[i0 + 1] * (dp[i0 + 1] - dl_r));
+      }
+    }
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) wg::wgmma_m64n128k16_rs_tb(dq_acc, dsa[kk], kn[kk]);
+    wg::wgmma_commit();
+    wg::wgmma_wait<0>();  // before the barrier that lets buffer `buf` be refilled
+    wg::fence_regs(dq_acc);
+  }
+
+  // Epilogue of one warp: scale, stage its 16 rows in its own rows of the Q tile (read only by
+  // its warpgroup's wgmmas, all waited for), 16-byte coalesced stores of the valid rows.
+  const int trow = wg_row0 + warp * 16 + lane / 4;
+  unsigned char* stage = smem + (sQ - base);
+  const uint32_t within = (lane % 4) * 4;
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    *reinterpret_cast<uint32_t*>(stage + wg::swz128_offset(kBK, trow, i) + within) =
+        attn::pack_bf16(dq_acc[4 * i + 0] * scale, dq_acc[4 * i + 1] * scale);
+    *reinterpret_cast<uint32_t*>(stage + wg::swz128_offset(kBK, trow + 8, i) + within) =
+        attn::pack_bf16(dq_acc[4 * i + 2] * scale, dq_acc[4 * i + 3] * scale);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int idx_it = 0; idx_it < 16 * (kD / 8) / 32; ++idx_it) {
+    const int idx = idx_it * 32 + lane;
+    const int row = wg_row0 + warp * 16 + idx / (kD / 8), chunk = idx % (kD / 8);
+    if (row < rows) {
+      *reinterpret_cast<uint4*>(dq + q_off + row * q_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(stage + wg::swz128_offset(kBK, row, chunk));
+    }
+  }
+#endif  // OPD_WGMMA_ENABLED
+}
+
 // Setting: -2 not read yet, -1 invalid environment value, else the enum.
 std::atomic<int> g_setting{-2};
 
@@ -262,7 +428,11 @@ AttentionBwdKernel setting_or_throw() {
       if (std::strcmp(env, "auto") == 0) parsed = static_cast<int>(AttentionBwdKernel::Auto);
       else if (std::strcmp(env, "mma") == 0) parsed = static_cast<int>(AttentionBwdKernel::Mma);
       else if (std::strcmp(env, "wgmma") == 0) parsed = static_cast<int>(AttentionBwdKernel::Wgmma);
-      else parsed = -1;
+      else if (std::strcmp(env, "wgmma-all") == 0) {
+        parsed = static_cast<int>(AttentionBwdKernel::WgmmaAll);
+      } else {
+        parsed = -1;
+      }
     }
     int expected = -2;
     g_setting.compare_exchange_strong(expected, parsed);  // a concurrent set_ wins
@@ -271,12 +441,12 @@ AttentionBwdKernel setting_or_throw() {
   if (s == -1) {
     const char* env = std::getenv("OPD_ATTENTION_BWD");
     OPD_FAIL(InvalidArgument, "OPD_ATTENTION_BWD=", env ? env : "",
-             " is not one of mma, wgmma, auto");
+             " is not one of mma, wgmma, wgmma-all, auto");
   }
   return static_cast<AttentionBwdKernel>(s);
 }
 
-// What Auto means: the mma.sync kernel until the wgmma one has passed its tests and been
+// What Auto means: the mma.sync kernels until the wgmma ones have passed their tests and been
 // measured on a GPU (docs/perf.md "Attention — wgmma backward").
 constexpr AttentionBwdKernel kAutoChoice = AttentionBwdKernel::Mma;
 
@@ -293,6 +463,7 @@ const char* attention_bwd_kernel_name(AttentionBwdKernel kernel) {
     case AttentionBwdKernel::Auto: return "auto";
     case AttentionBwdKernel::Mma: return "mma";
     case AttentionBwdKernel::Wgmma: return "wgmma";
+    case AttentionBwdKernel::WgmmaAll: return "wgmma-all";
   }
   return "?";
 }
@@ -303,9 +474,9 @@ AttentionBwdKernel resolve_attention_bwd_kernel(DType dtype, int64_t head_dim,
   if (dtype != DType::BF16 || head_dim != kD || s == AttentionBwdKernel::Mma) {
     return AttentionBwdKernel::Mma;
   }
-  if (s == AttentionBwdKernel::Wgmma) {
-    OPD_CHECK(attention_wgmma_available_on(stream), Unsupported,
-              "attention backward: the wgmma dK/dV kernel was requested (OPD_ATTENTION_BWD or "
+  if (s == AttentionBwdKernel::Wgmma || s == AttentionBwdKernel::WgmmaAll) {
+    OPD_CHECK(attention_wgmma_available_on(stream), Unsupported, "attention backward: the ",
+              attention_bwd_kernel_name(s), " kernels were requested (OPD_ATTENTION_BWD or "
               "set_attention_bwd_kernel) but this device does not run sm_90a code");
     return s;
   }
@@ -315,21 +486,27 @@ AttentionBwdKernel resolve_attention_bwd_kernel(DType dtype, int64_t head_dim,
   return AttentionBwdKernel::Mma;
 }
 
+namespace {
+// The checks both launchers share; false when there is nothing to compute.
+bool check_args(const char* op, const AttentionPlan& plan, int64_t hq, int64_t hkv, double scale,
+                cudaStream_t stream) {
+  OPD_CHECK(hkv >= 1 && hq >= 1 && hq % hkv == 0, InvalidArgument, "CUDA ", op,
+            ": query heads ", hq, " must be a positive multiple of kv heads ", hkv);
+  OPD_CHECK(std::isfinite(scale), InvalidArgument, "CUDA ", op, ": scale ", scale);
+  OPD_CHECK(plan.num_tiles() * hq < (int64_t{1} << 31) && plan.total_rows() * hq < (int64_t{1} << 33),
+            Unsupported, "CUDA ", op, ": ", plan.total_rows(), " rows x ", hq,
+            " heads is too large for one launch");
+  OPD_CHECK(attention_wgmma_available_on(stream), Unsupported, "CUDA ", op,
+            ": this device does not run sm_90a (wgmma) code");
+  return plan.total_rows() > 0 && plan.num_tiles() > 0;
+}
+}  // namespace
+
 void attention_backward_dkdv_wgmma(const AttentionPlan& plan, const void* dout, const void* q,
                                    const void* k, const void* v, const float* lse,
                                    const float* delta, int64_t hq, int64_t hkv, double scale,
                                    void* dk, void* dv, cudaStream_t stream) {
-  OPD_CHECK(hkv >= 1 && hq >= 1 && hq % hkv == 0, InvalidArgument,
-            "CUDA attention_backward_dkdv_wgmma: query heads ", hq,
-            " must be a positive multiple of kv heads ", hkv);
-  OPD_CHECK(std::isfinite(scale), InvalidArgument, "CUDA attention_backward_dkdv_wgmma: scale ",
-            scale);
-  OPD_CHECK(plan.num_tiles() * hq < (int64_t{1} << 31) && plan.total_rows() * hq < (int64_t{1} << 33),
-            Unsupported, "CUDA attention_backward_dkdv_wgmma: ", plan.total_rows(), " rows x ",
-            hq, " heads is too large for one launch");
-  OPD_CHECK(attention_wgmma_available_on(stream), Unsupported,
-            "CUDA attention_backward_dkdv_wgmma: this device does not run sm_90a (wgmma) code");
-  if (plan.total_rows() == 0 || plan.num_tiles() == 0) return;
+  if (!check_args("attention_backward_dkdv_wgmma", plan, hq, hkv, scale, stream)) return;
   auto kernel = attention_bwd_dkdv_wgmma_kernel;
   OPD_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -339,6 +516,22 @@ void attention_backward_dkdv_wgmma(const AttentionPlan& plan, const void* dout, 
       static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<const bf16*>(dout),
       lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
   check_launch("attention_bwd_dkdv_wgmma_kernel");
+}
+
+void attention_backward_dq_wgmma(const AttentionPlan& plan, const void* dout, const void* q,
+                                 const void* k, const void* v, const float* lse,
+                                 const float* delta, int64_t hq, int64_t hkv, double scale,
+                                 void* dq, cudaStream_t stream) {
+  if (!check_args("attention_backward_dq_wgmma", plan, hq, hkv, scale, stream)) return;
+  auto kernel = attention_bwd_dq_wgmma_kernel;
+  OPD_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmemBytes));
+  kernel<<<static_cast<unsigned>(plan.num_tiles() * hq), kThreads, kDqSmemBytes, stream>>>(
+      reinterpret_cast<const Tile*>(plan.q_tiles()), static_cast<int>(hq), static_cast<int>(hkv),
+      static_cast<float>(scale), static_cast<float>(scale) * kLog2e, static_cast<const bf16*>(q),
+      static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<const bf16*>(dout),
+      lse, delta, static_cast<bf16*>(dq));
+  check_launch("attention_bwd_dq_wgmma_kernel");
 }
 
 }  // namespace opd::cuda

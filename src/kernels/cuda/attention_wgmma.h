@@ -86,19 +86,22 @@ AttentionFwdKernel resolve_attention_fwd_kernel(DType dtype, int64_t head_dim,
 const char* attention_fwd_kernel_name(AttentionFwdKernel kernel);
 
 // ---- backward ------------------------------------------------------------------------------
-// Which dK/dV kernel attention_backward (cuda_ops.h) runs for bf16, head_dim 128 (the dQ kernel
-// is the mma.sync one either way; every other case always runs the kernels of
-// attention_bwd.cu). Wgmma = attention_backward_dkdv_wgmma below. Auto = mma: the wgmma kernel
-// has not been measured (nor run) on a GPU yet (docs/perf.md "Attention — wgmma backward").
-enum class AttentionBwdKernel { Auto, Mma, Wgmma };
+// Which kernels attention_backward (cuda_ops.h) runs for bf16, head_dim 128 (every other case
+// always runs the kernels of attention_bwd.cu). Mma = the mma.sync dK/dV and dQ kernels;
+// Wgmma = attention_backward_dkdv_wgmma below + the mma.sync dQ kernel (so dq is bit-identical
+// to Mma's); WgmmaAll = attention_backward_dkdv_wgmma + attention_backward_dq_wgmma. Auto = mma:
+// the wgmma kernels have not been measured (nor run) on a GPU yet (docs/perf.md "Attention —
+// wgmma backward").
+enum class AttentionBwdKernel { Auto, Mma, Wgmma, WgmmaAll };
 
-// The process-wide setting: initially from OPD_ATTENTION_BWD (`mma`, `wgmma` or `auto`; unset =
-// auto; anything else is an InvalidArgument error at the first backward call);
+// The process-wide setting: initially from OPD_ATTENTION_BWD (`mma`, `wgmma`, `wgmma-all` or
+// `auto`; unset = auto; anything else is an InvalidArgument error at the first backward call);
 // set_attention_bwd_kernel overrides it (tests, benchmarks).
 void set_attention_bwd_kernel(AttentionBwdKernel kernel);
 AttentionBwdKernel attention_bwd_kernel_setting();
-// What attention_backward runs for (dtype, head_dim) on the device of `stream`: Mma or Wgmma
-// (Auto resolved; a forced Wgmma on a device without sm_90a code is an Unsupported error).
+// What attention_backward runs for (dtype, head_dim) on the device of `stream`: Mma, Wgmma or
+// WgmmaAll (Auto resolved; a forced wgmma setting on a device without sm_90a code is an
+// Unsupported error).
 AttentionBwdKernel resolve_attention_bwd_kernel(DType dtype, int64_t head_dim,
                                                 cudaStream_t stream = nullptr);
 const char* attention_bwd_kernel_name(AttentionBwdKernel kernel);
@@ -114,5 +117,15 @@ void attention_backward_dkdv_wgmma(const AttentionPlan& plan, const void* dout, 
                                    const void* k, const void* v, const float* lse,
                                    const float* delta, int64_t hq, int64_t hkv, double scale,
                                    void* dk, void* dv, cudaStream_t stream);
+
+// dQ of the same backward with wgmma (same operands; dq [T, hq, 128] bf16 written, including
+// `scale`): one CTA per (128-query tile, query head), 2 warpgroups of 64 rows, looping over the
+// 64-key tiles up to the tile's last row: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+// Deterministic (one owner per element, fixed order). Shared memory: 32 KiB Q + 32 KiB dO +
+// 2 x (16 KiB K + 16 KiB V) + 1 KiB alignment = 129 KiB. Throws as the dK/dV kernel does.
+void attention_backward_dq_wgmma(const AttentionPlan& plan, const void* dout, const void* q,
+                                 const void* k, const void* v, const float* lse,
+                                 const float* delta, int64_t hq, int64_t hkv, double scale,
+                                 void* dq, cudaStream_t stream);
 
 }  // namespace opd::cuda
