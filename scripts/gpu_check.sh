@@ -5,8 +5,13 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|anchor|product|memory|pdl]
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|anchor|product|memory|pdl|
+#        attn-bwd]
 # (default all)
+# attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
+# tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
+# the new kernels' small cases, then `opd bench attention` (rows bwd-wgmma/<k>, bwd-wgmma-all)
+# with its PyTorch twin in the same call.
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
@@ -359,6 +364,18 @@ if [[ "$what" == pdl ]]; then
   run bench_rollout_eager_nopdl 90 $B/opd bench rollout --no-graphs --runs 1 --no-pdl
   run bench_rollout_eager_pdl 90 $B/opd bench rollout --no-graphs --runs 1 --pdl
   run bench_sample 60 $B/opd bench kernels --filter sample
+fi
+if [[ "$what" == attn-bwd ]]; then
+  run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
+  run attn_bwd_model 150 env OPD_ATTENTION_BWD=wgmma $B/test_cuda \
+      --gtest_filter='*CudaModel*:CudaAttention.*'
+  run attn_bwd_all_model 150 env OPD_ATTENTION_BWD=wgmma-all $B/test_cuda \
+      --gtest_filter='*CudaModel*:CudaAttention.*'
+  run memcheck_attn_bwd 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len1_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/mixed_g16_8:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/exact_tiles_*:CudaAttentionWgmmaBwd.DeterministicBitIdentical'
+  run bench_attn 120 $B/opd bench attention --iters 30 --warmup 5
+  run torch_attn 120 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
+  grep -h "summary" -A4 "$OUT/bench_attn.log" 2>/dev/null
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one

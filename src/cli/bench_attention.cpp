@@ -4,7 +4,10 @@
 // fwd-wgmma<block_n><o|s|w|p> = synced overlap / synced serial / warp-specialized producer /
 // producer + ping-pong; fwd-mma = the mma.sync kernel;
 // fwd = what attention_forward
-// picks by default) on the BENCHMARKS.md attention shapes
+// picks by default) and the backward (bwd<q>/<k> = mma.sync dK/dV with q queries per step +
+// mma.sync dQ with k keys per step; bwd-wgmma/<k> = the wgmma dK/dV kernel of
+// attention_bwd_wgmma.cu + the same dQ kernel; bwd-wgmma-all = its wgmma dK/dV and dQ kernels)
+// on the BENCHMARKS.md attention shapes
 // (causal, head_dim 128, bf16: 8 x 768 and 4 x 4096 tokens, 16 query heads, 8 and 16 kv heads)
 // with CUDA events, median of N after warm-up. Reports TFLOP/s with causal FLOPs
 // (forward 4 B H L^2 D / 2, backward 2.5x that, the convention SDPA numbers use) and the two
@@ -165,8 +168,10 @@ void run_bench_attention(const BenchAttentionOptions& o) {
         if (ms < best_wg) best_wg = ms, best_wg_name = name;
       }
     }
-    double best_bwd = 1e30;
-    std::string best_name;
+    double best_bwd = 1e30, best_wg_bwd = 1e30;
+    std::string best_name, best_wg_bwd_name;
+    // Each row forces its dK/dV kernel (the process setting, OPD_ATTENTION_BWD, is restored).
+    const cuda::AttentionBwdKernel saved_bwd = cuda::attention_bwd_kernel_setting();
     for (const auto& t : variants) {
       if (o.fwd_only) break;
       auto bwd = [&] {
@@ -174,10 +179,43 @@ void run_bench_attention(const BenchAttentionOptions& o) {
                                  lse.data<float>(), s.hq, s.hkv, s.d, scale, DType::BF16,
                                  dq.raw(), dk.raw(), dv.raw(), nullptr, t);
       };
+      cuda::set_attention_bwd_kernel(cuda::AttentionBwdKernel::Mma);
       const double ms = median_ms(o.warmup, o.iters, bwd);
       const std::string name = cat("bwd", t.dkdv_queries, "/", t.dq_keys);
       rows.push_back({name, ms});
       if (ms < best_bwd) best_bwd = ms, best_name = name;
+      // The wgmma dK/dV kernel has one query step (64): one row per dQ key step.
+      if (wgmma && t.dkdv_queries == 64) {
+        cuda::set_attention_bwd_kernel(cuda::AttentionBwdKernel::Wgmma);
+        double wms = 0;
+        try {
+          wms = median_ms(o.warmup, o.iters, bwd);
+        } catch (const Error& e) {
+          std::fprintf(stderr, "opd bench attention: wgmma backward skipped: %s\n", e.what());
+          cuda::set_attention_bwd_kernel(saved_bwd);
+          continue;
+        }
+        const std::string wname = cat("bwd-wgmma/", t.dq_keys);
+        rows.push_back({wname, wms});
+        if (wms < best_wg_bwd) best_wg_bwd = wms, best_wg_bwd_name = wname;
+      }
+      cuda::set_attention_bwd_kernel(saved_bwd);
+    }
+    if (wgmma && !o.fwd_only) {  // both wgmma kernels (their step sizes are fixed)
+      auto bwd = [&] {
+        cuda::attention_backward(plan, dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
+                                 lse.data<float>(), s.hq, s.hkv, s.d, scale, DType::BF16,
+                                 dq.raw(), dk.raw(), dv.raw(), nullptr);
+      };
+      cuda::set_attention_bwd_kernel(cuda::AttentionBwdKernel::WgmmaAll);
+      try {
+        const double wms = median_ms(o.warmup, o.iters, bwd);
+        rows.push_back({"bwd-wgmma-all", wms});
+        if (wms < best_wg_bwd) best_wg_bwd = wms, best_wg_bwd_name = "bwd-wgmma-all";
+      } catch (const Error& e) {
+        std::fprintf(stderr, "opd bench attention: wgmma-all backward skipped: %s\n", e.what());
+      }
+      cuda::set_attention_bwd_kernel(saved_bwd);
     }
     const std::string label = cat(s.batch, " x ", s.len, ", ", s.hq, "/", s.hkv);
     nlohmann::json j;
@@ -211,6 +249,10 @@ void run_bench_attention(const BenchAttentionOptions& o) {
       j["bwd_best"] = {{"variant", best_name}, {"ms", best_bwd},
                        {"tflops", bwd_flop / (best_bwd * 1e-3) / 1e12}};
     }
+    if (!best_wg_bwd_name.empty()) {
+      j["bwd_wgmma_best"] = {{"variant", best_wg_bwd_name}, {"ms", best_wg_bwd},
+                             {"tflops", bwd_flop / (best_wg_bwd * 1e-3) / 1e12}};
+    }
     results.push_back(j);
   }
   if (o.json) {
@@ -222,7 +264,8 @@ void run_bench_attention(const BenchAttentionOptions& o) {
     std::printf("%s\n", top.dump().c_str());
   } else {
     std::printf("summary (TFLOP/s; fwd = default kernel, wgmma = best wgmma variant, bwd = best "
-                "tile variant):\n");
+                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel, alone or with the "
+                "wgmma dQ kernel):\n");
     for (const auto& j : results) {
       std::printf("  B %lld L %lld Hq %lld Hkv %lld: fwd %.1f (%s)  mma %.1f", static_cast<long long>(j["batch"]),
                   static_cast<long long>(j["seqlen"]), static_cast<long long>(j["hq"]),
@@ -235,6 +278,10 @@ void run_bench_attention(const BenchAttentionOptions& o) {
       if (j.contains("bwd_best")) {
         std::printf("  bwd %.1f (%s)", j["bwd_best"]["tflops"].get<double>(),
                     j["bwd_best"]["variant"].get<std::string>().c_str());
+      }
+      if (j.contains("bwd_wgmma_best")) {
+        std::printf("  bwd-wgmma %.1f (%s)", j["bwd_wgmma_best"]["tflops"].get<double>(),
+                    j["bwd_wgmma_best"]["variant"].get<std::string>().c_str());
       }
       std::printf("\n");
     }
@@ -250,7 +297,7 @@ void register_bench_attention(CLI::App& app) {
   CLI::App* cmd = bench->add_subcommand(
       "attention",
       "CUDA causal GQA attention forward/backward TFLOP/s (FlashAttention-2 kernels; on Hopper "
-      "also every wgmma forward variant, labeled)");
+      "also every wgmma forward variant and the wgmma backward kernels, labeled)");
   cmd->add_flag("--json", opts->json, "print one JSON object (default off)");
   cmd->add_flag("--fwd-only", opts->fwd_only, "time the forward kernels only (default off)");
   cmd->add_option("--iters", opts->iters, "timed repetitions (median reported; default 30)");

@@ -7,6 +7,11 @@
 // on/off, producer warp with and without ping-pong), causal against the CPU op and the mma.sync kernel, non-causal against an
 // f64 reference here; lengths 1, 17, 63, 65, 127, 129, 768, 1500 and varlen batches with empty
 // sequences, GQA 16/8, 16/16, 32/8; the OPD_ATTENTION_FWD selection.
+// The Hopper wgmma backward (attention_bwd_wgmma.cu): dk, dv (and with wgmma-all dq) against the
+// f64 reference and the mma.sync kernels (dq of `wgmma`, from the same mma.sync dQ kernel,
+// bit-identical), lengths 1, 17,
+// 63, 65, 127, 129, 300, 768, 1500 and varlen batches with empty sequences, GQA 16/8, 16/16,
+// 32/8, 2/1; poisoned outputs; bit-identical reruns; the OPD_ATTENTION_BWD selection.
 // GPU only: every test skips cleanly without a device.
 #include <gtest/gtest.h>
 
@@ -23,7 +28,7 @@
 #include "common/test_util.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/stream.h"
-#include "kernels/cuda/attention_wgmma.h"  // the Hopper forward and the kernel selection
+#include "kernels/cuda/attention_wgmma.h"  // the Hopper kernels and the kernel selections
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 
@@ -587,6 +592,178 @@ TEST(CudaAttentionWgmma, RejectsBadConfig) {
   EXPECT_THROW(cuda::attention_forward_wgmma(plan, q.raw(), k.raw(), k.raw(), 4, 2, 0.1, true,
                                              q.raw(), lse.data<float>(), nullptr,
                                              {64, false, Sched::Producer}),
+               Error);
+}
+
+// ---- the wgmma backward (dK/dV) ----------------------------------------------------------
+
+// Restores the process-wide backward kernel selection when a test ends.
+struct BwdKernelGuard {
+  cuda::AttentionBwdKernel saved = cuda::attention_bwd_kernel_setting();
+  ~BwdKernelGuard() { cuda::set_attention_bwd_kernel(saved); }
+};
+
+struct BwdOut {
+  Tensor dq, dk, dv;  // device, bf16
+};
+
+// The plan-level backward with `kernel` selected, on the problem's rounded out / lse; outputs
+// start NaN-poisoned (zeros with zero_init, so two runs differ in what must be overwritten).
+BwdOut run_backward(const Problem& p, const AttnCase& c, cuda::AttentionBwdKernel kernel,
+                    bool zero_init = false) {
+  const DType dt = DType::BF16;
+  cuda::AttentionPlan plan(p.cu.data<int32_t>(), static_cast<int64_t>(c.lengths.size()), p.n,
+                           nullptr);
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+  Tensor dout_d = to_device(p.dout, dt), out_d = to_device(p.out_in, dt);
+  Tensor lse_d = to_device(p.lse_in, DType::F32);
+  auto init = [&](const opd::Shape& s) {
+    return zero_init ? Tensor::zeros(s, dt, Device::CUDA) : poisoned_device(s, dt);
+  };
+  BwdOut r{init({p.n, c.hq, c.d}), init({p.n, c.hkv, c.d}), init({p.n, c.hkv, c.d})};
+  BwdKernelGuard guard;
+  cuda::set_attention_bwd_kernel(kernel);
+  cuda::attention_backward(plan, dout_d.raw(), qd.raw(), kd.raw(), vd.raw(), out_d.raw(),
+                           lse_d.data<float>(), c.hq, c.hkv, c.d, p.scale, dt, r.dq.raw(),
+                           r.dk.raw(), r.dv.raw(), nullptr);
+  OPD_CUDA_CHECK(cudaDeviceSynchronize());
+  return r;
+}
+
+class CudaAttentionWgmmaBwd : public ::testing::TestWithParam<AttnCase> {};
+
+// dk, dv of the wgmma kernel against the f64 reference and against the mma.sync kernel (the
+// same bf16 rounding points: P and dS rounded before their products); with `wgmma`, dq comes
+// from the same mma.sync dQ kernel as with `mma`, so it is bit-identical; with `wgmma-all` it
+// comes from the wgmma dQ kernel (checked like dk, dv) and dk, dv are `wgmma`'s bit for bit.
+TEST_P(CudaAttentionWgmmaBwd, MatchesReferenceAndMmaKernel) {
+  REQUIRE_WGMMA();
+  const AttnCase& c = GetParam();
+  SCOPED_TRACE(cat(c.name, " hq ", c.hq, " hkv ", c.hkv));
+  const Tol tol = tol_for(DType::BF16);
+  Problem p = make_problem(c, DType::BF16, 1000);
+  using K = cuda::AttentionBwdKernel;
+  const BwdOut mma = run_backward(p, c, K::Mma), wg = run_backward(p, c, K::Wgmma);
+  const BwdOut all = run_backward(p, c, K::WgmmaAll);
+  {
+    SCOPED_TRACE("wgmma-all");
+    const Tensor dq = from_device(all.dq);
+    EXPECT_TRUE(matches("dq", dq, p.dq_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(matches("dq vs mma", dq, from_device(mma.dq), c.lengths, tol.rtol,
+                        tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(same_bytes(all.dk, wg.dk));
+    EXPECT_TRUE(same_bytes(all.dv, wg.dv));
+  }
+  const Tensor dk = from_device(wg.dk), dv = from_device(wg.dv);
+  EXPECT_TRUE(matches("dk", dk, p.dk_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+  EXPECT_TRUE(matches("dv", dv, p.dv_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+  EXPECT_TRUE(matches("dk vs mma", dk, from_device(mma.dk), c.lengths, tol.rtol,
+                      tol.atol_rel_rms, tol.rel_l2));
+  EXPECT_TRUE(matches("dv vs mma", dv, from_device(mma.dv), c.lengths, tol.rtol,
+                      tol.atol_rel_rms, tol.rel_l2));
+  EXPECT_TRUE(matches("dq", from_device(wg.dq), p.dq_ref, c.lengths, tol.rtol, tol.atol_rel_rms,
+                      tol.rel_l2));
+  EXPECT_TRUE(same_bytes(wg.dq, mma.dq));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionWgmmaBwd,
+    ::testing::Values(AttnCase{"len1_g16_8", {1}, 16, 8, 128},
+                      AttnCase{"len17_g16_16", {17}, 16, 16, 128},
+                      AttnCase{"len63_g32_8", {63}, 32, 8, 128},
+                      AttnCase{"len65_g16_8", {65}, 16, 8, 128},
+                      AttnCase{"len127_g16_16", {127}, 16, 16, 128},
+                      AttnCase{"len129_g32_8", {129}, 32, 8, 128},
+                      AttnCase{"len300_g2_1", {300}, 2, 1, 128},
+                      AttnCase{"len768_g16_8", {768}, 16, 8, 128},
+                      AttnCase{"len1500_g4_2", {1500}, 4, 2, 128},
+                      AttnCase{"mixed_g16_8", kWgmmaMixed, 16, 8, 128},
+                      AttnCase{"mixed_g16_16", kWgmmaMixed, 16, 16, 128},
+                      AttnCase{"mixed_g32_8", kWgmmaMixed, 32, 8, 128},
+                      AttnCase{"mixed_g2_1", kWgmmaMixed, 2, 1, 128},
+                      AttnCase{"exact_tiles_g4_2", {128, 256, 64, 192}, 4, 2, 128},
+                      AttnCase{"peaky_g4_2", {65, 300, 129}, 4, 2, 128, 8.0},
+                      AttnCase{"only_empty", {0, 0}, 4, 2, 128}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// No atomics: two runs (one into zeros, one into NaN poison) are bit-identical.
+TEST(CudaAttentionWgmmaBwd, DeterministicBitIdentical) {
+  REQUIRE_WGMMA();
+  AttnCase c{"determinism", kWgmmaMixed, 16, 8, 128};
+  Problem p = make_problem(c, DType::BF16, 1100);
+  for (auto kernel : {cuda::AttentionBwdKernel::Wgmma, cuda::AttentionBwdKernel::WgmmaAll}) {
+    SCOPED_TRACE(cuda::attention_bwd_kernel_name(kernel));
+    const BwdOut a = run_backward(p, c, kernel, /*zero_init=*/true);
+    const BwdOut b = run_backward(p, c, kernel);
+    EXPECT_TRUE(same_bytes(a.dk, b.dk));
+    EXPECT_TRUE(same_bytes(a.dv, b.dv));
+    EXPECT_TRUE(same_bytes(a.dq, b.dq));
+  }
+}
+
+// The setting itself needs no device: names, the setter, and auto staying a setting of its own.
+TEST(CudaAttentionWgmmaBwd, SettingRoundTrip) {
+  BwdKernelGuard guard;
+  using K = cuda::AttentionBwdKernel;
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll, K::Auto}) {
+    cuda::set_attention_bwd_kernel(kernel);
+    EXPECT_EQ(cuda::attention_bwd_kernel_setting(), kernel);
+  }
+  EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Mma), "mma");
+  EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Wgmma), "wgmma");
+  EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::WgmmaAll), "wgmma-all");
+  EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Auto), "auto");
+}
+
+// The selection: wgmma only for bf16 / head_dim 128, auto = mma (not yet measured), and the
+// Tensor op routed through either kernel matches the f64 gradients.
+TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
+  REQUIRE_WGMMA();
+  BwdKernelGuard guard;
+  using K = cuda::AttentionBwdKernel;
+  for (K wg : {K::Wgmma, K::WgmmaAll}) {
+    cuda::set_attention_bwd_kernel(wg);
+    EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), wg);
+    EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 64), K::Mma);
+    EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::F32, 128), K::Mma);
+  }
+  cuda::set_attention_bwd_kernel(K::Mma);
+  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::Mma);
+  cuda::set_attention_bwd_kernel(K::Auto);
+  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::Mma);
+  AttnCase c{"selection", {5, 130, 700}, 16, 8, 128};
+  Problem p = make_problem(c, DType::BF16, 1200);
+  const Tol tol = tol_for(DType::BF16);
+  const DType dt = DType::BF16;
+  Tensor cu_d = p.cu.to(Device::CUDA);
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+  Tensor dout_d = to_device(p.dout, dt), out_d = to_device(p.out_in, dt);
+  Tensor lse_d = to_device(p.lse_in, DType::F32);
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll}) {
+    SCOPED_TRACE(cuda::attention_bwd_kernel_name(kernel));
+    cuda::set_attention_bwd_kernel(kernel);
+    Tensor dq = poisoned_device({p.n, c.hq, c.d}, dt), dk = poisoned_device({p.n, c.hkv, c.d}, dt);
+    Tensor dv = poisoned_device({p.n, c.hkv, c.d}, dt);
+    ops::attention_backward(dout_d, qd, kd, vd, out_d, lse_d, cu_d, p.scale, dq, dk, dv);
+    EXPECT_TRUE(matches("dq", from_device(dq), p.dq_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(matches("dk", from_device(dk), p.dk_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+    EXPECT_TRUE(matches("dv", from_device(dv), p.dv_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+  }
+}
+
+TEST(CudaAttentionWgmmaBwd, RejectsBadHeads) {
+  REQUIRE_WGMMA();
+  std::vector<int32_t> cu{0, 8};
+  cuda::AttentionPlan plan(cu.data(), 1, 8, nullptr);
+  Tensor q = poisoned_device({8, 4, 128}, DType::BF16), k = poisoned_device({8, 3, 128}, DType::BF16);
+  Tensor lse = poisoned_device({8, 4}, DType::F32);
+  EXPECT_THROW(cuda::attention_backward_dkdv_wgmma(plan, q.raw(), q.raw(), k.raw(), k.raw(),
+                                                   lse.data<float>(), lse.data<float>(), 4, 3,
+                                                   0.1, k.raw(), k.raw(), nullptr),
+               Error);
+  EXPECT_THROW(cuda::attention_backward_dq_wgmma(plan, q.raw(), q.raw(), k.raw(), k.raw(),
+                                                 lse.data<float>(), lse.data<float>(), 4, 3,
+                                                 0.1, q.raw(), nullptr),
                Error);
 }
 

@@ -14,7 +14,9 @@
 // bit-identical run to run and no f32 dQ buffer or conversion pass is needed.
 //
 // bf16 head_dim 64/128 use mma.sync.m16n8k16 (attention_mma.h); f32 and other head_dim run
-// simple warp-per-row kernels with f32 arithmetic.
+// simple warp-per-row kernels with f32 arithmetic. bf16 head_dim 128 on Hopper can run the
+// wgmma dK/dV (and dQ) kernels instead (attention_bwd_wgmma.cu; OPD_ATTENTION_BWD,
+// attention_wgmma.h).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -22,6 +24,7 @@
 
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/attention_wgmma.h"  // the wgmma dK/dV kernel and its selection
 #include "kernels/cuda/cuda_ops.h"
 
 namespace opd::cuda {
@@ -426,13 +429,18 @@ template <int D>
 void launch_bwd_bf16(const AttentionPlan& plan, const void* dout, const void* q, const void* k,
                      const void* v, const float* lse, const float* delta, int hq, int hkv,
                      double scale, void* dq, void* dk, void* dv, const AttentionBwdTiles& tiles,
-                     cudaStream_t stream) {
-  if (tiles.dkdv_queries == 32) {
+                     AttentionBwdKernel kernel, cudaStream_t stream) {
+  if (kernel != AttentionBwdKernel::Mma) {  // 64 queries per step: tiles.dkdv_queries unused
+    attention_backward_dkdv_wgmma(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv,
+                                  stream);
+  } else if (tiles.dkdv_queries == 32) {
     launch_dkdv_bf16<D, 32>(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv, stream);
   } else {
     launch_dkdv_bf16<D, 64>(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv, stream);
   }
-  if (tiles.dq_keys == 32) {
+  if (kernel == AttentionBwdKernel::WgmmaAll) {  // 64 keys per step: tiles.dq_keys unused
+    attention_backward_dq_wgmma(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dq, stream);
+  } else if (tiles.dq_keys == 32) {
     launch_dq_bf16<D, 32>(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dq, stream);
   } else {
     launch_dq_bf16<D, 64>(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dq, stream);
@@ -631,11 +639,12 @@ void attention_backward(const AttentionPlan& plan, const void* dout, const void*
     launch_delta<bf16>(dout, out, rows, id, delta.get(), stream);
     if (d == 128) {
       return launch_bwd_bf16<128>(plan, dout, q, k, v, lse, delta.get(), iq, ik, scale, dq, dk,
-                                  dv, tiles, stream);
+                                  dv, tiles, resolve_attention_bwd_kernel(dtype, d, stream),
+                                  stream);
     }
     if (d == 64) {
       return launch_bwd_bf16<64>(plan, dout, q, k, v, lse, delta.get(), iq, ik, scale, dq, dk,
-                                 dv, tiles, stream);
+                                 dv, tiles, AttentionBwdKernel::Mma, stream);
     }
     return launch_bwd_naive<bf16>(plan, dout, q, k, v, lse, delta.get(), iq, ik, id, scale, dq,
                                   dk, dv, stream);

@@ -53,23 +53,12 @@ constexpr int smem_bytes() {
   return 1024 + (kBM * kD + 4 * BN * kD) * static_cast<int>(sizeof(bf16));  // align + Q + 2(K,V)
 }
 
-// Rows [0, ROWS) of a [rows][128] tile (row i at src + i * stride elements) into the swizzled
-// panels at shared address dst; rows >= valid_rows are zero-filled and not read. All threads.
+// Rows [0, ROWS) of a [rows][128] tile into the swizzled panels at shared address dst, all
+// threads (the shared loader of attention_wgmma_ptx.h); rows >= valid_rows are zero-filled.
 template <int ROWS>
 __device__ __forceinline__ void load_tile(uint32_t dst, const bf16* src, int64_t stride,
                                           int valid_rows) {
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  static_assert((ROWS * kChunks) % kThreads == 0, "chunks must divide over the threads");
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
-    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
-    const int row = idx / kChunks, chunk = idx % kChunks;
-    const bool valid = row < valid_rows;
-    // An invalid row still needs a legal address operand; src (row 0 of a visited tile, which
-    // always has a valid row) is in bounds.
-    const bf16* g = valid ? src + row * stride + chunk * 8 : src;
-    attn::cp_async_16(dst + wg::swz128_offset(ROWS, row, chunk), g, valid);
-  }
+  wg::load_tile_swz128<ROWS, kThreads>(dst, src, stride, valid_rows);
 }
 
 #if OPD_WGMMA_ENABLED
@@ -723,6 +712,7 @@ constexpr AttentionWgmmaConfig kPingPongConfig{128, true, AttentionWgmmaSchedule
 }  // namespace
 
 bool attention_wgmma_available() { return available_on(nullptr); }
+bool attention_wgmma_available_on(cudaStream_t stream) { return available_on(stream); }
 
 void set_attention_fwd_kernel(AttentionFwdKernel kernel) {
   g_setting.store(static_cast<int>(kernel));

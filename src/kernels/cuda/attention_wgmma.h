@@ -1,4 +1,6 @@
-// Host API of the Hopper attention forward (attention_fwd_wgmma.cu): FlashAttention-3-style
+// Host API of the Hopper attention forward (attention_fwd_wgmma.cu) and of the Hopper dK/dV
+// kernel of the backward (attention_bwd_wgmma.cu), with their process-wide selections.
+// Forward: FlashAttention-3-style
 // (Shah et al. 2024) causal or non-causal GQA forward over a packed varlen batch with
 // warpgroup MMA (wgmma.mma_async, sm_90a) for bf16, head_dim 128, and the process-wide choice
 // between it and the mma.sync kernel (attention_fwd.cu) that attention_forward makes.
@@ -49,6 +51,9 @@ struct AttentionWgmmaConfig {
 // True when the current device runs this library's sm_90a code (a Hopper GPU; the sm_90
 // fallback build of the kernel has no wgmma and is never launched). Probed once per device.
 bool attention_wgmma_available();
+// The same, for launches on `stream`: false (without probing) while `stream` is being captured
+// into a CUDA graph and the device was not probed before.
+bool attention_wgmma_available_on(cudaStream_t stream);
 
 // The wgmma forward. Throws Unsupported unless attention_wgmma_available(), InvalidArgument
 // on bad heads / config. Deterministic (no atomics): every output element is written once by
@@ -79,5 +84,48 @@ AttentionFwdKernel attention_fwd_kernel_setting();
 AttentionFwdKernel resolve_attention_fwd_kernel(DType dtype, int64_t head_dim,
                                                 cudaStream_t stream = nullptr);
 const char* attention_fwd_kernel_name(AttentionFwdKernel kernel);
+
+// ---- backward ------------------------------------------------------------------------------
+// Which kernels attention_backward (cuda_ops.h) runs for bf16, head_dim 128 (every other case
+// always runs the kernels of attention_bwd.cu). Mma = the mma.sync dK/dV and dQ kernels;
+// Wgmma = attention_backward_dkdv_wgmma below + the mma.sync dQ kernel (so dq is bit-identical
+// to Mma's); WgmmaAll = attention_backward_dkdv_wgmma + attention_backward_dq_wgmma. Auto = mma:
+// the wgmma kernels have not been measured (nor run) on a GPU yet (docs/perf.md "Attention —
+// wgmma backward").
+enum class AttentionBwdKernel { Auto, Mma, Wgmma, WgmmaAll };
+
+// The process-wide setting: initially from OPD_ATTENTION_BWD (`mma`, `wgmma`, `wgmma-all` or
+// `auto`; unset = auto; anything else is an InvalidArgument error at the first backward call);
+// set_attention_bwd_kernel overrides it (tests, benchmarks).
+void set_attention_bwd_kernel(AttentionBwdKernel kernel);
+AttentionBwdKernel attention_bwd_kernel_setting();
+// What attention_backward runs for (dtype, head_dim) on the device of `stream`: Mma, Wgmma or
+// WgmmaAll (Auto resolved; a forced wgmma setting on a device without sm_90a code is an
+// Unsupported error).
+AttentionBwdKernel resolve_attention_bwd_kernel(DType dtype, int64_t head_dim,
+                                                cudaStream_t stream = nullptr);
+const char* attention_bwd_kernel_name(AttentionBwdKernel kernel);
+
+// dK, dV of the causal GQA backward (FlashAttention-2 algorithm 2 / FlashAttention-3 section
+// 3.3) with wgmma, bf16, head_dim 128: dout/q [T, hq, 128], k/v [T, hkv, 128] bf16, lse f32
+// [T, hq] (natural log, the forward's), delta f32 [T, hq] = rowsum(dout * out); dk, dv
+// [T, hkv, 128] bf16 written (not accumulated), dk including `scale`. One CTA per (128-key
+// tile, kv head) loops over every query head of the group: deterministic, no atomics.
+// Shared memory per CTA: 64 KiB (K, V) + 2 stages x (16 KiB Q + 16 KiB dO + 512 B lse/delta)
+// + 1 KiB alignment = 130 KiB. Throws Unsupported unless attention_wgmma_available_on(stream).
+void attention_backward_dkdv_wgmma(const AttentionPlan& plan, const void* dout, const void* q,
+                                   const void* k, const void* v, const float* lse,
+                                   const float* delta, int64_t hq, int64_t hkv, double scale,
+                                   void* dk, void* dv, cudaStream_t stream);
+
+// dQ of the same backward with wgmma (same operands; dq [T, hq, 128] bf16 written, including
+// `scale`): one CTA per (128-query tile, query head), 2 warpgroups of 64 rows, looping over the
+// 64-key tiles up to the tile's last row: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+// Deterministic (one owner per element, fixed order). Shared memory: 32 KiB Q + 32 KiB dO +
+// 2 x (16 KiB K + 16 KiB V) + 1 KiB alignment = 129 KiB. Throws as the dK/dV kernel does.
+void attention_backward_dq_wgmma(const AttentionPlan& plan, const void* dout, const void* q,
+                                 const void* k, const void* v, const float* lse,
+                                 const float* delta, int64_t hq, int64_t hkv, double scale,
+                                 void* dq, cudaStream_t stream);
 
 }  // namespace opd::cuda

@@ -1,10 +1,12 @@
-// Hopper warpgroup MMA helpers for the wgmma attention forward (attention_fwd_wgmma.cu): the
+// Hopper warpgroup MMA helpers for the wgmma attention kernels (forward attention_fwd_wgmma.cu,
+// backward dK/dV attention_bwd_wgmma.cu): the cp.async loader of swizzled tiles, the
 // shared-memory matrix descriptor, wgmma.mma_async wrappers (inline PTX, sm_90a only), the
 // fence / commit / wait of the async wgmma pipeline, the 128-byte swizzled tile layout the
 // descriptors describe, and for the warp-specialized schedules mbarriers, named barriers and
 // setmaxnreg. PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate";
 // layouts as in FlashAttention-3 (Shah et al. 2024) and CUTLASS's GMMA canonical layouts.
-// Included only by attention_fwd_wgmma.cu (CUDA C++17); every wgmma instruction is inside
+// Included only by attention_fwd_wgmma.cu and attention_bwd_wgmma.cu (CUDA C++17); every wgmma
+// instruction is inside
 // `#if OPD_WGMMA_ENABLED` because the same file is also compiled for plain sm_90.
 //
 // Register fragments of wgmma.m64nNk16 (warpgroup of 4 warps, warp w = rows 16w..16w+15,
@@ -19,6 +21,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/attention_mma.h"  // attn::cp_async_16 (the 16-byte zero-filling copy)
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define OPD_WGMMA_ENABLED 1
@@ -51,6 +55,39 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_b
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+
+// Rows [0, ROWS) of a [rows][128] bf16 tile (row i at src + i * stride elements) into the
+// swizzled panels at shared address dst, NT threads; rows >= valid_rows are zero-filled and not
+// read. The caller commits the cp.async group.
+template <int ROWS, int NT>
+__device__ __forceinline__ void load_tile_swz128(uint32_t dst, const __nv_bfloat16* src,
+                                                 int64_t stride, int valid_rows) {
+  constexpr int kChunks = 128 / 8;  // 16-byte chunks per row
+  static_assert((ROWS * kChunks) % NT == 0, "chunks must divide over the threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NT; ++i) {
+    const int idx = i * NT + static_cast<int>(threadIdx.x);
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const bool valid = row < valid_rows;
+    // An invalid row still needs a legal address operand; the callers' src (row 0 of a tile
+    // that has at least one valid row) is in bounds.
+    const __nv_bfloat16* g = valid ? src + row * stride + chunk * 8 : src;
+    attn::cp_async_16(dst + swz128_offset(ROWS, row, chunk), g, valid);
+  }
+}
+
+// K-major operand descriptor (A or B of a product whose K dimension is the tile's 128 columns)
+// for rows row0.. (row0 a multiple of 8) and K step ks (columns 16ks..16ks+15) of a swizzled
+// [rows][128] tile at shared address tile: panel ks / 4, +32 bytes per 16 columns inside it.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int rows, int row0, int ks) {
+  return make_desc(tile + (ks >> 2) * (rows * 128) + row0 * 128 + (ks & 3) * 32, 16, 1024);
+}
+// N-major B operand descriptor (B[k][n] = tile[k][n], N = the 128 columns) of the 16 rows
+// k0..k0+15 (k0 a multiple of 8) of a swizzled [rows][128] tile: the second 64 columns are the
+// next panel (LBO = panel bytes), rows 8 apart are 1024 bytes apart (SBO).
+__device__ __forceinline__ uint64_t desc_n_major(uint32_t tile, int rows, int k0) {
+  return make_desc(tile + k0 * 128, rows * 128, 1024);
 }
 
 #if OPD_WGMMA_ENABLED
