@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|anchor|product|memory|pdl|
 #        attn-bwd]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -305,6 +305,7 @@ fi
 race_filter() {
   case $1 in
     sample_cluster) echo 'CudaSampler.SanitizerSized*' ;;
+    paged_attention_decode) echo 'CudaRollout.PdlGivesThePlainLaunchesTokensBitForBit' ;;
     *) echo 'CudaDecodeFused.Pdl*' ;;
   esac
 }
@@ -364,6 +365,46 @@ if [[ "$what" == pdl ]]; then
   run bench_rollout_eager_nopdl 90 $B/opd bench rollout --no-graphs --runs 1 --no-pdl
   run bench_rollout_eager_pdl 90 $B/opd bench rollout --no-graphs --runs 1 --pdl
   run bench_sample 60 $B/opd bench kernels --filter sample
+fi
+if [[ "$what" == next6a ]]; then
+  # Planned first call of session 6 (nvidia-h200-x2, ~8-9 min): everything session 5 merged
+  # without a GPU run. GPU 0: the whole suite (wgmma backward, context prefill, the shared wgmma
+  # tile loader under the default forward). GPU 1 meanwhile: attention fwd+bwd rows with the
+  # PyTorch twin in the same call, the rollout (default; chunked prompts with and without the
+  # context prefill), scoring with shared prompts, W1. Then W2 with ZeRO-1 and ZeRO-2 and the
+  # rollout split per rank count (time/rollout/*).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  ( export CUDA_VISIBLE_DEVICES=1
+    timeout 150 $B/opd bench attention --iters 30 --warmup 5 >"$OUT/bench_attn.log" 2>&1
+    timeout 150 python3 tools/bench_attention_torch.py --iters 30 --warmup 5 >"$OUT/torch_attn.log" 2>&1
+    timeout 40 $B/opd bench rollout --runs 3 >"$OUT/rollout.log" 2>&1
+    for c in "--no-context-prefill" "--context-prefill"; do
+      timeout 60 $B/opd bench rollout --runs 3 --max-step-tokens 128 $c >>"$OUT/rollout.log" 2>&1
+      timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt always $c >>"$OUT/score.log" 2>&1
+    done
+    timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt never >>"$OUT/score.log" 2>&1
+    timeout 150 $B/opd bench w1 --work-dir /tmp/opd_w1 >"$OUT/w1.log" 2>&1
+  ) &
+  run cuda 300 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda
+  wait
+  grep -h "summary" -A5 "$OUT/bench_attn.log"; grep -h "^opd:" "$OUT/rollout.log"; tail -6 "$OUT/w1.log"
+  run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1
+  run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
+  grep -h "rollout split" -A7 "$OUT/bench_w2_z2.log"
+fi
+if [[ "$what" == next6b ]]; then
+  # Planned second call of session 6 (nvidia-h200, ~7 min): the wgmma backward under the model
+  # suite and memcheck (attn-bwd's steps), the PDL kernels' racecheck with per-kernel filters,
+  # and the HF anchor of W1 beside `opd bench w1` (the 30x goal needs both in one call).
+  run attn_bwd_model 150 env OPD_ATTENTION_BWD=wgmma-all $B/test_cuda --gtest_filter='*CudaModel*:CudaAttention.*'
+  run memcheck_attn_bwd 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/mixed_g16_8:CudaAttentionWgmmaBwd.DeterministicBitIdentical'
+  for k in qkv_norm_rope swiglu_packed paged_attention_decode; do
+    run "racecheck_$k" 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        --kernel-name "kns=$k" $B/test_cuda --gtest_filter="$(race_filter $k)"
+  done
+  run w1 150 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run torch_w1 150 python3 tools/bench_w1_torch.py
 fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
