@@ -148,6 +148,20 @@ class PagedForward {
   // parameter buffer, e.g. ZeRO's): those are used in place, no copy. Ignored for CPU models.
   explicit PagedForward(const Transformer& model, bool fused = true);
 
+  // Prompt chunks WITH cached context (later chunks of a long prompt; the scorer's completions
+  // over their shared prompt) of at least kContextPrefillMinRows new rows also attend with the
+  // tensor-core kernel (bf16 head_dim 64/128; eager steps): each layer gathers the chunk's
+  // context + new K/V rows from the cache by slot into contiguous scratch and runs
+  // cuda::attention_forward over a context plan (query rows = the last rows of the keys)
+  // instead of the paged kernel's CUDA-core loop. Extra memory per step: 2 x (sum of those
+  // sequences' lengths) x Hkv x D x dtype. Needs fresh_prefill on. Off by default (not yet
+  // run on a GPU). CPU models ignore it.
+  void set_context_prefill(bool on) { context_prefill_ = on; }
+  bool context_prefill() const { return context_prefill_; }
+  // Shorter chunks stay on the paged kernel, which reads the context once per 8 query rows:
+  // below this the gather (read + write + read of the context) costs more than it saves.
+  static constexpr int64_t kContextPrefillMinRows = 16;
+
 #ifdef OPD_WITH_CUDA
   // Copies the live weights into the packed buffers again (same addresses; stream-ordered on
   // `stream`): a forward kept across rollouts sees weights updated in place since. Returns the
@@ -181,19 +195,6 @@ class PagedForward {
   // from L2 and their DRAM reads overlap the attention's K/V stream. A hint: results unchanged.
   void set_l2_prefetch(bool on) { l2_prefetch_ = on; }
   bool fresh_prefill() const { return fresh_prefill_; }
-  // Prompt chunks WITH cached context (later chunks of a long prompt; the scorer's completions
-  // over their shared prompt) of at least kContextPrefillMinRows new rows also attend with the
-  // tensor-core kernel (bf16 head_dim 64/128; eager steps): each layer gathers the chunk's
-  // context + new K/V rows from the cache by slot into contiguous scratch and runs
-  // cuda::attention_forward over a context plan (query rows = the last rows of the keys)
-  // instead of the paged kernel's CUDA-core loop. Extra memory per step: 2 x (sum of those
-  // sequences' lengths) x Hkv x D x dtype. Needs fresh_prefill on. Off by default (not yet
-  // run on a GPU).
-  void set_context_prefill(bool on) { context_prefill_ = on; }
-  bool context_prefill() const { return context_prefill_; }
-  // Shorter chunks stay on the paged kernel, which reads the context once per 8 query rows:
-  // below this the gather (read + write + read of the context) costs more than it saves.
-  static constexpr int64_t kContextPrefillMinRows = 16;
   // The fresh tail of an eager step from its host cu_seqlens [batch + 1] and seq_lens [batch]
   // (a sequence is fresh when its new rows are all of it): batch 0 when there is none, when
   // fresh_prefill is off, or when the model's dtype/head_dim has no tensor-core kernel. The
