@@ -6,7 +6,7 @@
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
 #        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|anchor|product|memory|pdl|
-#        attn-bwd]
+#        attn-bwd|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
 # tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
@@ -30,6 +30,10 @@
 # `opd bench rollout` without both, with PDL, with the cluster sampler, with both (3 runs each;
 # then eager without / with PDL); the sampling kernels alone (cluster kernel vs the
 # one-CTA-per-row kernel, same run).
+# context (~5 min, issues 6/7): attention over cached context (AttentionPlan(cu_q, cu_k)) and
+# PagedForward's context prefill: their tests plain and under memcheck, then the A/B benches
+# (`opd bench rollout --max-step-tokens 128` and `opd bench score --no-server --shared-prompt
+# always|never` with --context-prefill off/on; the option is off by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -347,6 +351,22 @@ if [[ "$what" == final5 ]]; then
   done
   [[ -x $B/test_cli ]] && run train_dist_gpu 120 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
+fi
+if [[ "$what" == context ]]; then
+  run context_tests 200 $B/test_cuda --gtest_filter='CudaAttentionContext.*:CudaRollout.Context*:CudaRollout.Fresh*:CudaAttention.DeterministicBitIdentical:*CudaScorerShared*'
+  run memcheck_context 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaAttentionContext.Bf16TensorCoresMatchCpu:CudaAttentionContext.SquareContextPlanGivesTheSquareBits:CudaRollout.ContextChunksOnTensorCoresMatchThePagedKernel'
+  run rollout_chunked_off 60 $B/opd bench rollout --runs 3 --max-step-tokens 128
+  run rollout_chunked_on 60 $B/opd bench rollout --runs 3 --max-step-tokens 128 --context-prefill
+  run rollout_default 60 $B/opd bench rollout --runs 3
+  for sp in never always; do
+    run "score_${sp}_off" 90 $B/opd bench score --no-server --shared-prompt $sp --num-generations 4
+    run "score_${sp}_on" 90 $B/opd bench score --no-server --shared-prompt $sp --num-generations 4 --context-prefill
+  done
+  run score_long_always_on 90 $B/opd bench score --no-server --shared-prompt always --num-generations 8 --sequences 32 --prompt 2048 --completion 64 --context-prefill
+  run score_long_always_off 90 $B/opd bench score --no-server --shared-prompt always --num-generations 8 --sequences 32 --prompt 2048 --completion 64
+  run score_long_never 90 $B/opd bench score --no-server --shared-prompt never --num-generations 8 --sequences 32 --prompt 2048 --completion 64
+  grep -h "^opd:\|split:\|in-process" "$OUT"/rollout_*.log "$OUT"/score_*.log
 fi
 if [[ "$what" == pdl ]]; then
   run pdl_tests 240 $B/test_cuda \

@@ -67,6 +67,7 @@ struct BenchRolloutOptions {
   bool pdl = EngineOptions{}.cuda_pdl;
   bool cluster_sampler = EngineOptions{}.cuda_cluster_sampler;
   bool fresh_prefill = EngineOptions{}.cuda_fresh_prefill;
+  bool context_prefill = EngineOptions{}.cuda_context_prefill;
   bool l2_prefetch = EngineOptions{}.cuda_l2_prefetch;
   bool keep_state = false;
   bool json = false;
@@ -184,6 +185,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_pdl = o.pdl;
   eo.cuda_cluster_sampler = o.cluster_sampler;
   eo.cuda_fresh_prefill = o.fresh_prefill;
+  eo.cuda_context_prefill = o.context_prefill;
   eo.cuda_l2_prefetch = o.l2_prefetch;
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
@@ -208,12 +210,13 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, decode GEMM %s, fresh prefill %s, L2 prefetch %s, PDL %s, sampler %s\n",
+                "graphs %s, fused layers %s, decode GEMM %s, fresh prefill %s, context prefill %s, L2 prefetch %s, PDL %s, sampler %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
                 o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt",
-                o.fresh_prefill ? "tensor-core attention" : "paged kernel", o.l2_prefetch ? "on" : "off",
+                o.fresh_prefill ? "tensor-core attention" : "paged kernel",
+                o.context_prefill ? "tensor-core attention" : "paged kernel", o.l2_prefetch ? "on" : "off",
                 o.pdl ? "on" : "off", o.cluster_sampler ? "cluster" : "one CTA per row");
   }
   std::vector<RequestOutput> last;
@@ -279,6 +282,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["pdl"] = o.pdl;
   j["cluster_sampler"] = o.cluster_sampler;
   j["fresh_prefill"] = o.fresh_prefill;
+  j["context_prefill"] = o.context_prefill;
   j["l2_prefetch"] = o.l2_prefetch;
   j["keep_state"] = o.keep_state;
   j["max_step_tokens"] = o.max_step_tokens;
@@ -406,6 +410,11 @@ void register_bench_rollout(CLI::App& bench) {
                 cat("prompt chunks starting at position 0 attend with the tensor-core varlen "
                     "attention instead of the paged kernel (bf16, head_dim 64/128; default ",
                     EngineOptions{}.cuda_fresh_prefill ? "on" : "off", ")"));
+  cmd->add_flag("--context-prefill,!--no-context-prefill", o->context_prefill,
+                cat("with --fresh-prefill: prompt chunks over cached context (prompts longer than "
+                    "--max-step-tokens) of >= 16 rows also attend on the tensor-core kernel, over "
+                    "their context K/V gathered from the cache (default ",
+                    EngineOptions{}.cuda_context_prefill ? "on" : "off", ")"));
   cmd->add_flag("--l2-prefetch,!--no-l2-prefetch", o->l2_prefetch,
                 cat("decode steps prefetch each layer's o, gate|up, down and the next q|k|v "
                     "weights into L2 before the attention (default ",

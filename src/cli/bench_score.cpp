@@ -67,6 +67,7 @@ struct BenchScoreOptions {
   int64_t max_batch_tokens = 16384, vocab_tile = 16384, row_chunk = 2048;
   int warmup = 1, iters = 3;
   bool no_server = false, json = false, keep = false;
+  bool context_prefill = false;  // in-process CUDA scorer only
   std::string work_dir, opd_binary;
   double server_timeout_s = 600;
   uint64_t seed = 1234;
@@ -305,6 +306,7 @@ void run_bench_score(const BenchScoreOptions& o) {
       so.vocab_tile = o.vocab_tile;
       so.row_chunk = o.row_chunk;
       so.shared_prompt.mode = shared_mode;
+      so.context_prefill = o.context_prefill;
       scorer = std::make_unique<CudaScorer>(model_dir, so);
     } else {
       CpuScorer::Options so;
@@ -366,6 +368,7 @@ void run_bench_score(const BenchScoreOptions& o) {
   j["vocab"] = c.vocab_size;
   j["num_generations"] = o.num_generations;
   j["shared_prompt"] = o.shared_prompt;
+  j["context_prefill"] = o.context_prefill;
   j["sequences"] = o.sequences;
   j["prompt"] = o.prompt;
   j["completion"] = o.completion;
@@ -455,6 +458,9 @@ void register_bench_score(CLI::App& bench) {
                   "scorer's shared-prompt mode, in process and in the server: auto | always | never")
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "always", "never"}));
+  cmd->add_flag("--context-prefill", o->context_prefill,
+                "in-process CUDA scorer: shared-prompt completions attend over the cached prompt "
+                "on the tensor-core kernel instead of the paged kernel (default off)");
   cmd->add_option("--chunks", o->chunks,
                   "client chunks for the second served run (the first sends one request)")
       ->default_val(8)

@@ -28,6 +28,7 @@ namespace opd {
 #ifdef OPD_WITH_CUDA
 namespace cuda {
 class AttentionPlan;  // kernels/cuda/cuda_ops.h
+class DeviceBuffer;   // core/cuda/allocator.h
 }
 #endif
 
@@ -82,6 +83,16 @@ struct PagedDeviceStep {
   // the first batch - fresh_batch sequences (rows [0, fresh_row0), <= paged_max_q_len each).
   int64_t fresh_batch = 0, fresh_row0 = 0, paged_max_q_len = 1;
   const cuda::AttentionPlan* fresh_plan = nullptr;
+  // Context prefill (PagedForward::set_context_prefill): the tail also holds chunks with cached
+  // context, so fresh_plan is a context plan over fresh_kv_rows key rows (every tail
+  // sequence's context + new rows, in order); each layer gathers them from its cache by slot
+  // (fresh_kv_slots, host-computed from the validated block tables) into fresh_k / fresh_v
+  // [fresh_kv_rows, Hkv D] after the step's K/V store, and attends over those.
+  // fresh_kv_rows = 0: a square plan whose keys are the new rows (the fresh-only tail).
+  int64_t fresh_kv_rows = 0;
+  const int32_t* fresh_kv_slots = nullptr;
+  void* fresh_k = nullptr;
+  void* fresh_v = nullptr;
 };
 
 // What plan_fresh_prefill found for one step; apply() writes it into the step (the plan must
@@ -89,6 +100,13 @@ struct PagedDeviceStep {
 struct FreshPrefill {
   int64_t batch = 0, row0 = 0, paged_max_q_len = 1;
   std::unique_ptr<cuda::AttentionPlan> plan;
+  // Context tails only: kv_rows key rows; kv holds their slots (int32) and the K and V gather
+  // scratch, 2 x kv_rows x Hkv x D x dtype bytes (freed stream-ordered with the step).
+  int64_t kv_rows = 0;
+  std::unique_ptr<cuda::DeviceBuffer> kv;
+  const int32_t* kv_slots = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   FreshPrefill();
   FreshPrefill(FreshPrefill&&) noexcept;
   FreshPrefill& operator=(FreshPrefill&&) noexcept;
@@ -130,6 +148,20 @@ class PagedForward {
   // parameter buffer, e.g. ZeRO's): those are used in place, no copy. Ignored for CPU models.
   explicit PagedForward(const Transformer& model, bool fused = true);
 
+  // Prompt chunks WITH cached context (later chunks of a long prompt; the scorer's completions
+  // over their shared prompt) of at least kContextPrefillMinRows new rows also attend with the
+  // tensor-core kernel (bf16 head_dim 64/128; eager steps): each layer gathers the chunk's
+  // context + new K/V rows from the cache by slot into contiguous scratch and runs
+  // cuda::attention_forward over a context plan (query rows = the last rows of the keys)
+  // instead of the paged kernel's CUDA-core loop. Extra memory per step: 2 x (sum of those
+  // sequences' lengths) x Hkv x D x dtype. Needs fresh_prefill on. Off by default (not yet
+  // run on a GPU). CPU models ignore it.
+  void set_context_prefill(bool on) { context_prefill_ = on; }
+  bool context_prefill() const { return context_prefill_; }
+  // Shorter chunks stay on the paged kernel, which reads the context once per 8 query rows:
+  // below this the gather (read + write + read of the context) costs more than it saves.
+  static constexpr int64_t kContextPrefillMinRows = 16;
+
 #ifdef OPD_WITH_CUDA
   // Copies the live weights into the packed buffers again (same addresses; stream-ordered on
   // `stream`): a forward kept across rollouts sees weights updated in place since. Returns the
@@ -166,9 +198,14 @@ class PagedForward {
   // The fresh tail of an eager step from its host cu_seqlens [batch + 1] and seq_lens [batch]
   // (a sequence is fresh when its new rows are all of it): batch 0 when there is none, when
   // fresh_prefill is off, or when the model's dtype/head_dim has no tensor-core kernel. The
-  // plan's tile list is uploaded on `stream`.
+  // plan's tile list is uploaded on `stream`. With context_prefill on and the step's validated
+  // block tables given (tables [batch, width], the cache's block_size), the tail is the
+  // trailing run of sequences that are fresh or have >= kContextPrefillMinRows new rows; when
+  // one of them has context, the plan is a context plan and the key slots are uploaded too.
   FreshPrefill plan_fresh_prefill(const int32_t* cu_seqlens, const int32_t* seq_lens,
-                                  int64_t batch, cudaStream_t stream) const;
+                                  int64_t batch, cudaStream_t stream,
+                                  const int32_t* tables = nullptr, int64_t width = 0,
+                                  int64_t block_size = 0) const;
 #endif
 
   // Runs one step: ids validated against the vocabulary (error names sequence, position, value
@@ -216,6 +253,7 @@ class PagedForward {
   bool decode_gemm_ = false;
   bool pdl_ = false;
   bool fresh_prefill_ = true;
+  bool context_prefill_ = false;
   bool l2_prefetch_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
   // What the fused layers read: the packed tensors above, or the model's own q_proj / gate_proj

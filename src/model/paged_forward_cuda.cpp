@@ -208,6 +208,14 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
             InvalidArgument, "PagedForward::step_device: a fresh tail of ", s.fresh_batch,
             " sequences from row ", s.fresh_row0, " does not fit the step (", B, " sequences, ", T,
             " tokens) or its plan");
+  OPD_CHECK(s.fresh_batch == 0 ||
+                (s.fresh_kv_rows == 0
+                     ? !s.fresh_plan->has_context()
+                     : (s.fresh_plan->has_context() &&
+                        s.fresh_plan->total_k_rows() == s.fresh_kv_rows &&
+                        s.fresh_kv_slots != nullptr && s.fresh_k != nullptr && s.fresh_v != nullptr)),
+            InvalidArgument, "PagedForward::step_device: the fresh tail's plan and its ",
+            s.fresh_kv_rows, " gathered key rows do not match");
   const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
   const float* inv_freq = inv_freq_device_.data<float>();
   const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
@@ -254,7 +262,17 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       const int64_t r0 = s.fresh_row0, n = T - r0, kvw = Hkv * D;
       const char* kf = static_cast<const char*>(k_rows);
       const char* vf = static_cast<const char*>(v_rows);
-      if (kf) {
+      if (s.fresh_kv_rows > 0) {  // context tail: context + new rows of each sequence, by slot
+        // After this layer's K/V store (both paths store before attending), so the new rows
+        // are in the cache too; slots were computed from validated tables.
+        const int64_t num_slots = num_blocks * bs;
+        cuda::gather_rows(cache.k(static_cast<int64_t>(li)).raw(), dt, num_slots,
+                          s.fresh_kv_slots, s.fresh_kv_rows, kvw, s.fresh_k, dt, stream);
+        cuda::gather_rows(cache.v(static_cast<int64_t>(li)).raw(), dt, num_slots,
+                          s.fresh_kv_slots, s.fresh_kv_rows, kvw, s.fresh_v, dt, stream);
+        kf = static_cast<const char*>(s.fresh_k);
+        vf = static_cast<const char*>(s.fresh_v);
+      } else if (kf) {
         kf += r0 * kvw * es;
         vf += r0 * kvw * es;
       } else {  // k(li), v(li) are [num_blocks * bs, Hkv D] rows; slots were validated
@@ -415,26 +433,75 @@ void FreshPrefill::apply(PagedDeviceStep& s) const {
   s.fresh_row0 = row0;
   s.paged_max_q_len = paged_max_q_len;
   s.fresh_plan = plan.get();
+  s.fresh_kv_rows = kv_rows;
+  s.fresh_kv_slots = kv_slots;
+  s.fresh_k = k;
+  s.fresh_v = v;
 }
 
 FreshPrefill PagedForward::plan_fresh_prefill(const int32_t* cu_seqlens, const int32_t* seq_lens,
-                                              int64_t batch, cudaStream_t stream) const {
+                                              int64_t batch, cudaStream_t stream,
+                                              const int32_t* tables, int64_t width,
+                                              int64_t block_size) const {
   FreshPrefill f;
   const ModelConfig& c = model_->config();
   if (!fresh_prefill_ || batch <= 0 || !cuda::attention_has_fast_path(model_->dtype(), c.head_dim))
     return f;
   // The trailing run of sequences whose new rows are the whole sequence (context 0). The
   // scheduler appends admitted prompts after the running sequences, so that is where they are.
+  // With context prefill, chunks of >= kContextPrefillMinRows rows over cached context join it
+  // (the scheduler places continuing prompt chunks among the prefill sequences after decodes).
+  const bool with_context = context_prefill_ && tables != nullptr && width >= 1 && block_size >= 1;
+  auto joins = [&](int64_t b) {
+    const int64_t len_q = cu_seqlens[b + 1] - cu_seqlens[b];
+    return seq_lens[b] == len_q || (with_context && len_q >= kContextPrefillMinRows);
+  };
   int64_t first = batch;
-  while (first > 0 && seq_lens[first - 1] == cu_seqlens[first] - cu_seqlens[first - 1]) --first;
+  while (first > 0 && joins(first - 1)) --first;
   if (first == batch) return f;
   f.batch = batch - first;
   f.row0 = cu_seqlens[first];
   for (int64_t b = 0; b < first; ++b)
     f.paged_max_q_len = std::max<int64_t>(f.paged_max_q_len, cu_seqlens[b + 1] - cu_seqlens[b]);
-  std::vector<int32_t> cu(static_cast<size_t>(f.batch + 1));
-  for (int64_t b = 0; b <= f.batch; ++b) cu[static_cast<size_t>(b)] = cu_seqlens[first + b] - cu_seqlens[first];
-  f.plan = std::make_unique<cuda::AttentionPlan>(cu.data(), f.batch, cu.back(), stream);
+  std::vector<int32_t> cu(static_cast<size_t>(f.batch + 1)), cu_k(static_cast<size_t>(f.batch + 1));
+  bool any_context = false;
+  for (int64_t b = 0; b <= f.batch; ++b) {
+    cu[static_cast<size_t>(b)] = cu_seqlens[first + b] - cu_seqlens[first];
+    if (b < f.batch) {
+      cu_k[static_cast<size_t>(b + 1)] = cu_k[static_cast<size_t>(b)] + seq_lens[first + b];
+      any_context = any_context || seq_lens[first + b] != cu_seqlens[first + b + 1] - cu_seqlens[first + b];
+    }
+  }
+  if (!any_context) {  // fresh prompts only: the square plan, keys = the new rows
+    f.plan = std::make_unique<cuda::AttentionPlan>(cu.data(), f.batch, cu.back(), stream);
+    return f;
+  }
+  f.plan = std::make_unique<cuda::AttentionPlan>(cu.data(), cu_k.data(), f.batch, cu.back(),
+                                                 cu_k.back(), stream);
+  // Key slots of every tail sequence's positions 0 .. seq_len - 1 (its table covers them:
+  // plan_paged_step checked it, and every block in it against the cache).
+  f.kv_rows = cu_k.back();
+  std::vector<int32_t> slots(static_cast<size_t>(f.kv_rows));
+  for (int64_t b = 0; b < f.batch; ++b) {
+    const int32_t* table = tables + (first + b) * width;
+    for (int64_t pos = 0; pos < seq_lens[first + b]; ++pos) {
+      slots[static_cast<size_t>(cu_k[static_cast<size_t>(b)] + pos)] =
+          static_cast<int32_t>(table[pos / block_size] * block_size + pos % block_size);
+    }
+  }
+  const ModelConfig& mc = model_->config();
+  const size_t row_bytes = static_cast<size_t>(mc.num_key_value_heads * mc.head_dim) *
+                           dtype_size(model_->dtype());
+  auto round_up = [](size_t x) { return (x + 255) / 256 * 256; };  // 16-byte cp.async rows
+  const size_t slot_bytes = round_up(slots.size() * sizeof(int32_t));
+  const size_t kv_bytes = round_up(static_cast<size_t>(f.kv_rows) * row_bytes);
+  f.kv = std::make_unique<cuda::DeviceBuffer>(slot_bytes + 2 * kv_bytes, stream);
+  char* base = static_cast<char*>(f.kv->get());
+  OPD_CUDA_CHECK(cudaMemcpyAsync(base, slots.data(), slots.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream));  // pageable: staged on return
+  f.kv_slots = reinterpret_cast<const int32_t*>(base);
+  f.k = base + slot_bytes;
+  f.v = base + slot_bytes + kv_bytes;
   return f;
 }
 
@@ -472,7 +539,8 @@ Tensor PagedForward::step_cuda(const PagedStep& s, const PagedStepPlan& p, KvCac
   ds.last_rows = d + o_last;
   ds.block_tables = d + o_tables;
   ds.error_flag = reinterpret_cast<unsigned*>(buf.as<int32_t>() + o_flag);
-  const FreshPrefill fresh = plan_fresh_prefill(s.cu_seqlens.data(), p.seq_lens.data(), B, stream);
+  const FreshPrefill fresh = plan_fresh_prefill(s.cu_seqlens.data(), p.seq_lens.data(), B, stream,
+                                                p.tables.data(), p.width, cache.block_size());
   fresh.apply(ds);
   PagedWorkspace ws(model_->config(), model_->dtype(), T);
   Tensor logits = Tensor::empty({B, V}, DType::F32, Device::CUDA);

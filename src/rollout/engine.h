@@ -104,6 +104,11 @@ struct EngineOptions {
   // tensor-core varlen attention instead of the paged kernel (PagedForward::set_fresh_prefill);
   // false: every row through the paged kernel.
   bool cuda_fresh_prefill = true;
+  // CUDA bf16 models (head_dim 64/128), with cuda_fresh_prefill: prompt chunks over cached
+  // context (later chunks of a prompt longer than max_step_tokens) also attend on the
+  // tensor-core kernel, over their context K/V gathered from the cache
+  // (PagedForward::set_context_prefill). Off: not yet measured on a GPU.
+  bool cuda_context_prefill = false;
   // CUDA fused decode steps: prefetch each layer's o, gate|up, down and the next layer's q|k|v
   // weights into L2 before the attention (PagedForward::set_l2_prefetch). Off: measured slower
   // on the H200 (W1 rollout 1.281 -> 1.406 s, docs/perf.md session 5).

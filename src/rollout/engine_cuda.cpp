@@ -306,7 +306,8 @@ struct CudaStepRunner::Impl {
     // decode step, the only kind captured, has no such sequence).
     FreshPrefill fresh;
     if (!decode) {
-      fresh = forward.plan_fresh_prefill(step.cu_seqlens.data(), p.seq_lens.data(), B, stream);
+      fresh = forward.plan_fresh_prefill(step.cu_seqlens.data(), p.seq_lens.data(), B, stream,
+                                         p.tables.data(), p.width, cache.block_size());
       fresh.apply(ds);
     }
 

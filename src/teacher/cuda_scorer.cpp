@@ -107,7 +107,8 @@ ScoreResponse CudaScorer::score(const ScoreRequest& req) {
     gather(model_->forward_hidden(make_batch(b.sequences, V)), b.takes);  // [tokens, H]
   if (!plan.shared.empty()) {  // shared prompts: K/V once, completions over it
     // Unfused layers: the fused path would copy packed q|k|v and gate|up weights per call.
-    const PagedForward paged(*model_, /*fused=*/false);
+    PagedForward paged(*model_, /*fused=*/false);
+    paged.set_context_prefill(opts_.context_prefill);
     KvCache cache(c, plan.block_size, plan.cache_blocks, model_->dtype(), Device::CUDA);
     run_shared_prompts(plan, paged, cache, opts_.max_batch_tokens, gather);
   }

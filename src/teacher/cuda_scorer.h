@@ -50,6 +50,11 @@ class CudaScorer : public Scorer {
     // The paged prefill attention runs on CUDA cores, so Auto shares only where the prompt is
     // long and the completions short enough to beat that (neither measured shape qualifies).
     SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 63.0};
+    // Shared-prompt steps: completions attend over their cached prompt with the tensor-core
+    // kernel (PagedForward::set_context_prefill; bf16 head_dim 64/128) instead of the paged
+    // kernel. Off by default: not yet measured (docs/perf.md); paged_attention_cost above is
+    // the paged kernel's and is not lowered when this is on.
+    bool context_prefill = false;
   };
   // Loads the model directory (f32 on the host), converts it to CUDA `options.dtype`. Throws
   // Unsupported in builds without CUDA or without a usable device.

@@ -800,3 +800,162 @@ TEST(CudaAttention, RejectsBadInputs) {
 
 }  // namespace
 }  // namespace opd
+
+// ---- query rows over cached context (AttentionPlan's context constructor) ----
+// Each sequence's len_q query rows are the last len_q of its len_k keys (causal, bottom-right
+// aligned): the mma.sync kernel (bf16 head_dim 64/128; 128 also with OPD_ATTENTION_FWD=auto,
+// which must fall back from wgmma for such plans) and the f32-arithmetic kernel (f32, and bf16
+// head_dim 32/96) against the CPU reference cpu::attention_forward_context in f64 on the same
+// inputs. Odd lengths, len_q = 1 .. len_k, empty sequences, context longer than a key block,
+// query blocks that start mid-sequence, GQA 1/2/4/8.
+#include "kernels/cpu/cpu_ops.h"  // cpu::attention_forward_context, the reference
+
+namespace opd {
+namespace {
+
+struct CtxCase {
+  const char* name;
+  std::vector<int32_t> len_q, len_k;
+  int64_t hq, hkv, d;
+};
+
+std::vector<int32_t> ctx_prefix(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu = {0};
+  for (int32_t l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+const std::vector<CtxCase>& ctx_cases() {
+  static const std::vector<CtxCase> cases = {
+      {"mixed", {1, 3, 0, 33, 1, 0, 9, 64, 65, 129, 7}, {1, 7, 0, 33, 70, 5, 200, 65, 129, 1000, 500}, 8, 2, 64},
+      {"decode_like", {1, 1, 1, 1, 1}, {1, 2, 63, 64, 65}, 4, 4, 64},
+      {"chunked_prompt", {128, 128, 100, 300}, {256, 384, 1100, 300}, 8, 1, 128},
+      {"shared_prompt", {17, 200, 1, 64, 0, 255}, {527, 710, 511, 574, 510, 765}, 16, 4, 128},
+      {"gqa8_odd", {5, 31, 127}, {6, 95, 131}, 8, 1, 128},
+  };
+  return cases;
+}
+
+struct CtxProblem {
+  std::vector<int32_t> cu_q, cu_k;
+  int64_t nq = 0, nk = 0;
+  double scale = 0;
+  Tensor q, k, v, out_ref, lse_ref;  // host f64, values exact in the storage dtype
+};
+
+CtxProblem make_ctx_problem(const CtxCase& c, DType dt, uint64_t seed) {
+  CtxProblem p;
+  p.cu_q = ctx_prefix(c.len_q);
+  p.cu_k = ctx_prefix(c.len_k);
+  p.nq = p.cu_q.back();
+  p.nk = p.cu_k.back();
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  p.q = round_to(test::random_uniform({p.nq, c.hq, c.d}, DType::F32, seed, -2, 2), dt);
+  p.k = round_to(test::random_uniform({p.nk, c.hkv, c.d}, DType::F32, seed + 1, -2, 2), dt);
+  p.v = round_to(test::random_uniform({p.nk, c.hkv, c.d}, DType::F32, seed + 2), dt);
+  p.out_ref = Tensor::poisoned({p.nq, c.hq, c.d}, DType::F64);
+  p.lse_ref = Tensor::poisoned({p.nq, c.hq}, DType::F64);
+  cpu::attention_forward_context(p.q.data<double>(), p.k.data<double>(), p.v.data<double>(),
+                                 p.cu_q.data(), p.cu_k.data(),
+                                 static_cast<int64_t>(c.len_q.size()), p.nq, p.nk, c.hq, c.hkv,
+                                 c.d, p.scale, p.out_ref.data<double>(), p.lse_ref.data<double>());
+  return p;
+}
+
+struct CtxResult {
+  Tensor out, lse;  // host f64
+};
+
+CtxResult run_ctx_gpu(const CtxProblem& p, const CtxCase& c, DType dt, int64_t d) {
+  Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+  Tensor out_d = poisoned_device({p.nq, c.hq, d}, dt);
+  Tensor lse_d = poisoned_device({p.nq, c.hq}, DType::F32);
+  cuda::AttentionPlan plan(p.cu_q.data(), p.cu_k.data(), static_cast<int64_t>(c.len_q.size()),
+                           p.nq, p.nk, nullptr);
+  EXPECT_TRUE(plan.has_context());
+  EXPECT_EQ(plan.total_k_rows(), p.nk);
+  cuda::attention_forward(plan, qd.raw(), kd.raw(), vd.raw(), c.hq, c.hkv, d, p.scale, dt,
+                          out_d.raw(), lse_d.data<float>(), nullptr);
+  OPD_CUDA_CHECK(cudaDeviceSynchronize());
+  return {from_device(out_d), from_device(lse_d)};
+}
+
+void check_ctx(const CtxCase& c, DType dt, int64_t d, uint64_t seed) {
+  CtxCase cc = c;
+  cc.d = d;
+  SCOPED_TRACE(cat(c.name, " ", dtype_name(dt), " hq ", c.hq, " hkv ", c.hkv, " d ", d));
+  CtxProblem p = make_ctx_problem(cc, dt, seed);
+  CtxResult r = run_ctx_gpu(p, cc, dt, d);
+  const Tol tol = tol_for(dt);
+  EXPECT_TRUE(matches("out", r.out, p.out_ref, c.len_q, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
+  EXPECT_TRUE(matches("lse", r.lse, p.lse_ref, c.len_q, 1e-5, 1e-5, 1e-5));
+}
+
+TEST(CudaAttentionContext, Bf16TensorCoresMatchCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const CtxCase& c : ctx_cases()) {
+    for (int64_t d : {int64_t{64}, int64_t{128}}) check_ctx(c, DType::BF16, d, seed++);
+  }
+}
+
+TEST(CudaAttentionContext, F32AndOtherHeadDimsMatchCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (const CtxCase& c : ctx_cases()) {
+    check_ctx(c, DType::F32, 64, seed++);
+    check_ctx(c, DType::F32, 128, seed++);
+    check_ctx(c, DType::BF16, 32, seed++);  // the f32-arithmetic kernel with bf16 storage
+    check_ctx(c, DType::BF16, 96, seed++);
+  }
+}
+
+// A context plan whose keys are the query rows (cu_k == cu_q) runs the same integer arithmetic
+// as the square plan: the same bits from the mma.sync kernel (head_dim 64, and 128 with the
+// mma kernel forced, since square plans may take wgmma) and the f32 kernel.
+TEST(CudaAttentionContext, SquareContextPlanGivesTheSquareBits) {
+  REQUIRE_GPU();
+  const std::vector<int32_t> lens = {0, 1, 7, 0, 63, 64, 65, 129, 300, 0};
+  const cuda::AttentionFwdKernel saved = cuda::attention_fwd_kernel_setting();
+  cuda::set_attention_fwd_kernel(cuda::AttentionFwdKernel::Mma);
+  uint64_t seed = 700;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (int64_t d : {int64_t{64}, int64_t{128}}) {
+      SCOPED_TRACE(cat(dtype_name(dt), " d ", d));
+      CtxCase c{"square", lens, lens, 8, 2, d};
+      CtxProblem p = make_ctx_problem(c, dt, seed++);
+      CtxResult ctx = run_ctx_gpu(p, c, dt, d);
+      Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
+      Tensor out_d = poisoned_device({p.nq, c.hq, d}, dt);
+      Tensor lse_d = poisoned_device({p.nq, c.hq}, DType::F32);
+      cuda::AttentionPlan plan(p.cu_q.data(), static_cast<int64_t>(lens.size()), p.nq, nullptr);
+      EXPECT_FALSE(plan.has_context());
+      cuda::attention_forward(plan, qd.raw(), kd.raw(), vd.raw(), c.hq, c.hkv, d, p.scale, dt,
+                              out_d.raw(), lse_d.data<float>(), nullptr);
+      EXPECT_TRUE(same_bytes(from_device(out_d), ctx.out));
+      EXPECT_TRUE(same_bytes(from_device(lse_d), ctx.lse));
+    }
+  }
+  cuda::set_attention_fwd_kernel(saved);
+}
+
+// The plan validates on the host before any device call, so this also runs without a GPU.
+TEST(CudaAttentionContext, PlanRejectsMoreQueriesThanKeys) {
+  const std::vector<int32_t> cu_q = {0, 2, 5}, cu_k = {0, 4, 6}, cu_k_bad = {0, 4, 9};
+  try {
+    cuda::AttentionPlan plan(cu_q.data(), cu_k.data(), 2, 5, 6, nullptr);
+    ADD_FAILURE() << "no error for 3 query rows over 2 keys";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
+    EXPECT_NE(std::string(e.what()).find("sequence 1"), std::string::npos) << e.what();
+  }
+  try {
+    cuda::AttentionPlan plan(cu_q.data(), cu_k_bad.data(), 2, 5, 6, nullptr);
+    ADD_FAILURE() << "no error for cu_seqlens_k past the key rows";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
+  }
+}
+
+}  // namespace
+}  // namespace opd

@@ -526,6 +526,86 @@ TEST(CudaRollout, FreshPrefillGreedyIsTheFullForwardArgmax) {
   expect_greedy_is_full_forward_argmax(gpu, reqs, out, 20, "fresh prefill bf16");
 }
 
+// Chunks over cached context attend with the tensor-core kernel over their K/V gathered from
+// the cache (PagedForward::set_context_prefill, fresh prefill on in both runs). Three steps over
+// the same blocks, context prefill off and on, plain and fused layers: (1) three fresh prompts
+// and one of 9 tokens; (2) the mixed step: a 5-token chunk over context 9 (below
+// kContextPrefillMinRows: paged), a decode token (paged), chunks of 17 and 64 over contexts 40
+// and 30 and fresh prompts of 1, 7 and 130 (the tensor-core tail, a context plan); its final
+// hidden rows (step_hidden, the scorer's path) and its logits; (3) one decode token each.
+// Logits and hidden rows within bf16 rounding of the off run; step 2's bits differ somewhere.
+TEST(CudaRollout, ContextChunksOnTensorCoresMatchThePagedKernel) {
+  REQUIRE_GPU();
+  Transformer gpu = fresh_prefill_model();
+  const int64_t V = gpu.config().vocab_size, bs = 16, blocks = 64;
+  ASSERT_TRUE(cuda::attention_has_fast_path(DType::BF16, gpu.config().head_dim));
+  ASSERT_GE(17, PagedForward::kContextPrefillMinRows);
+  ASSERT_LT(5, PagedForward::kContextPrefillMinRows);
+  // Sequence i: its step-1 prompt, its step-2 chunk (0: none); one decode token after both.
+  const std::vector<int64_t> first = {9, 20, 40, 30, 0, 0, 0};
+  const std::vector<int64_t> second = {5, 1, 17, 64, 1, 7, 130};
+  std::vector<std::vector<int32_t>> toks;
+  for (size_t i = 0; i < first.size(); ++i) toks.push_back(seeded_prompt(90 + i, first[i] + second[i] + 1, V));
+  for (bool fused : {false, true}) {
+    std::vector<Tensor> logits[2], hidden(2);
+    for (int ctx = 0; ctx < 2; ++ctx) {
+      PagedForward f(gpu, fused);
+      f.set_fresh_prefill(true);
+      f.set_context_prefill(ctx == 1);
+      EXPECT_EQ(f.context_prefill(), ctx == 1);
+      KvCache cache(gpu.config(), bs, blocks, DType::BF16, Device::CUDA);
+      std::vector<std::vector<int32_t>> tables(first.size());
+      std::vector<int64_t> done(first.size(), 0);
+      int32_t next = blocks - 1;  // blocks handed out from the top: not in sequence order
+      auto add = [&](PagedStep& ps, size_t i, int64_t n) {
+        while (static_cast<int64_t>(tables[i].size()) * bs < done[i] + n) tables[i].push_back(next--);
+        ps.add(std::span<const int32_t>(toks[i]).subspan(static_cast<size_t>(done[i]), static_cast<size_t>(n)),
+               done[i], tables[i]);
+        done[i] += n;
+      };
+      PagedStep s1;
+      for (size_t i = 0; i < first.size(); ++i) if (first[i] > 0) add(s1, i, first[i]);
+      logits[ctx].push_back(host(f.step(s1, cache)));
+      PagedStep s2;
+      for (size_t i = 0; i < first.size(); ++i) add(s2, i, second[i]);
+      // Running step 2 twice stores the same K/V into the same slots: the second run sees the
+      // same cache as the first.
+      hidden[ctx] = host(f.step_hidden(s2, cache));
+      logits[ctx].push_back(host(f.step(s2, cache)));
+      PagedStep s3;
+      for (size_t i = 0; i < first.size(); ++i) add(s3, i, 1);
+      logits[ctx].push_back(host(f.step(s3, cache)));
+    }
+    const char* label = fused ? "fused" : "plain";
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_TRUE(close(logits[1][k], logits[0][k], 3e-2, 3e-2, 2e-2))
+          << label << " step " << k + 1 << ": " << diff_summary(logits[1][k], logits[0][k]);
+    }
+    EXPECT_TRUE(close(hidden[1], hidden[0], 3e-2, 3e-2, 2e-2))
+        << label << " step 2 hidden rows: " << diff_summary(hidden[1], hidden[0]);
+    EXPECT_FALSE(same_bits(logits[1][1], logits[0][1]))
+        << label << ": step 2 gave the off run's bits: the context path did not run";
+  }
+}
+
+// The engine with context prefill on: prompts longer than max_step_tokens (64) are prefilled
+// in chunks whose later chunks carry context; greedy picks are the argmax of a full forward at
+// every step, within bf16 near-ties.
+TEST(CudaRollout, ContextPrefillGreedyIsTheFullForwardArgmax) {
+  REQUIRE_GPU();
+  Transformer gpu = fresh_prefill_model();
+  const int64_t V = gpu.config().vocab_size;
+  EngineOptions opt;
+  opt.block_size = 16;
+  opt.max_step_tokens = 64;
+  opt.cuda_context_prefill = true;
+  ASSERT_TRUE(opt.cuda_fresh_prefill);
+  std::vector<GenerationRequest> reqs;
+  for (int64_t len : {150, 1, 33, 64, 97, 200}) reqs.push_back(request(seeded_prompt(160 + len, len, V), 20, 0.0));
+  auto out = RolloutEngine(gpu, opt, {}).generate(reqs);
+  expect_greedy_is_full_forward_argmax(gpu, reqs, out, 20, "context prefill bf16");
+}
+
 // The L2 prefetch of decode weights is a hint: rollouts with and without it give the same ids
 // and log-probabilities bit for bit (f32 fixture model and the bf16 head_dim-64 model; decode
 // steps from graphs, so the prefetch kernel is captured too).

@@ -64,6 +64,17 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
                         const T* lse, const int32_t* cu_seqlens, int64_t batch, int64_t n,
                         int64_t hq, int64_t hkv, int64_t d, double scale, T* dq, T* dk, T* dv);
 
+// ---- attention_context.cpp ----  query rows over cached context: q/out [n_q, hq, d],
+// k, v [n_k, hkv, d], lse [n_q, hq]; sequence b's queries cu_q[b] .. cu_q[b+1] are the last
+// rows of its keys cu_k[b] .. cu_k[b+1] (query i sees keys 0 .. len_k - len_q + i).
+// check_cu_seqlens_context: both cu_seqlens valid and len_k >= len_q (InvalidData otherwise).
+void check_cu_seqlens_context(const char* op, const int32_t* cu_q, const int32_t* cu_k,
+                              int64_t batch, int64_t n_q, int64_t n_k);
+template <typename T>
+void attention_forward_context(const T* q, const T* k, const T* v, const int32_t* cu_q,
+                               const int32_t* cu_k, int64_t batch, int64_t n_q, int64_t n_k,
+                               int64_t hq, int64_t hkv, int64_t d, double scale, T* out, T* lse);
+
 // ---- paged_attention.cpp ----  k, v [n, hkv, d]; caches [num_blocks, bs, hkv, d];
 // q, out [n, hq, d]; cu_seqlens_q [batch + 1]; seq_lens [batch]; block_tables [batch, max_blocks].
 template <typename T>

@@ -16,30 +16,55 @@ namespace opd::cuda {
 
 AttentionPlan::AttentionPlan(const int32_t* cu_seqlens_host, int64_t batch, int64_t total_rows,
                              cudaStream_t stream)
-    : batch_(batch), total_rows_(total_rows), stream_(stream) {
+    : batch_(batch), total_rows_(total_rows), total_k_rows_(total_rows), stream_(stream) {
   OPD_CHECK(batch >= 0 && total_rows >= 0, InvalidArgument, "AttentionPlan: batch ", batch,
             " and total_rows ", total_rows, " must be >= 0");
   cpu::check_cu_seqlens("attention (CUDA plan)", cu_seqlens_host, batch, total_rows);
-  OPD_CHECK(total_rows < (int64_t{1} << 31), Unsupported, "CUDA attention: ", total_rows,
+  build(cu_seqlens_host, nullptr, batch, total_rows, total_rows);
+}
+
+AttentionPlan::AttentionPlan(const int32_t* cu_seqlens_q_host, const int32_t* cu_seqlens_k_host,
+                             int64_t batch, int64_t total_q_rows, int64_t total_k_rows,
+                             cudaStream_t stream)
+    : batch_(batch), total_rows_(total_q_rows), total_k_rows_(total_k_rows), stream_(stream) {
+  OPD_CHECK(batch >= 0 && total_q_rows >= 0 && total_k_rows >= 0, InvalidArgument,
+            "AttentionPlan: batch ", batch, ", total_q_rows ", total_q_rows, " and total_k_rows ",
+            total_k_rows, " must be >= 0");
+  OPD_CHECK(cu_seqlens_k_host != nullptr, InvalidArgument, "AttentionPlan: cu_seqlens_k is null");
+  cpu::check_cu_seqlens_context("attention with context (CUDA plan)", cu_seqlens_q_host,
+                                cu_seqlens_k_host, batch, total_q_rows, total_k_rows);
+  build(cu_seqlens_q_host, cu_seqlens_k_host, batch, total_q_rows, total_k_rows);
+}
+
+// cu_k == nullptr: the square plan (keys are the query rows), laid out exactly as before the
+// context plans existed. Otherwise the same tiles (over query rows) plus, in q_tiles() order,
+// each tile's key range, then cu_k.
+void AttentionPlan::build(const int32_t* cu_q, const int32_t* cu_k, int64_t batch,
+                          int64_t total_q, int64_t total_k) {
+  OPD_CHECK(total_q < (int64_t{1} << 31) && total_k < (int64_t{1} << 31), Unsupported,
+            "CUDA attention: ", std::max(total_q, total_k),
             " packed rows exceed the int32 row indices of the kernels");
   struct Entry {
-    int32_t start, len, block, work_q, work_k;
+    int32_t start, len, block, work_q, work_k, k_start, offset;
   };
   std::vector<Entry> entries;
   constexpr int64_t kB = kTileRows;
   for (int64_t b = 0; b < batch; ++b) {
-    const int32_t start = cu_seqlens_host[b], len = cu_seqlens_host[b + 1] - start;
+    const int32_t start = cu_q[b], len = cu_q[b + 1] - start;
+    const int32_t k_start = cu_k ? cu_k[b] : start;
+    const int32_t offset = cu_k ? (cu_k[b + 1] - cu_k[b]) - len : 0;  // >= 0 (validated)
     max_seqlen_ = std::max<int64_t>(max_seqlen_, len);
     for (int32_t blk = 0; static_cast<int64_t>(blk) * kB < len; ++blk) {
       const int32_t first = static_cast<int32_t>(blk * kB);
       const int32_t last = static_cast<int32_t>(std::min<int64_t>(len, first + kB));
-      // Work of a query block ~ keys it visits (last); of a key block ~ queries after it.
-      entries.push_back({start, len, blk, last, len - first});
+      // Work of a query block ~ keys it visits (offset + last); of a key block ~ queries after it.
+      entries.push_back({start, len, blk, offset + last, len - first, k_start, offset});
     }
   }
   num_tiles_ = static_cast<int64_t>(entries.size());
-  std::vector<int32_t> host(static_cast<size_t>(8 * num_tiles_ + batch + 1));
-  auto fill = [&](int64_t offset, auto key) {
+  const int64_t ctx = cu_k ? 2 * num_tiles_ + batch + 1 : 0;
+  std::vector<int32_t> host(static_cast<size_t>(8 * num_tiles_ + batch + 1 + ctx));
+  auto fill = [&](int64_t offset, auto key, bool ranges) {
     std::vector<Entry> sorted = entries;
     // Stable: equal-work tiles keep sequence order, so the schedule is a pure function of
     // cu_seqlens (results never depend on it: each tile is computed independently).
@@ -51,24 +76,35 @@ AttentionPlan::AttentionPlan(const int32_t* cu_seqlens_host, int64_t batch, int6
       t[1] = sorted[i].len;
       t[2] = sorted[i].block;
       t[3] = 0;
+      if (ranges) {  // the key range of q tile i, in the same order
+        int32_t* r = host.data() + 8 * num_tiles_ + batch + 1 + 2 * i;
+        r[0] = sorted[i].k_start;
+        r[1] = sorted[i].offset;
+      }
     }
   };
-  fill(0, [](const Entry& e) { return e.work_q; });
-  fill(4 * num_tiles_, [](const Entry& e) { return e.work_k; });
-  std::copy(cu_seqlens_host, cu_seqlens_host + batch + 1, host.data() + 8 * num_tiles_);
+  fill(0, [](const Entry& e) { return e.work_q; }, cu_k != nullptr);
+  fill(4 * num_tiles_, [](const Entry& e) { return e.work_k; }, false);
+  std::copy(cu_q, cu_q + batch + 1, host.data() + 8 * num_tiles_);
+  if (cu_k) std::copy(cu_k, cu_k + batch + 1, host.data() + 10 * num_tiles_ + batch + 1);
 
   const size_t bytes = host.size() * sizeof(int32_t);
-  OPD_CUDA_CHECK(cudaMallocAsync(&buffer_, bytes, stream));
+  OPD_CUDA_CHECK(cudaMallocAsync(&buffer_, bytes, stream_));
   // Pageable source: the call returns once the data is staged, so `host` may go away.
-  cudaError_t status = cudaMemcpyAsync(buffer_, host.data(), bytes, cudaMemcpyHostToDevice, stream);
+  cudaError_t status = cudaMemcpyAsync(buffer_, host.data(), bytes, cudaMemcpyHostToDevice, stream_);
   if (status != cudaSuccess) {
-    (void)cudaFreeAsync(buffer_, stream);
+    (void)cudaFreeAsync(buffer_, stream_);
+    buffer_ = nullptr;
     OPD_CUDA_CHECK(status);
   }
   const int32_t* base = static_cast<const int32_t*>(buffer_);
   q_tiles_ = base;
   k_tiles_ = base + 4 * num_tiles_;
   cu_ = base + 8 * num_tiles_;
+  if (cu_k) {
+    key_ranges_ = base + 8 * num_tiles_ + batch + 1;
+    cu_k_ = base + 10 * num_tiles_ + batch + 1;
+  }
 }
 
 AttentionPlan::~AttentionPlan() {

@@ -3,6 +3,10 @@
 // the key/value blocks of its sequence through shared memory, keeps S = scale q k^T, the online
 // softmax (row max m, row sum l) and O in registers, and never materializes [T x T].
 // out = softmax(S) v, lse = m + log(l) (natural log, f32) saved for the backward.
+// Context plans (AttentionPlan's second constructor): a sequence's len_q query rows are the
+// last len_q of its len_k keys, causal bottom-right aligned (FlashAttention-2's convention):
+// query i sees keys 0 .. off + i with off = len_k - len_q; off = 0 is the square case, the
+// same integer arithmetic and so the same bits.
 //
 // bf16 head_dim 128 on Hopper runs the wgmma kernel instead (attention_fwd_wgmma.cu; measured
 // faster; OPD_ATTENTION_FWD=mma forces the mma.sync kernel below, which stays its reference).
@@ -42,7 +46,9 @@ constexpr int fwd_smem_bytes() {
 // grid.x = num_tiles * hq, heaviest tiles first (the plan sorts them), head fastest.
 template <int D, int BN>
 __global__ void __launch_bounds__(kFwdThreads, 1)
-    attention_fwd_bf16_kernel(const Tile* __restrict__ tiles, int hq, int hkv, float scale_log2,
+    attention_fwd_bf16_kernel(const Tile* __restrict__ tiles,
+                              const int32_t* __restrict__ key_ranges, int hq, int hkv,
+                              float scale_log2,
                               const bf16* __restrict__ q, const bf16* __restrict__ k,
                               const bf16* __restrict__ v, bf16* __restrict__ out,
                               float* __restrict__ lse) {
@@ -57,15 +63,22 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int g = h / (hq / hkv);  // GQA: the kv head this query head reads
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
+  // Context plans: the tile's keys start at k_start in k/v and the query rows sit `off` keys
+  // after the sequence's first key (two plain loads: the pairs are only 4-byte aligned).
+  int k_start = tile.start, off = 0;
+  if (key_ranges != nullptr) {
+    k_start = key_ranges[2 * (blockIdx.x / hq)];
+    off = key_ranges[2 * (blockIdx.x / hq) + 1];
+  }
   const int q0 = tile.block * BM;             // sequence-relative first query row
   const int rows = min(BM, tile.len - q0);    // valid query rows in this block
-  const int kv_end = q0 + rows;               // causal: the last row sees keys < kv_end
+  const int kv_end = off + q0 + rows;         // causal: the last row sees keys < kv_end
   const int n_kv = (kv_end + BN - 1) / BN;
   const int64_t q_stride = static_cast<int64_t>(hq) * D;
   const int64_t kv_stride = static_cast<int64_t>(hkv) * D;
   const bf16* q_ptr = q + (static_cast<int64_t>(tile.start + q0) * hq + h) * D;
-  const bf16* k_ptr = k + (static_cast<int64_t>(tile.start) * hkv + g) * D;
-  const bf16* v_ptr = v + (static_cast<int64_t>(tile.start) * hkv + g) * D;
+  const bf16* k_ptr = k + (static_cast<int64_t>(k_start) * hkv + g) * D;
+  const bf16* v_ptr = v + (static_cast<int64_t>(k_start) * hkv + g) * D;
 
   // Group 0: Q. Group 1: K/V block 0. Rows past the valid range are zero-filled, so V rows
   // past kv_end are 0 (P is 0 there too, but 0 * garbage could be NaN).
@@ -89,7 +102,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // scaled score (s * scale * log2 e); l is this thread's partial row sum (the 4 threads of a
   // quad share a row; they agree on m, so partial sums are combined once at the end).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int row_lo = q0 + warp * 16 + lane / 4;
+  const int row_lo = off + q0 + warp * 16 + lane / 4;  // in key coordinates
 
   for (int j = 0; j < n_kv; ++j) {
     const int buf = j & 1;
@@ -126,7 +139,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // Scale into log2 units, then mask keys after the row (only blocks that reach past this
     // warp's first row can hold such keys). Keys >= kv_end are always after every valid row.
     const int n0 = j * BN;
-    const bool need_mask = n0 + BN - 1 > q0 + warp * 16;
+    const bool need_mask = n0 + BN - 1 > off + q0 + warp * 16;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
@@ -235,7 +248,7 @@ void launch_fwd_bf16(const AttentionPlan& plan, const void* q, const void* k, co
   OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t blocks = plan.num_tiles() * hq;
   kernel<<<static_cast<unsigned>(blocks), kFwdThreads, smem, stream>>>(
-      reinterpret_cast<const Tile*>(plan.q_tiles()), hq, hkv,
+      reinterpret_cast<const Tile*>(plan.q_tiles()), plan.key_ranges(), hq, hkv,
       static_cast<float>(scale) * kLog2e, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
       static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
   check_launch("attention_fwd_bf16_kernel");
@@ -254,7 +267,8 @@ using attn::warp_sum;
 // One warp per (row t, query head h); lanes split head_dim; online softmax over keys.
 template <typename T>
 __global__ void __launch_bounds__(kNaiveWarps * 32)
-    attention_fwd_naive_kernel(const int32_t* __restrict__ cu, int batch, int64_t total, int hq,
+    attention_fwd_naive_kernel(const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_k,
+                               int batch, int64_t total, int hq,
                                int hkv, int d, float scale, const T* __restrict__ q,
                                const T* __restrict__ k, const T* __restrict__ v,
                                T* __restrict__ out, float* __restrict__ lse) {
@@ -263,7 +277,11 @@ __global__ void __launch_bounds__(kNaiveWarps * 32)
   if (wid >= total * hq) return;
   const int64_t t = wid / hq;
   const int h = static_cast<int>(wid % hq), g = h / (hq / hkv);
-  const int64_t s0 = cu[find_sequence(cu, batch, t)];
+  // Keys of row t: its sequence's keys ks0 .. ks0 + off + (t - s0), off = len_k - len_q
+  // (cu_k == cu for square plans: ks0 = s0, off = 0, the keys s0 .. t).
+  const int b = find_sequence(cu, batch, t);
+  const int64_t s0 = cu[b], ks0 = cu_k[b];
+  const int64_t j_end = ks0 + ((cu_k[b + 1] - ks0) - (cu[b + 1] - s0)) + (t - s0);
   float qr[kNaivePerLane], acc[kNaivePerLane];
 #pragma unroll
   for (int i = 0; i < kNaivePerLane; ++i) {
@@ -272,7 +290,7 @@ __global__ void __launch_bounds__(kNaiveWarps * 32)
     acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  for (int64_t j = s0; j <= t; ++j) {
+  for (int64_t j = ks0; j <= j_end; ++j) {
     const T* kj = k + (j * hkv + g) * d;
     const T* vj = v + (j * hkv + g) * d;
     float dot = 0.f;
@@ -308,7 +326,8 @@ void launch_fwd_naive(const AttentionPlan& plan, const void* q, const void* k, c
   const int64_t warps = plan.total_rows() * hq;
   const int64_t blocks = (warps + kNaiveWarps - 1) / kNaiveWarps;
   attention_fwd_naive_kernel<T><<<static_cast<unsigned>(blocks), kNaiveWarps * 32, 0, stream>>>(
-      plan.device_cu_seqlens(), static_cast<int>(plan.batch()), plan.total_rows(), hq, hkv, d,
+      plan.device_cu_seqlens(), plan.device_cu_seqlens_k(), static_cast<int>(plan.batch()),
+      plan.total_rows(), hq, hkv, d,
       static_cast<float>(scale), static_cast<const T*>(q), static_cast<const T*>(k),
       static_cast<const T*>(v), static_cast<T*>(out), lse);
   check_launch("attention_fwd_naive_kernel");
@@ -335,7 +354,7 @@ void attention_forward(const AttentionPlan& plan, const void* q, const void* k, 
   if (dtype == DType::BF16) {
     // bf16 / head_dim 128: the wgmma kernel where OPD_ATTENTION_FWD or the measured default
     // picks it (attention_wgmma.h), else the mma.sync kernel below (also its reference).
-    if (d == 128) {
+    if (d == 128 && !plan.has_context()) {  // the wgmma kernel takes square plans only
       const AttentionFwdKernel kernel = resolve_attention_fwd_kernel(dtype, d, stream);
       if (kernel != AttentionFwdKernel::Mma) {
         return attention_forward_wgmma(plan, q, k, v, hq, hkv, scale, /*causal=*/true, out, lse,

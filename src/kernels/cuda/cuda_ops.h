@@ -131,6 +131,15 @@ class AttentionPlan {
   static constexpr int kTileRows = 128;
   AttentionPlan(const int32_t* cu_seqlens_host, int64_t batch, int64_t total_rows,
                 cudaStream_t stream);
+  // Query rows over cached context (forward only): sequence b's len_q = cu_q[b+1] - cu_q[b]
+  // query rows are the LAST len_q of its len_k = cu_k[b+1] - cu_k[b] keys (causal, bottom-right
+  // aligned: query i sees keys 0 .. len_k - len_q + i); q/out/lse are packed by cu_q, k/v by
+  // cu_k. Validated like the CPU op (cpu::check_cu_seqlens_context: InvalidData when a
+  // sequence has len_k < len_q). The forward runs the mma.sync or the f32 kernel (the wgmma
+  // kernel is skipped); attention_backward does not take such a plan. Device memory: the
+  // plan above plus 2 x (number of tiles) + (B + 1) int32.
+  AttentionPlan(const int32_t* cu_seqlens_q_host, const int32_t* cu_seqlens_k_host,
+                int64_t batch, int64_t total_q_rows, int64_t total_k_rows, cudaStream_t stream);
   ~AttentionPlan();
   AttentionPlan(const AttentionPlan&) = delete;
   AttentionPlan& operator=(const AttentionPlan&) = delete;
@@ -144,9 +153,20 @@ class AttentionPlan {
   // The same blocks as key blocks ordered by queries to visit (desc).
   const int32_t* k_tiles() const { return k_tiles_; }
   const int32_t* device_cu_seqlens() const { return cu_; }
+  // Context plans (second constructor): true, and per q_tiles() entry the int32 pair
+  // {key start in the packed k/v, len_k - len_q of its sequence}; cu_seqlens of the keys.
+  // Plans of the first constructor: false, nullptr, device_cu_seqlens(), total_rows().
+  bool has_context() const { return key_ranges_ != nullptr; }
+  const int32_t* key_ranges() const { return key_ranges_; }
+  const int32_t* device_cu_seqlens_k() const { return cu_k_ ? cu_k_ : cu_; }
+  int64_t total_k_rows() const { return total_k_rows_; }
 
  private:
-  int64_t batch_ = 0, total_rows_ = 0, num_tiles_ = 0, max_seqlen_ = 0;
+  void build(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
+             int64_t total_k);
+  int64_t batch_ = 0, total_rows_ = 0, num_tiles_ = 0, max_seqlen_ = 0, total_k_rows_ = 0;
+  const int32_t* key_ranges_ = nullptr;
+  const int32_t* cu_k_ = nullptr;
   void* buffer_ = nullptr;
   const int32_t* q_tiles_ = nullptr;
   const int32_t* k_tiles_ = nullptr;
@@ -158,7 +178,8 @@ class AttentionPlan {
 // head_dim <= 256 and f32 run a simple f32-arithmetic kernel (correct, slow: for testing).
 bool attention_has_fast_path(DType dtype, int64_t head_dim);
 
-// q/out [T, hq, d], k/v [T, hkv, d] in `dtype` (bf16 or f32); lse f32 [T, hq].
+// q/out [T, hq, d], k/v [T, hkv, d] in `dtype` (bf16 or f32); lse f32 [T, hq]. Context plans:
+// q/out/lse over plan.total_rows() rows, k/v [plan.total_k_rows(), hkv, d].
 void attention_forward(const AttentionPlan& plan, const void* q, const void* k, const void* v,
                        int64_t hq, int64_t hkv, int64_t d, double scale, DType dtype, void* out,
                        float* lse, cudaStream_t stream);
