@@ -10,6 +10,7 @@
 
 #include "common/test_util.h"
 #include "core/dtype.h"
+#include "core/env_choice.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "core/tensor.h"
@@ -201,4 +202,35 @@ TEST(MemoryStats, TracksLiveAndPeakHostBytes) {
 }
 
 }  // namespace
+// EnvChoice: the environment's value read on first use, the fallback when unset or empty, a
+// setter that wins, and an unknown value refused with the variable, the value and the names.
+TEST(EnvChoice, ReadsOnceFallsBackAndNamesBadValues) {
+  const char* var = "OPD_TEST_ENV_CHOICE";
+  ::unsetenv(var);
+  EnvChoice c(var, {{"a", 0}, {"b", 1}, {"c", 2}}, 1);
+  EXPECT_EQ(c.get(), 1);
+  ::setenv(var, "c", 1);
+  EXPECT_EQ(c.get(), 1) << "read once";
+  c.reset();
+  EXPECT_EQ(c.get(), 2);
+  c.set(0);
+  EXPECT_EQ(c.get(), 0);
+  ::setenv(var, "", 1);
+  c.reset();
+  EXPECT_EQ(c.get(), 1) << "empty = unset";
+  ::setenv(var, "d", 1);
+  c.reset();
+  try {
+    c.get();
+    ADD_FAILURE() << "no error for an unknown value";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("OPD_TEST_ENV_CHOICE=d is not one of a, b, c"), std::string::npos)
+        << e.what();
+  }
+  c.set(2);  // a setter recovers from a bad environment value
+  EXPECT_EQ(c.get(), 2);
+  ::unsetenv(var);
+}
+
 }  // namespace opd

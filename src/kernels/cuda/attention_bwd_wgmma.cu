@@ -31,6 +31,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/stream.h"
+#include "core/env_choice.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_mma.h"  // attn::Tile, cp.async commit/wait, pack_bf16
 #include "kernels/cuda/attention_wgmma.h"
@@ -416,35 +417,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // OPD_WGMMA_ENABLED
 }
 
-// Setting: -2 not read yet, -1 invalid environment value, else the enum.
-std::atomic<int> g_setting{-2};
+// The setting: set_*_kernel's value, else OPD_ATTENTION_BWD (read once), else Auto
+// (core/env_choice.h).
+EnvChoice g_setting{"OPD_ATTENTION_BWD",
+                     {{"auto", static_cast<int>(AttentionBwdKernel::Auto)},
+                      {"mma", static_cast<int>(AttentionBwdKernel::Mma)},
+                      {"wgmma", static_cast<int>(AttentionBwdKernel::Wgmma)},
+                      {"wgmma-all", static_cast<int>(AttentionBwdKernel::WgmmaAll)}},
+                     static_cast<int>(AttentionBwdKernel::Auto)};
 
-AttentionBwdKernel setting_or_throw() {
-  int s = g_setting.load();
-  if (s == -2) {
-    const char* env = std::getenv("OPD_ATTENTION_BWD");
-    int parsed = static_cast<int>(AttentionBwdKernel::Auto);
-    if (env != nullptr && *env != '\0') {
-      if (std::strcmp(env, "auto") == 0) parsed = static_cast<int>(AttentionBwdKernel::Auto);
-      else if (std::strcmp(env, "mma") == 0) parsed = static_cast<int>(AttentionBwdKernel::Mma);
-      else if (std::strcmp(env, "wgmma") == 0) parsed = static_cast<int>(AttentionBwdKernel::Wgmma);
-      else if (std::strcmp(env, "wgmma-all") == 0) {
-        parsed = static_cast<int>(AttentionBwdKernel::WgmmaAll);
-      } else {
-        parsed = -1;
-      }
-    }
-    int expected = -2;
-    g_setting.compare_exchange_strong(expected, parsed);  // a concurrent set_ wins
-    s = g_setting.load();
-  }
-  if (s == -1) {
-    const char* env = std::getenv("OPD_ATTENTION_BWD");
-    OPD_FAIL(InvalidArgument, "OPD_ATTENTION_BWD=", env ? env : "",
-             " is not one of mma, wgmma, wgmma-all, auto");
-  }
-  return static_cast<AttentionBwdKernel>(s);
-}
+AttentionBwdKernel setting_or_throw() { return static_cast<AttentionBwdKernel>(g_setting.get()); }
 
 // What Auto means: the mma.sync kernels until the wgmma ones have passed their tests and been
 // measured on a GPU (docs/perf.md "Attention — wgmma backward").
@@ -453,7 +435,7 @@ constexpr AttentionBwdKernel kAutoChoice = AttentionBwdKernel::Mma;
 }  // namespace
 
 void set_attention_bwd_kernel(AttentionBwdKernel kernel) {
-  g_setting.store(static_cast<int>(kernel));
+  g_setting.set(static_cast<int>(kernel));
 }
 
 AttentionBwdKernel attention_bwd_kernel_setting() { return setting_or_throw(); }

@@ -30,6 +30,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/stream.h"
+#include "core/env_choice.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_mma.h"  // attn::Tile, cp.async helpers
 #include "kernels/cuda/attention_wgmma.h"
@@ -667,35 +668,16 @@ bool available_on(cudaStream_t stream) {
   return probe_device(device, stream);
 }
 
-// Setting: -2 not read yet, -1 invalid environment value, else the enum.
-std::atomic<int> g_setting{-2};
+// The setting: set_*_kernel's value, else OPD_ATTENTION_FWD (read once), else Auto
+// (core/env_choice.h).
+EnvChoice g_setting{"OPD_ATTENTION_FWD",
+                     {{"auto", static_cast<int>(AttentionFwdKernel::Auto)},
+                      {"mma", static_cast<int>(AttentionFwdKernel::Mma)},
+                      {"wgmma", static_cast<int>(AttentionFwdKernel::Wgmma)},
+                      {"wgmma-pingpong", static_cast<int>(AttentionFwdKernel::WgmmaPingPong)}},
+                     static_cast<int>(AttentionFwdKernel::Auto)};
 
-AttentionFwdKernel setting_or_throw() {
-  int s = g_setting.load();
-  if (s == -2) {
-    const char* env = std::getenv("OPD_ATTENTION_FWD");
-    int parsed = static_cast<int>(AttentionFwdKernel::Auto);
-    if (env != nullptr && *env != '\0') {
-      if (std::strcmp(env, "auto") == 0) parsed = static_cast<int>(AttentionFwdKernel::Auto);
-      else if (std::strcmp(env, "mma") == 0) parsed = static_cast<int>(AttentionFwdKernel::Mma);
-      else if (std::strcmp(env, "wgmma") == 0) parsed = static_cast<int>(AttentionFwdKernel::Wgmma);
-      else if (std::strcmp(env, "wgmma-pingpong") == 0) {
-        parsed = static_cast<int>(AttentionFwdKernel::WgmmaPingPong);
-      } else {
-        parsed = -1;
-      }
-    }
-    int expected = -2;
-    g_setting.compare_exchange_strong(expected, parsed);  // a concurrent set_ wins
-    s = g_setting.load();
-  }
-  if (s == -1) {
-    const char* env = std::getenv("OPD_ATTENTION_FWD");
-    OPD_FAIL(InvalidArgument, "OPD_ATTENTION_FWD=", env ? env : "",
-             " is not one of mma, wgmma, wgmma-pingpong, auto");
-  }
-  return static_cast<AttentionFwdKernel>(s);
-}
+AttentionFwdKernel setting_or_throw() { return static_cast<AttentionFwdKernel>(g_setting.get()); }
 
 // What Auto means for bf16 / head_dim 128 / causal on a device that can run wgmma, chosen by
 // `opd bench attention` on the H200 (docs/perf.md "Attention — wgmma forward"): the ping-pong
@@ -715,7 +697,7 @@ bool attention_wgmma_available() { return available_on(nullptr); }
 bool attention_wgmma_available_on(cudaStream_t stream) { return available_on(stream); }
 
 void set_attention_fwd_kernel(AttentionFwdKernel kernel) {
-  g_setting.store(static_cast<int>(kernel));
+  g_setting.set(static_cast<int>(kernel));
 }
 
 AttentionFwdKernel attention_fwd_kernel_setting() { return setting_or_throw(); }
