@@ -444,6 +444,28 @@ TEST(CudaRollout, TunedDecodeGemmsMatchTheHeuristicsWithinRounding) {
   EXPECT_GE(cuda::gemm_cache_stats().tuned_plans, 1);
 }
 
+// Feeds sequences' tokens into PagedSteps chunk by chunk, handing out cache blocks from the top
+// (not in sequence order). A PagedStep holds views of the block tables: run each step before
+// adding to the next one.
+struct StepFeeder {
+  const std::vector<std::vector<int32_t>>& toks;
+  int64_t bs;
+  int32_t next;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int64_t> done;
+  StepFeeder(const std::vector<std::vector<int32_t>>& t, int64_t block_size, int64_t blocks)
+      : toks(t), bs(block_size), next(static_cast<int32_t>(blocks - 1)), tables(t.size()),
+        done(t.size(), 0) {}
+  // The next n tokens of sequence i (after the done[i] already fed) into ps.
+  void add(PagedStep& ps, size_t i, int64_t n) {
+    while (static_cast<int64_t>(tables[i].size()) * bs < done[i] + n) tables[i].push_back(next--);
+    ps.add(std::span<const int32_t>(toks[i]).subspan(static_cast<size_t>(done[i]),
+                                                      static_cast<size_t>(n)),
+           done[i], tables[i]);
+    done[i] += n;
+  }
+};
+
 // A bf16 model whose head_dim (64) has the tensor-core attention kernels, so prompt chunks
 // that start at position 0 take PagedForward's fresh-prefill path (random weights, std 0.1).
 Transformer fresh_prefill_model() {
@@ -476,15 +498,8 @@ TEST(CudaRollout, FreshPromptsOnTensorCoresMatchThePagedKernel) {
       PagedForward f(gpu, fused);
       f.set_fresh_prefill(fresh == 1);
       KvCache cache(gpu.config(), bs, blocks, DType::BF16, Device::CUDA);
-      std::vector<std::vector<int32_t>> tables(lens.size());
-      std::vector<int64_t> done(lens.size(), 0);
-      int32_t next = blocks - 1;  // blocks handed out from the top: not in sequence order
-      auto add = [&](PagedStep& ps, size_t i, int64_t n) {
-        while (static_cast<int64_t>(tables[i].size()) * bs < done[i] + n) tables[i].push_back(next--);
-        ps.add(std::span<const int32_t>(toks[i]).subspan(static_cast<size_t>(done[i]), static_cast<size_t>(n)),
-               done[i], tables[i]);
-        done[i] += n;
-      };
+      StepFeeder feed(toks, bs, blocks);
+      auto add = [&](PagedStep& ps, size_t i, int64_t n) { feed.add(ps, i, n); };
       // Each step runs before the next is built: a step holds views of the block tables.
       PagedStep s1;
       add(s1, 0, 20);
@@ -554,15 +569,8 @@ TEST(CudaRollout, ContextChunksOnTensorCoresMatchThePagedKernel) {
       f.set_context_prefill(ctx == 1);
       EXPECT_EQ(f.context_prefill(), ctx == 1);
       KvCache cache(gpu.config(), bs, blocks, DType::BF16, Device::CUDA);
-      std::vector<std::vector<int32_t>> tables(first.size());
-      std::vector<int64_t> done(first.size(), 0);
-      int32_t next = blocks - 1;  // blocks handed out from the top: not in sequence order
-      auto add = [&](PagedStep& ps, size_t i, int64_t n) {
-        while (static_cast<int64_t>(tables[i].size()) * bs < done[i] + n) tables[i].push_back(next--);
-        ps.add(std::span<const int32_t>(toks[i]).subspan(static_cast<size_t>(done[i]), static_cast<size_t>(n)),
-               done[i], tables[i]);
-        done[i] += n;
-      };
+      StepFeeder feed(toks, bs, blocks);
+      auto add = [&](PagedStep& ps, size_t i, int64_t n) { feed.add(ps, i, n); };
       PagedStep s1;
       for (size_t i = 0; i < first.size(); ++i) if (first[i] > 0) add(s1, i, first[i]);
       logits[ctx].push_back(host(f.step(s1, cache)));
