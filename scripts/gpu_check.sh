@@ -398,7 +398,7 @@ if [[ "$what" == next6a ]]; then
     timeout 150 $B/opd bench attention --iters 30 --warmup 5 >"$OUT/bench_attn.log" 2>&1
     timeout 150 python3 tools/bench_attention_torch.py --iters 30 --warmup 5 >"$OUT/torch_attn.log" 2>&1
     timeout 40 $B/opd bench rollout --runs 3 >"$OUT/rollout.log" 2>&1
-    for c in "--no-context-prefill" "--context-prefill"; do
+    for c in "" "--context-prefill"; do  # off (the default), then on
       timeout 60 $B/opd bench rollout --runs 3 --max-step-tokens 128 $c >>"$OUT/rollout.log" 2>&1
       timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt always $c >>"$OUT/score.log" 2>&1
     done
