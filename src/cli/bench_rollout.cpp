@@ -63,18 +63,43 @@ struct BenchRolloutOptions {
   bool no_graphs = false;
   bool no_fused = false;
   bool tuned_gemm = false;
-  bool decode_gemm = EngineOptions{}.cuda_decode_gemm;
-  bool pdl = EngineOptions{}.cuda_pdl;
-  bool cluster_sampler = EngineOptions{}.cuda_cluster_sampler;
-  bool fresh_prefill = EngineOptions{}.cuda_fresh_prefill;
-  bool context_prefill = EngineOptions{}.cuda_context_prefill;
-  bool l2_prefetch = EngineOptions{}.cuda_l2_prefetch;
+  EngineOptions switches;  // the on/off CUDA engine switches of kSwitches, at their defaults
   bool keep_state = false;
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
   std::string torch_script = "tools/bench_rollout_torch.py";
   std::string torch_modes = "eager,compiled";
+};
+
+// The engine's on/off CUDA switches: `--NAME` / `--no-NAME`, JSON key (NAME with '_'), the
+// EngineOptions member, and what "on" does (the help adds the default).
+struct Switch {
+  const char* flag;
+  const char* key;
+  bool EngineOptions::*member;
+  const char* help;
+};
+const Switch kSwitches[] = {
+    {"decode-gemm", "decode_gemm", &EngineOptions::cuda_decode_gemm,
+     "decode steps (<= 64 tokens) run q|k|v, o, gate|up and down on opd's weight-streaming "
+     "decode GEMM instead of cuBLASLt"},
+    {"cluster-sampler", "cluster_sampler", &EngineOptions::cuda_cluster_sampler,
+     "sampling splits each row over a cluster of up to 8 CTAs; --no-cluster-sampler: one CTA "
+     "per row, the kernel before"},
+    {"pdl", "pdl", &EngineOptions::cuda_pdl,
+     "decode steps launch opd's kernels that follow a kernel with programmatic dependent launch "
+     "(same results)"},
+    {"fresh-prefill", "fresh_prefill", &EngineOptions::cuda_fresh_prefill,
+     "prompt chunks starting at position 0 attend with the tensor-core varlen attention instead "
+     "of the paged kernel (bf16, head_dim 64/128)"},
+    {"context-prefill", "context_prefill", &EngineOptions::cuda_context_prefill,
+     "with --fresh-prefill: prompt chunks over cached context (prompts longer than "
+     "--max-step-tokens) of >= 16 rows also attend on the tensor-core kernel, over their context "
+     "K/V gathered from the cache"},
+    {"l2-prefetch", "l2_prefetch", &EngineOptions::cuda_l2_prefetch,
+     "decode steps prefetch each layer's o, gate|up, down and the next q|k|v weights into L2 "
+     "before the attention"},
 };
 
 #if defined(OPD_WITH_CUDA)
@@ -173,7 +198,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     q.max_new_tokens = o.new_tokens;
     q.ignore_eos = true;
   }
-  EngineOptions eo;
+  EngineOptions eo = o.switches;
   eo.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_gb * (1ll << 30));
   eo.block_size = o.block_size;
   eo.max_step_tokens = o.max_step_tokens;
@@ -181,12 +206,6 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_graphs = !o.no_graphs;
   eo.cuda_fused = !o.no_fused;
   eo.cuda_tuned_gemm = o.tuned_gemm;
-  eo.cuda_decode_gemm = o.decode_gemm;
-  eo.cuda_pdl = o.pdl;
-  eo.cuda_cluster_sampler = o.cluster_sampler;
-  eo.cuda_fresh_prefill = o.fresh_prefill;
-  eo.cuda_context_prefill = o.context_prefill;
-  eo.cuda_l2_prefetch = o.l2_prefetch;
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
@@ -214,10 +233,11 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
-                o.no_fused ? "off" : "on", o.decode_gemm ? "opd" : "cuBLASLt",
-                o.fresh_prefill ? "tensor-core attention" : "paged kernel",
-                o.context_prefill ? "tensor-core attention" : "paged kernel", o.l2_prefetch ? "on" : "off",
-                o.pdl ? "on" : "off", o.cluster_sampler ? "cluster" : "one CTA per row");
+                o.no_fused ? "off" : "on", eo.cuda_decode_gemm ? "opd" : "cuBLASLt",
+                eo.cuda_fresh_prefill ? "tensor-core attention" : "paged kernel",
+                eo.cuda_context_prefill ? "tensor-core attention" : "paged kernel",
+                eo.cuda_l2_prefetch ? "on" : "off", eo.cuda_pdl ? "on" : "off",
+                eo.cuda_cluster_sampler ? "cluster" : "one CTA per row");
   }
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
@@ -278,12 +298,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["graphs"] = !o.no_graphs;
   j["fused"] = !o.no_fused;
   j["tuned_gemm"] = o.tuned_gemm;
-  j["decode_gemm"] = o.decode_gemm;
-  j["pdl"] = o.pdl;
-  j["cluster_sampler"] = o.cluster_sampler;
-  j["fresh_prefill"] = o.fresh_prefill;
-  j["context_prefill"] = o.context_prefill;
-  j["l2_prefetch"] = o.l2_prefetch;
+  for (const Switch& w : kSwitches) j[w.key] = o.switches.*w.member;
   j["keep_state"] = o.keep_state;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
@@ -394,31 +409,9 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_flag("--tuned-gemm", o->tuned_gemm,
                 "decode GEMMs take the fastest measured cuBLASLt algorithm instead of the "
                 "heuristic's first (default off)");
-  cmd->add_flag("--decode-gemm,!--no-decode-gemm", o->decode_gemm,
-                cat("decode steps (<= 64 tokens) run q|k|v, o, gate|up and down on opd's "
-                    "weight-streaming decode GEMM instead of cuBLASLt (default ",
-                    EngineOptions{}.cuda_decode_gemm ? "on" : "off", ")"));
-  cmd->add_flag("--cluster-sampler,!--no-cluster-sampler", o->cluster_sampler,
-                cat("sampling splits each row over a cluster of up to 8 CTAs; --no-cluster-sampler: "
-                    "one CTA per row, the kernel before (default ",
-                    EngineOptions{}.cuda_cluster_sampler ? "on" : "off", ")"));
-  cmd->add_flag("--pdl,!--no-pdl", o->pdl,
-                cat("decode steps launch opd's kernels that follow a kernel with programmatic "
-                    "dependent launch (same results) (default ",
-                    EngineOptions{}.cuda_pdl ? "on" : "off", ")"));
-  cmd->add_flag("--fresh-prefill,!--no-fresh-prefill", o->fresh_prefill,
-                cat("prompt chunks starting at position 0 attend with the tensor-core varlen "
-                    "attention instead of the paged kernel (bf16, head_dim 64/128; default ",
-                    EngineOptions{}.cuda_fresh_prefill ? "on" : "off", ")"));
-  cmd->add_flag("--context-prefill,!--no-context-prefill", o->context_prefill,
-                cat("with --fresh-prefill: prompt chunks over cached context (prompts longer than "
-                    "--max-step-tokens) of >= 16 rows also attend on the tensor-core kernel, over "
-                    "their context K/V gathered from the cache (default ",
-                    EngineOptions{}.cuda_context_prefill ? "on" : "off", ")"));
-  cmd->add_flag("--l2-prefetch,!--no-l2-prefetch", o->l2_prefetch,
-                cat("decode steps prefetch each layer's o, gate|up, down and the next q|k|v "
-                    "weights into L2 before the attention (default ",
-                    EngineOptions{}.cuda_l2_prefetch ? "on" : "off", ")"));
+  for (const Switch& w : kSwitches)
+    cmd->add_flag(cat("--", w.flag, ",!--no-", w.flag), o->switches.*w.member,
+                  cat(w.help, " (default ", EngineOptions{}.*w.member ? "on" : "off", ")"));
   cmd->add_flag("--keep-state", o->keep_state,
                 "keep packed weights, buffers and graphs between rollouts instead of rebuilding "
                 "them in every rollout (default off)");
