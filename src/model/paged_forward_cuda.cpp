@@ -322,10 +322,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       const int64_t R = (Hq + 2 * Hkv) * D;
       linear(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
       cuda::QkvNormRopeStoreArgs f;
-      f.q = ws.qkv.raw();
-      f.k = static_cast<const char*>(ws.qkv.raw()) + Hq * D * dtype_size(dt);
-      f.v = static_cast<const char*>(ws.qkv.raw()) + (Hq + Hkv) * D * dtype_size(dt);
-      f.q_stride = f.k_stride = f.v_stride = R;
+      f.set_packed_qkv(ws.qkv.raw(), Hq, Hkv, D, dt);
       f.q_norm = c.qk_norm ? L.q_norm.raw() : nullptr;
       f.k_norm = c.qk_norm ? L.k_norm.raw() : nullptr;
       f.eps = static_cast<float>(eps);

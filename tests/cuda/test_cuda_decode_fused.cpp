@@ -196,11 +196,7 @@ TEST(CudaDecodeFused, PdlLaunchesBehindAProducerGiveThePlainLaunchesBits) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         cuda::gather_rows(src.raw(), dt, n, rows_d.data<int32_t>(), n, R, qkv.raw(), dt, stream);
         cuda::QkvNormRopeStoreArgs a;
-        const size_t es = dtype_size(dt);
-        a.q = qkv.raw();
-        a.k = static_cast<const char*>(qkv.raw()) + hq * d * es;
-        a.v = static_cast<const char*>(qkv.raw()) + (hq + hkv) * d * es;
-        a.q_stride = a.k_stride = a.v_stride = R;
+        a.set_packed_qkv(qkv.raw(), hq, hkv, d, dt);  // R = (hq + 2 hkv) d
         a.q_norm = wq.raw();
         a.k_norm = wk.raw();
         a.positions = pos_d.data<int32_t>();

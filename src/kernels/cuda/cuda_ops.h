@@ -303,6 +303,15 @@ struct QkvNormRopeStoreArgs {
   // weights and RoPE terms are read before waiting for the predecessor (the q|k|v GEMM); the
   // successor may start its prologue at once. Same results either way.
   bool pdl = false;
+  // q, k, v (and their strides) as the column blocks of one packed [n, (hq + 2 hkv) d] row
+  // buffer of `dt` (the fused q|k|v GEMM's output).
+  void set_packed_qkv(const void* qkv, int64_t hq_, int64_t hkv_, int64_t d, DType dt) {
+    const size_t es = dtype_size(dt);
+    q = qkv;
+    k = static_cast<const char*>(qkv) + hq_ * d * es;
+    v = static_cast<const char*>(qkv) + (hq_ + hkv_) * d * es;
+    q_stride = k_stride = v_stride = (hq_ + 2 * hkv_) * d;
+  }
 };
 void qkv_norm_rope_store(const QkvNormRopeStoreArgs& args, cudaStream_t stream);
 // out [n, inter] = silu(gu[:, :inter]) * gu[:, inter:] for gu [n, 2 inter] (one gate|up GEMM).
