@@ -42,16 +42,7 @@ __device__ __forceinline__ float key_to_f(unsigned k) {
 
 template <typename T, typename Op>
 __device__ __forceinline__ T block_reduce(T v, Op op, T* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  T r = red[0];
-#pragma unroll
-  for (int i = 1; i < kWarps; ++i) r = op(r, red[i]);
-  __syncthreads();
-  return r;
+  return dev::block_reduce<kNT>(v, op, red);
 }
 struct MaxF {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
@@ -383,16 +374,7 @@ __device__ __forceinline__ Part publish(cg::cluster_group& cl, ClusterShared& sh
 
 template <typename T, typename Op>
 __device__ __forceinline__ T cta_reduce(T v, Op op, T* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  T r = red[0];
-#pragma unroll
-  for (int i = 1; i < kCWarps; ++i) r = op(r, red[i]);
-  __syncthreads();
-  return r;
+  return dev::block_reduce<kCT>(v, op, red);
 }
 
 // Sum of a double over the cluster: CTA sums folded in rank order (the same value everywhere).

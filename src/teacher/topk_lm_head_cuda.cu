@@ -59,16 +59,7 @@ __device__ __forceinline__ int key_id(u64 key) {
 // Block-wide reductions in a fixed order (deterministic for a given launch shape).
 template <typename T, typename Op>
 __device__ __forceinline__ T block_reduce(T v, Op op, T* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  T r = red[0];
-#pragma unroll
-  for (int i = 1; i < kThreads / 32; ++i) r = op(r, red[i]);
-  __syncthreads();
-  return r;
+  return dev::block_reduce<kThreads>(v, op, red);
 }
 struct MaxF {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }

@@ -126,6 +126,23 @@ __device__ __forceinline__ float block_max(float v) {
   return m;
 }
 
+// op-reduction over a block of kThreads threads (a multiple of 32) through the caller's shared
+// red[kThreads / 32]: warp butterflies, then red[0], red[1], ... in order, so the result is
+// run-to-run identical and every thread gets it.
+template <int kThreads, typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, Op op, T* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  T r = red[0];
+#pragma unroll
+  for (int i = 1; i < kThreads / 32; ++i) r = op(r, red[i]);
+  __syncthreads();  // red[] is reused by the next call
+  return r;
+}
+
 // Address is 16-byte aligned (vector paths need the base pointers and row strides aligned).
 __host__ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
