@@ -130,6 +130,7 @@ struct StoreServer::State {
   std::map<uint64_t, Exchange> exchanges;
   std::vector<bool> connected;  // rank has said hello and not goodbye
   std::vector<bool> departed;   // rank said goodbye: it will never contribute again
+  std::vector<bool> told;       // rank was sent `failure` (so it has the job's story)
   std::string failure;          // first lost/aborted rank's story; waits fail with it
   std::vector<int> fds;         // open connections (closed on shutdown)
   std::vector<std::thread> threads;
@@ -261,7 +262,8 @@ void StoreServer::State::serve(int fd) {
         if (!ex.arrived[r]) missing.push_back(r);
       std::string why;
       uint8_t status = kTimeout;
-      if (!failure.empty()) {
+      const bool telling_failure = !failure.empty();
+      if (telling_failure) {
         why = failure;
         status = kPeerLost;
       } else if (stopping) {
@@ -278,6 +280,11 @@ void StoreServer::State::serve(int fd) {
       }
       lock.unlock();
       if (!reply(status, why)) break;
+      if (telling_failure) {
+        std::lock_guard<std::mutex> relock(mu);
+        told[rank] = true;
+        cv.notify_all();
+      }
     } else {
       reply(kInvalid, cat("unknown store operation ", int(op)));
       break;
@@ -302,6 +309,7 @@ StoreServer::StoreServer(int port, int world_size) : state_(std::make_shared<Sta
   s.world_size = world_size;
   s.connected.assign(world_size, false);
   s.departed.assign(world_size, false);
+  s.told.assign(world_size, false);
   s.listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   OPD_CHECK(s.listen_fd >= 0, Io, "store: socket() failed: ", std::strerror(errno));
   int one = 1;
@@ -337,6 +345,16 @@ StoreServer::~StoreServer() {
       return !s.failure.empty() ||
              std::none_of(s.connected.begin(), s.connected.end(), [](bool c) { return c; });
     });
+    // After a failure, a rank still connected may be about to ask (or be reading the answer):
+    // let it hear the job's story from the store, not just "rank 0 exited", for a few seconds
+    // at most (a rank busy computing is not waited for longer; CI 2026-11-30 under ASan).
+    if (!s.failure.empty()) {
+      s.cv.wait_for(lock, std::chrono::duration<double>(std::min(s.grace_s, 5.0)), [&] {
+        for (int r = 0; r < s.world_size; ++r)
+          if (s.connected[r] && !s.told[r]) return false;
+        return true;
+      });
+    }
     s.stopping = true;
     for (int fd : s.fds) ::shutdown(fd, SHUT_RDWR);
   }
