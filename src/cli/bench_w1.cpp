@@ -183,6 +183,9 @@ void run_bench_w1(const BenchW1Options& o) {
   const char* kSplit[] = {"sync_wait_s", "prefill_s", "decode_forward_s", "sample_s", "host_s",
                           "fixed_s"};
   std::map<std::string, std::vector<double>> split;
+  // Distributed runs: each phase's slowest and fastest rank (trainer metrics time/ranks_*).
+  const char* kRanks[] = {"rollout_s", "score_s", "train_s", "step_s", "rollout/sync_wait_s"};
+  std::map<std::string, std::vector<double>> ranks;
   int64_t peak = 0;
   std::ifstream mf(run + "/metrics.jsonl");
   std::string line;
@@ -193,6 +196,11 @@ void run_bench_w1(const BenchW1Options& o) {
     if (m.value("step", int64_t{0}) <= o.warmup) continue;
     rollout.push_back(m.value("time/rollout_s", 0.0));
     for (const char* k : kSplit) split[k].push_back(m.value(std::string("time/rollout/") + k, 0.0));
+    for (const char* k : kRanks)
+      for (const char* side : {"max", "min"}) {
+        const std::string key = cat("time/ranks_", side, "/", k);
+        if (m.contains(key)) ranks[key].push_back(m[key].get<double>());
+      }
     score.push_back(m.value("time/score_s", 0.0));
     trainp.push_back(m.value("time/train_s", 0.0));
     step.push_back(m.value("time/step_s", 0.0));
@@ -232,6 +240,7 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"step_s", st},
                       {"peak_device_gib", peak_gib}};
   for (const char* k : kSplit) j[std::string("rollout_") + k] = median(split[k]);
+  for (const auto& [key, v] : ranks) j[key] = median(v);
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -323,6 +332,10 @@ void run_bench_w2(const BenchW2Options& o) {
                         "rollout_sample_s", "rollout_host_s", "rollout_fixed_s"})
     std::printf("    %-26s  1 GPU %8.4f s   %d GPUs %8.4f s\n", k, w1.value(k, 0.0), o.nproc,
                 w2.value(k, 0.0));
+  std::printf("  over the %d ranks (median of the steps' fastest / slowest rank):\n", o.nproc);
+  for (const char* k : {"rollout_s", "score_s", "train_s", "step_s", "rollout/sync_wait_s"})
+    std::printf("    %-26s  fastest %8.4f s   slowest %8.4f s\n", k,
+                w2.value(cat("time/ranks_min/", k), 0.0), w2.value(cat("time/ranks_max/", k), 0.0));
   std::printf("  peak device memory: 1 GPU %.2f GiB, %d GPUs %.2f GiB per GPU\n",
               w1.at("peak_device_gib").get<double>(), o.nproc, w2.at("peak_device_gib").get<double>());
   std::printf("  scaling efficiency (W1 step / W2 step) %.1f%% (goal >= 95%%)\n", 100 * eff);

@@ -1281,6 +1281,19 @@ TrainResult Trainer::run_steps() {
     m["time/train_s"] = train_s;
     m["tokens_per_s/train"] = train_s > 0 ? n_total / train_s : 0;
     m["time/step_s"] = step_s;
+    if (distributed()) {
+      // The phases' spread over the ranks (the other metrics are rank 0's): tells a rank that is
+      // slower by itself from a slowdown every rank shares (e.g. W2's 2-rank rollout gap).
+      const std::vector<double> mine = {rollout_s, score_s, train_s, step_s,
+                                        rollout_stats_.sync_wait_seconds};
+      const auto most = store_->all_reduce(mine, dist::HostReduce::Max, "phase times (max)");
+      const auto least = store_->all_reduce(mine, dist::HostReduce::Min, "phase times (min)");
+      const char* names[] = {"rollout_s", "score_s", "train_s", "step_s", "rollout/sync_wait_s"};
+      for (size_t i = 0; i < mine.size(); ++i) {
+        m[std::string("time/ranks_max/") + names[i]] = most[i];
+        m[std::string("time/ranks_min/") + names[i]] = least[i];
+      }
+    }
     m["memory/peak_rss_bytes"] = peak_rss_bytes();
     if (device_ == Device::CUDA) m["memory/peak_device_bytes"] = memory_stats(Device::CUDA).peak;
     m["bad_steps"] = bad_steps_;

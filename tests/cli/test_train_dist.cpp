@@ -151,6 +151,19 @@ TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {
   EXPECT_EQ(m.back().at("world_size"), 2);
   EXPECT_EQ(m.back().at("completion_tokens"), MetricsLog::read(path("one") + "/metrics.jsonl").back().at("completion_tokens"));
   EXPECT_TRUE(fs::exists(path("two") + "/train.rank1.log"));
+  // Each phase's fastest and slowest rank: min <= rank 0's own time <= max (the rollout is 0
+  // here: lmbda 0).
+  for (const char* k : {"rollout_s", "score_s", "train_s", "step_s"}) {
+    const auto& last = m.back();
+    const double lo = last.at(std::string("time/ranks_min/") + k).get<double>();
+    const double hi = last.at(std::string("time/ranks_max/") + k).get<double>();
+    const double own = last.at(std::string("time/") + k).get<double>();
+    EXPECT_GE(lo, 0) << k;
+    EXPECT_LE(lo, own) << k;
+    EXPECT_GE(hi, own) << k;
+  }
+  EXPECT_GT(m.back().at("time/ranks_min/step_s").get<double>(), 0);
+  EXPECT_FALSE(MetricsLog::read(path("one") + "/metrics.jsonl").back().contains("time/ranks_max/step_s"));
 }
 
 // ZeRO-2 overlap: buckets reduce-scattered as the last micro-batch's backward finishes them give
