@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -426,6 +426,21 @@ if [[ "$what" == next6b ]]; then
   done
   run w1 150 $B/opd bench w1 --work-dir /tmp/opd_w1
   run torch_w1 150 python3 tools/bench_w1_torch.py
+fi
+if [[ "$what" == gemm-prof ]]; then
+  # Issue 6 (~3 min): why the 64-row decode GEMMs run at 0.6-1.6 TB/s. ncu (serialized, clocks
+  # not locked) on the decode_gemm.* cases: opd's decode GEMM and the cuBLASLt call the rollout
+  # makes, same operands; DRAM and L2 traffic, occupancy, the main stall reasons per kernel.
+  m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  m=$m,lts__t_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size
+  m=$m,launch__registers_per_thread,launch__cluster_dim_x,sm__throughput.avg.pct_of_peak_sustained_elapsed
+  m=$m,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+  m=$m,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+  m=$m,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+  m=$m,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+  run ncu_gemm 240 ncu --csv --page raw --clock-control none --metrics "$m" \
+      $B/opd bench kernels --filter decode_gemm. --iters 3 --warmup 1
+  python3 tools/ncu_summary.py "$OUT/ncu_gemm.log" | tee "$OUT/ncu_gemm_summary.txt"
 fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
