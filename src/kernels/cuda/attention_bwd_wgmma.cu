@@ -1,7 +1,9 @@
 // dK and dV of the causal grouped-query attention backward on Hopper (bf16, head_dim 128) with
 // warpgroup MMA: FlashAttention-2 algorithm 2 (Dao 2023) in FlashAttention-3's form (Shah et
-// al. 2024, section 3.3), a wgmma dQ kernel (second kernel below), and the OPD_ATTENTION_BWD
-// selection. With P = exp(scale q k^T - lse),
+// al. 2024, section 3.3), a wgmma dQ kernel (second kernel below), the 5-product variant of the
+// dK/dV kernel that also adds dQ = dS K into an f32 accumulator in a fixed order (kDq; FA3's
+// backward made deterministic with per-block counters) with its convert kernel, and the
+// OPD_ATTENTION_BWD selection. With P = exp(scale q k^T - lse),
 // dP = dout v^T, D = rowsum(dout * out), dS = P * (dP - D):  dV = P^T dout, dK = scale dS^T q.
 //
 // One CTA = one 128-key tile of one sequence (the AttentionPlan's k_tiles) x one kv head =
