@@ -6,12 +6,17 @@
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
 #        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|gemm-prof|anchor|product|memory|pdl|
-#        attn-bwd|context]
+#        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
 # tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
 # the new kernels' small cases, then `opd bench attention` (rows bwd-wgmma/<k>, bwd-wgmma-all)
 # with its PyTorch twin in the same call.
+# attn-bwd5 (~5 min, issue 4): the 5-product backward (OPD_ATTENTION_BWD=wgmma-dq: dQ added
+# inside the wgmma dK/dV kernel under per-block counters; never run before): the attention
+# tests, the model tests under wgmma-dq, memcheck and racecheck (opd's attention_bwd kernels
+# only; these tests run no GEMM) of its small cases, then `opd bench attention` (row
+# bwd-wgmma-dq) with its PyTorch twin in the same call.
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
@@ -453,6 +458,22 @@ if [[ "$what" == attn-bwd ]]; then
   run bench_attn 120 $B/opd bench attention --iters 30 --warmup 5
   run torch_attn 120 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
   grep -h "summary" -A4 "$OUT/bench_attn.log" 2>/dev/null
+fi
+if [[ "$what" == attn-bwd5 ]]; then
+  # Time limits add up to < 600 s (one device call); the new tests go first.
+  FIVE='*CudaAttentionWgmmaBwd.FiveProduct*'
+  SMALL5='*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/len1_*:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/mixed_g16_8:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/mixed_g2_1:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/exact_tiles_*'
+  run attn5_new 90 $B/test_cuda --gtest_filter="$FIVE:CudaAttentionWgmmaBwd.Setting*:CudaAttentionWgmmaBwd.Selection*:CudaAttentionWgmmaBwd.Rejects*"
+  run attn5_tests 120 $B/test_cuda --gtest_filter='*CudaAttention*:-*CudaAttentionWgmmaBwd.FiveProduct*'
+  run attn5_model 90 env OPD_ATTENTION_BWD=wgmma-dq $B/test_cuda \
+      --gtest_filter='*CudaModel*:CudaAttention.*'
+  run memcheck_attn5 70 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter="$SMALL5"
+  run racecheck_attn5 70 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=attention_bwd $B/test_cuda --gtest_filter="$SMALL5"
+  run bench_attn 75 $B/opd bench attention --iters 30 --warmup 5
+  run torch_attn 75 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
+  grep -h "bwd-wgmma\|summary" -A4 "$OUT/bench_attn.log" 2>/dev/null | head -40
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one

@@ -6,7 +6,8 @@
 // fwd = what attention_forward
 // picks by default) and the backward (bwd<q>/<k> = mma.sync dK/dV with q queries per step +
 // mma.sync dQ with k keys per step; bwd-wgmma/<k> = the wgmma dK/dV kernel of
-// attention_bwd_wgmma.cu + the same dQ kernel; bwd-wgmma-all = its wgmma dK/dV and dQ kernels)
+// attention_bwd_wgmma.cu + the same dQ kernel; bwd-wgmma-all = its wgmma dK/dV and dQ kernels;
+// bwd-wgmma-dq = the 5-product kernel: dQ accumulated inside the dK/dV kernel, + its convert)
 // on the BENCHMARKS.md attention shapes
 // (causal, head_dim 128, bf16: 8 x 768 and 4 x 4096 tokens, 16 query heads, 8 and 16 kv heads)
 // with CUDA events, median of N after warm-up. Reports TFLOP/s with causal FLOPs
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -207,13 +209,18 @@ void run_bench_attention(const BenchAttentionOptions& o) {
                                  lse.data<float>(), s.hq, s.hkv, s.d, scale, DType::BF16,
                                  dq.raw(), dk.raw(), dv.raw(), nullptr);
       };
-      cuda::set_attention_bwd_kernel(cuda::AttentionBwdKernel::WgmmaAll);
-      try {
-        const double wms = median_ms(o.warmup, o.iters, bwd);
-        rows.push_back({"bwd-wgmma-all", wms});
-        if (wms < best_wg_bwd) best_wg_bwd = wms, best_wg_bwd_name = "bwd-wgmma-all";
-      } catch (const Error& e) {
-        std::fprintf(stderr, "opd bench attention: wgmma-all backward skipped: %s\n", e.what());
+      const std::pair<cuda::AttentionBwdKernel, const char*> variants[] = {
+          {cuda::AttentionBwdKernel::WgmmaAll, "bwd-wgmma-all"},
+          {cuda::AttentionBwdKernel::WgmmaDq, "bwd-wgmma-dq"}};
+      for (const auto& [kernel, name] : variants) {
+        cuda::set_attention_bwd_kernel(kernel);
+        try {
+          const double wms = median_ms(o.warmup, o.iters, bwd);
+          rows.push_back({name, wms});
+          if (wms < best_wg_bwd) best_wg_bwd = wms, best_wg_bwd_name = name;
+        } catch (const Error& e) {
+          std::fprintf(stderr, "opd bench attention: %s backward skipped: %s\n", name, e.what());
+        }
       }
       cuda::set_attention_bwd_kernel(saved_bwd);
     }
@@ -264,8 +271,8 @@ void run_bench_attention(const BenchAttentionOptions& o) {
     std::printf("%s\n", top.dump().c_str());
   } else {
     std::printf("summary (TFLOP/s; fwd = default kernel, wgmma = best wgmma variant, bwd = best "
-                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel, alone or with the "
-                "wgmma dQ kernel):\n");
+                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel, alone, with the "
+                "wgmma dQ kernel or with dQ inside it):\n");
     for (const auto& j : results) {
       std::printf("  B %lld L %lld Hq %lld Hkv %lld: fwd %.1f (%s)  mma %.1f", static_cast<long long>(j["batch"]),
                   static_cast<long long>(j["seqlen"]), static_cast<long long>(j["hq"]),
