@@ -34,7 +34,7 @@
 # PagedForward's context prefill: their tests plain and under memcheck, then the A/B benches
 # (`opd bench rollout --max-step-tokens 128` and `opd bench score --no-server --shared-prompt
 # always|never` with --context-prefill off/on; the option is off by default).
-# dg3 (~5 min, issue 6): decode GEMM v3 (never run on a GPU before): the decode GEMM tests (v2
+# dg3 (~5 min, at most 570 s, issue 6): decode GEMM v3 (never run on a GPU before): the decode GEMM tests (v2
 # and v3), memcheck on them, racecheck of the decode GEMM kernels, `opd bench kernels --filter
 # decode_gemm` (v3 and v2 rows beside cuBLASLt, then the split/row sweeps), `opd bench rollout
 # --runs 3` with cuBLASLt and with the decode GEMM (OPD_DECODE_GEMM=v3), and gemm-prof's ncu
@@ -452,18 +452,18 @@ if [[ "$what" == gemm-prof ]]; then
 fi
 if [[ "$what" == dg3 ]]; then
   DG3_SAN='V/CudaDecodeGemm.OddShapesAgainstCpu/*:V/CudaDecodeGemm.BiasStridesAndSplits/*:V/CudaDecodeGemm.DeterministicBitIdentical/*:V/CudaDecodeGemm.RefusesBadArguments/*:V/CudaDecodeGemm.PdlLaunch*'
-  run dg3_tests 120 $B/test_cuda --gtest_filter='*CudaDecodeGemm*'
-  run dg3_memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+  run dg3_tests 90 $B/test_cuda --gtest_filter='*CudaDecodeGemm*'
+  run dg3_memcheck 80 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter="$DG3_SAN"
   # kns=decode_gemm: both kernels (decode_gemm_kernel, decode_gemm_v3_kernel), not gather_rows.
-  run dg3_racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+  run dg3_racecheck 80 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name kns=decode_gemm $B/test_cuda \
       --gtest_filter='V/CudaDecodeGemm.OddShapesAgainstCpu/*:V/CudaDecodeGemm.PdlLaunch*'
-  run dg3_bench 120 $B/opd bench kernels --filter decode_gemm
-  run dg3_rollout_lt 90 $B/opd bench rollout --runs 3 --no-decode-gemm
-  run dg3_rollout_v3 90 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm
+  run dg3_bench 80 $B/opd bench kernels --filter decode_gemm
+  run dg3_rollout_lt 60 $B/opd bench rollout --runs 3 --no-decode-gemm
+  run dg3_rollout_v3 60 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm
   grep -h "decode_gemm\|^opd: \|decode step" "$OUT"/dg3_bench.log "$OUT"/dg3_rollout_*.log 2>/dev/null | head -80
-  gemm_prof 150
+  gemm_prof 120  # the step limits add up to 570 s: one 10-minute device call
 fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
