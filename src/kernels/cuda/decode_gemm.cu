@@ -4,7 +4,10 @@
 // W is loaded once, 16 bytes per thread per load, straight into registers (no shared-memory
 // round trip); split-K over the CTAs of a thread-block cluster gives enough CTAs to spread W
 // over the SMs even when n is only 1024, and the splits are summed through distributed shared
-// memory.
+// memory. This file holds decode GEMM v2 (the kernel below), the API entry points (argument
+// checks, the version choice: DecodeGemmArgs::version / OPD_DECODE_GEMM, the plans) and the
+// dispatch to v3 (decode_gemm_v3.cu: W streamed into shared memory by bulk copies); the mma,
+// the epilogue and the cluster reduction are shared with v3 (decode_gemm_common.cuh).
 //
 // Layout of the work (why each choice):
 // - The mma's A operand is W (16 rows of W x 16 k), its B operand is x^T (16 k x 8 rows of x),
