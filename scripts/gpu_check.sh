@@ -432,7 +432,7 @@ if [[ "$what" == next6b ]]; then
   run w1 150 $B/opd bench w1 --work-dir /tmp/opd_w1
   run torch_w1 150 python3 tools/bench_w1_torch.py
 fi
-gemm_prof() {  # limit_s
+gemm_prof() {  # limit_s [extra metrics, comma-separated]
   # Issue 6 (~3 min): why the 64-row decode GEMMs run at 0.6-1.6 TB/s. ncu (serialized, clocks
   # not locked) on the decode_gemm.* cases: opd's decode GEMMs (v3 and v2) and the cuBLASLt call
   # the rollout makes, same operands; DRAM and L2 traffic, occupancy, the main stall reasons.
@@ -443,6 +443,7 @@ gemm_prof() {  # limit_s
   m=$m,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
   m=$m,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
   m=$m,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+  if [[ -n "${2:-}" ]]; then m=$m,$2; fi  # extra metrics
   run ncu_gemm "$1" ncu --csv --page raw --clock-control none --metrics "$m" \
       $B/opd bench kernels --filter decode_gemm. --iters 3 --warmup 1
   python3 tools/ncu_summary.py "$OUT/ncu_gemm.log" | tee "$OUT/ncu_gemm_summary.txt"
@@ -463,7 +464,9 @@ if [[ "$what" == dg3 ]]; then
   run dg3_rollout_lt 60 $B/opd bench rollout --runs 3 --no-decode-gemm
   run dg3_rollout_v3 60 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm
   grep -h "decode_gemm\|^opd: \|decode step" "$OUT"/dg3_bench.log "$OUT"/dg3_rollout_*.log 2>/dev/null | head -80
-  gemm_prof 120  # the step limits add up to 570 s: one 10-minute device call
+  # + v3's suspects: shared-memory (ldmatrix) pressure and the mbarrier waits.
+  gemm_prof 120 smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+  # (the step limits add up to 570 s: one 10-minute device call)
 fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
