@@ -5,9 +5,10 @@
 // tile), odd m (1, 3, 17, 64) x odd n (1, 7, 65, 130) x small and half-granule k (8, 24, 264,
 // 1032: k % 16 == 8, stages of unequal length), bf16 and f32 outputs, bias, a padded x row
 // stride, forced split counts (cluster sizes 1-8) and v3's 64/128-row CTAs, NaN-poisoned outputs
-// and NaN beyond the shape (rows >= m, the row-stride pad), bit-identical reruns, the arguments
-// it must refuse, and a programmatic-dependent launch right behind a kernel that writes x (and
-// a second GEMM behind the first). Then the model: one decode step of PagedForward with the
+// and NaN beyond the shape (rows >= m, the row-stride pad), bit-identical reruns and batch
+// sizes (a row's bits do not depend on m), the arguments it must refuse, and a
+// programmatic-dependent launch right behind a kernel that writes x (and a second GEMM behind
+// the first). Then the model: one decode step of PagedForward with the
 // decode GEMM against cuBLASLt (fixture models, bf16, with and without q/k/v biases), and greedy
 // rollouts through the engine (CUDA graphs) with and without it. v3's plan for the W1 shapes is
 // checked on the host (no GPU needed).
@@ -173,6 +174,27 @@ TEST_P(CudaDecodeGemm, DeterministicBitIdentical) {
       } else {
         EXPECT_TRUE(same_bits(got, first)) << "splits " << plan.splits << " rerun " << rep;
       }
+    }
+  }
+}
+
+// Batch independence (gemm.h: the plan depends on (n, k) only): the first m rows of y at m = 1,
+// 3, 17, 33 are the bits of the same rows at m = 64 (each output is one dot product in a fixed k
+// order, whatever the other rows of x are).
+TEST_P(CudaDecodeGemm, RowBitsDoNotDependOnTheBatchSize) {
+  REQUIRE_GPU();
+  const int64_t n = 1000, k = 1032;
+  Tensor xd = dev(rand_in({64, k}, DType::BF16, 55), DType::BF16);
+  Tensor wd = dev(rand_in({n, k}, DType::BF16, 56), DType::BF16);
+  for (DType out : {DType::BF16, DType::F32}) {
+    Tensor full = dev_poison({64, n}, out);
+    run(version(), xd, k, wd, nullptr, full, 64, n, k);
+    const Tensor want = host(full);
+    for (int64_t m : {1, 3, 17, 33}) {
+      Tensor yd = dev_poison({m, n}, out);
+      run(version(), xd, k, wd, nullptr, yd, m, n, k);
+      EXPECT_TRUE(same_bits(host(yd), want.slice_rows(0, m).clone()))
+          << "m " << m << " out " << dtype_name(out);
     }
   }
 }
