@@ -6,7 +6,7 @@
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
 #        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|gemm-prof|anchor|product|memory|pdl|
-#        attn-bwd|attn-bwd5|context]
+#        attn-bwd|attn-bwd5|context|dg3]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
 # tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
@@ -39,6 +39,11 @@
 # PagedForward's context prefill: their tests plain and under memcheck, then the A/B benches
 # (`opd bench rollout --max-step-tokens 128` and `opd bench score --no-server --shared-prompt
 # always|never` with --context-prefill off/on; the option is off by default).
+# dg3 (~5 min, at most 570 s, issue 6): decode GEMM v3 (never run on a GPU before): the decode GEMM tests (v2
+# and v3), memcheck on them, racecheck of the decode GEMM kernels, `opd bench kernels --filter
+# decode_gemm` (v3 and v2 rows beside cuBLASLt, then the split/row sweeps), `opd bench rollout
+# --runs 3` with cuBLASLt and with the decode GEMM (OPD_DECODE_GEMM=v3), and gemm-prof's ncu
+# metrics on the decode_gemm.* cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -436,20 +441,41 @@ if [[ "$what" == next6b ]]; then
   run w1 150 $B/opd bench w1 --work-dir /tmp/opd_w1
   run torch_w1 150 python3 tools/bench_w1_torch.py
 fi
-if [[ "$what" == gemm-prof ]]; then
+gemm_prof() {  # limit_s [extra metrics, comma-separated]
   # Issue 6 (~3 min): why the 64-row decode GEMMs run at 0.6-1.6 TB/s. ncu (serialized, clocks
-  # not locked) on the decode_gemm.* cases: opd's decode GEMM and the cuBLASLt call the rollout
-  # makes, same operands; DRAM and L2 traffic, occupancy, the main stall reasons per kernel.
-  m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  # not locked) on the decode_gemm.* cases: opd's decode GEMMs (v3 and v2) and the cuBLASLt call
+  # the rollout makes, same operands; DRAM and L2 traffic, occupancy, the main stall reasons.
+  local m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
   m=$m,lts__t_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size
   m=$m,launch__registers_per_thread,launch__cluster_dim_x,sm__throughput.avg.pct_of_peak_sustained_elapsed
   m=$m,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
   m=$m,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
   m=$m,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
   m=$m,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
-  run ncu_gemm 240 ncu --csv --page raw --clock-control none --metrics "$m" \
+  if [[ -n "${2:-}" ]]; then m=$m,$2; fi  # extra metrics
+  run ncu_gemm "$1" ncu --csv --page raw --clock-control none --metrics "$m" \
       $B/opd bench kernels --filter decode_gemm. --iters 3 --warmup 1
   python3 tools/ncu_summary.py "$OUT/ncu_gemm.log" | tee "$OUT/ncu_gemm_summary.txt"
+}
+if [[ "$what" == gemm-prof ]]; then
+  gemm_prof 240
+fi
+if [[ "$what" == dg3 ]]; then
+  DG3_SAN='V/CudaDecodeGemm.OddShapesAgainstCpu/*:V/CudaDecodeGemm.BiasStridesAndSplits/*:V/CudaDecodeGemm.DeterministicBitIdentical/*:V/CudaDecodeGemm.RefusesBadArguments/*:V/CudaDecodeGemm.PdlLaunch*'
+  run dg3_tests 90 $B/test_cuda --gtest_filter='*CudaDecodeGemm*'
+  run dg3_memcheck 80 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter="$DG3_SAN"
+  # kns=decode_gemm: both kernels (decode_gemm_kernel, decode_gemm_v3_kernel), not gather_rows.
+  run dg3_racecheck 80 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=decode_gemm $B/test_cuda \
+      --gtest_filter='V/CudaDecodeGemm.OddShapesAgainstCpu/*:V/CudaDecodeGemm.PdlLaunch*'
+  run dg3_bench 80 $B/opd bench kernels --filter decode_gemm
+  run dg3_rollout_lt 60 $B/opd bench rollout --runs 3 --no-decode-gemm
+  run dg3_rollout_v3 60 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm
+  grep -h "decode_gemm\|^opd: \|decode step" "$OUT"/dg3_bench.log "$OUT"/dg3_rollout_*.log 2>/dev/null | head -80
+  # + v3's suspects: shared-memory (ldmatrix) pressure and the mbarrier waits.
+  gemm_prof 120 smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+  # (the step limits add up to 570 s: one 10-minute device call)
 fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'

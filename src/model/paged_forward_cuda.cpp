@@ -219,6 +219,10 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
   const float* inv_freq = inv_freq_device_.data<float>();
   const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
+  // Programmatic dependent launch of opd's kernels that follow a kernel (pdl.cuh): decode-sized
+  // steps only (prefill steps are long enough that the gaps do not matter, and run the general
+  // attention kernel, which is never launched early).
+  const bool pdl = pdl_ && s.max_q_len <= 1;
   // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): decode_gemm for decode-sized bf16 steps
   // when enabled and the shape allows it, else cuBLASLt.
   const bool decode_gemm = decode_gemm_ && dt == DType::BF16 && T <= cuda::kDecodeGemmMaxRows;
@@ -228,6 +232,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       cuda::DecodeGemmArgs a;
       a.x = in, a.ldx = k, a.w = w, a.bias = b, a.y = out, a.ldy = n;
       a.m = rows, a.n = n, a.k = k, a.y_dtype = out_dt;
+      a.pdl = pdl;  // v3 streams W before its griddepcontrol.wait (v2 ignores it)
       if (cuda::decode_gemm_unsupported(a) == nullptr) {
         cuda::decode_gemm(a, stream);
         return;
@@ -239,10 +244,6 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   void* x2 = ws.x2.raw();
   void* h = ws.h.raw();
 
-  // Programmatic dependent launch of opd's kernels that follow a kernel (pdl.cuh): decode-sized
-  // steps only (prefill steps are long enough that the gaps do not matter, and run the general
-  // attention kernel, which is never launched early).
-  const bool pdl = pdl_ && s.max_q_len <= 1;
   cuda::embedding_forward(s.ids, W.embed_tokens.raw(), T, V, H, dt, x, stream);
   if (W.layers.empty()) {
     cuda::rmsnorm_forward(x, W.final_norm.raw(), eps, T, H, dt, h, ws.rstd.data<float>(), stream,

@@ -1,11 +1,17 @@
-// The weight-streaming decode GEMM (kernels/cuda/decode_gemm.cu, declared in gemm.h) against
-// the CPU linear (kernels/ops.h linear_forward, OpenBLAS f32 on the same bf16-representable
-// inputs): a sweep of m x n x k (odd sizes, k % 32 != 0, n below one CTA tile), bf16 and f32
-// outputs, bias, a padded x row stride, forced split counts (cluster sizes 1-8), NaN-poisoned
-// outputs and NaN beyond the shape (rows >= m, the row-stride pad), bit-identical reruns, and
-// the arguments it must refuse. Then the model: one decode step of
-// PagedForward with the decode GEMM against cuBLASLt (fixture models, bf16, with and without
-// q/k/v biases), and greedy rollouts through the engine (CUDA graphs) with and without it.
+// The weight-streaming decode GEMM, both kernels (v2: kernels/cuda/decode_gemm.cu, v3:
+// decode_gemm_v3.cu, declared in gemm.h; every GPU test runs for each as V/CudaDecodeGemm.*/v2|v3)
+// against the CPU linear (kernels/ops.h linear_forward, OpenBLAS f32 on the same
+// bf16-representable inputs): a sweep of m x n x k (odd sizes, k % 32 != 0, n below one CTA
+// tile), odd m (1, 3, 17, 64) x odd n (1, 7, 65, 130) x small and half-granule k (8, 24, 264,
+// 1032: k % 16 == 8, stages of unequal length), bf16 and f32 outputs, bias, a padded x row
+// stride, forced split counts (cluster sizes 1-8) and v3's 64/128-row CTAs, NaN-poisoned outputs
+// and NaN beyond the shape (rows >= m, the row-stride pad), bit-identical reruns and batch
+// sizes (a row's bits do not depend on m), the arguments it must refuse, and a
+// programmatic-dependent launch right behind a kernel that writes x (and a second GEMM behind
+// the first). Then the model: one decode step of PagedForward with the
+// decode GEMM against cuBLASLt (fixture models, bf16, with and without q/k/v biases), and greedy
+// rollouts through the engine (CUDA graphs) with and without it. v3's plan for the W1 shapes is
+// checked on the host (no GPU needed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +21,7 @@
 #include <vector>
 
 #include "core/cuda/allocator.h"  // current_stream
+#include "kernels/cuda/cuda_ops.h"   // gather_rows (the PDL test's producer)
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/ops.h"
@@ -34,6 +41,12 @@ Tol decode_tol(DType out_dt, int64_t k) {
   return {8e-3, 2e-3 * scale, 6e-3};
 }
 
+bool any_nan(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::isnan(element(t, i))) return true;
+  return false;
+}
+
 // x [m, ldx] on the device as bf16 from host f32 x [rows >= m, k]: rows [0, m) copied, the
 // row-stride pad (columns >= k) NaN.
 Tensor device_x(const Tensor& x_host, int64_t m, int64_t k, int64_t ldx) {
@@ -43,9 +56,20 @@ Tensor device_x(const Tensor& x_host, int64_t m, int64_t k, int64_t ldx) {
   return dev(p, DType::BF16);
 }
 
-void run(const Tensor& xd, int64_t ldx, const Tensor& wd, const Tensor* bias, Tensor& yd,
-         int64_t m, int64_t n, int64_t k, int force_splits = 0) {
+// The kernel version under test (the suite's parameter), also the process default while a test
+// runs (PagedForward and the engine pass version 0).
+class CudaDecodeGemm : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { cuda::decode_gemm_set_default_version(GetParam()); }
+  void TearDown() override { cuda::decode_gemm_set_default_version(0); }
+  int version() const { return GetParam(); }
+};
+
+void run(int version, const Tensor& xd, int64_t ldx, const Tensor& wd, const Tensor* bias,
+         Tensor& yd, int64_t m, int64_t n, int64_t k, int force_splits = 0, int force_rows = 0) {
   cuda::DecodeGemmArgs a;
+  a.version = version;
+  a.force_rows = force_rows;
   a.x = xd.raw();
   a.ldx = ldx;
   a.w = wd.raw();
@@ -61,7 +85,7 @@ void run(const Tensor& xd, int64_t ldx, const Tensor& wd, const Tensor* bias, Te
   OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
 }
 
-TEST(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
+TEST_P(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
   REQUIRE_GPU();
   const int64_t ms[] = {1, 2, 7, 16, 33, 64};
   const int64_t ns[] = {8, 24, 1000, 1024, 4096, 6144};
@@ -73,17 +97,19 @@ TEST(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
       Tensor y_ref = Tensor::poisoned({64, n}, DType::F32);
       ops::linear_forward(x, w, Tensor(), y_ref);
       Tensor wd = dev(w, DType::BF16);
-      const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k);
+      const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, 0, 0, version());
       for (int64_t m : ms) {
         // Rows >= m of x are NaN on the device: a read of them would poison the sums.
         Tensor xp = Tensor::poisoned({64, k}, DType::F32);
         std::copy(x.data<float>(), x.data<float>() + m * k, xp.data<float>());
         Tensor xd = dev(xp, DType::BF16);
         for (DType out : {DType::BF16, DType::F32}) {
-          SCOPED_TRACE(cat("m ", m, " n ", n, " k ", k, " out ", dtype_name(out), " splits ",
-                           plan.splits, " chunks per warp ", plan.chunks_per_warp));
+          SCOPED_TRACE(cat("m ", m, " n ", n, " k ", k, " out ", dtype_name(out), " v",
+                           plan.version, " rows ", plan.rows, " splits ", plan.splits,
+                           " chunks per warp ", plan.chunks_per_warp));
+          EXPECT_EQ(plan.version, version());
           Tensor yd = dev_poison({m, n}, out);
-          run(xd, k, wd, nullptr, yd, m, n, k);
+          run(version(), xd, k, wd, nullptr, yd, m, n, k);
           const Tol t = decode_tol(out, k);
           EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
         }
@@ -93,10 +119,13 @@ TEST(CudaDecodeGemm, MatchesCpuLinearAcrossShapes) {
 }
 
 // Bias in the epilogue, a padded x row stride (the pad is NaN), split counts 1-8 (and asks
-// for more, clamped to 8) with one or several k tiles per CTA, each against the CPU.
-TEST(CudaDecodeGemm, BiasStridesAndSplits) {
+// for more, clamped to 8) with one or several k tiles per CTA (v2) or 64- and 128-row CTAs with
+// 1-3 stages (v3; k = 520 = 32.5 granules, so that one split's whole slice fits in shared
+// memory), each against the CPU.
+TEST_P(CudaDecodeGemm, BiasStridesAndSplits) {
   REQUIRE_GPU();
-  const int64_t n = 1000, k = 2056, ldx = k + 24;
+  const int64_t n = 1000, k = version() == 2 ? 2056 : 520, ldx = k + 24;
+  const std::vector<int> rows_list = version() == 2 ? std::vector<int>{0} : std::vector<int>{0, 64, 128};
   Tensor x = rand_in({64, k}, DType::BF16, 40), w = rand_in({n, k}, DType::BF16, 41);
   Tensor b = rand_in({n}, DType::BF16, 42);
   Tensor y_ref = Tensor::poisoned({64, n}, DType::F32);
@@ -106,33 +135,39 @@ TEST(CudaDecodeGemm, BiasStridesAndSplits) {
     Tensor xd = device_x(x, m, k, ldx);
     for (DType out : {DType::BF16, DType::F32}) {
       Tensor bd = dev(b, out);
-      for (int splits : {1, 2, 3, 5, 7, 8, 9, 100}) {
-        const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits);
-        EXPECT_EQ(plan.splits, std::min(splits, 8));
-        SCOPED_TRACE(cat("m ", m, " out ", dtype_name(out), " splits ", plan.splits,
-                         " chunks per warp ", plan.chunks_per_warp));
-        Tensor yd = dev_poison({m, n}, out);
-        run(xd, ldx, wd, &bd, yd, m, n, k, splits);
-        const Tol t = decode_tol(out, k);
-        EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
+      for (int rows : rows_list) {
+        for (int splits : {1, 2, 3, 5, 7, 8, 9, 100}) {
+          const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits, 0, version(), rows);
+          EXPECT_EQ(plan.splits, std::min(splits, 8));
+          EXPECT_EQ(plan.version, version());
+          if (rows > 0) EXPECT_EQ(plan.rows, rows);
+          SCOPED_TRACE(cat("m ", m, " out ", dtype_name(out), " rows ", plan.rows, " splits ",
+                           plan.splits, " stages ", plan.stages, " chunks per warp ",
+                           plan.chunks_per_warp));
+          Tensor yd = dev_poison({m, n}, out);
+          run(version(), xd, ldx, wd, &bd, yd, m, n, k, splits, rows);
+          const Tol t = decode_tol(out, k);
+          EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
+        }
       }
     }
   }
 }
 
 // Same inputs, same bits, also when the split CTAs finish in another order.
-TEST(CudaDecodeGemm, DeterministicBitIdentical) {
+TEST_P(CudaDecodeGemm, DeterministicBitIdentical) {
   REQUIRE_GPU();
   const int64_t m = 64, n = 1024, k = 3072;
   Tensor x = rand_in({m, k}, DType::BF16, 50), w = rand_in({n, k}, DType::BF16, 51);
   Tensor xd = dev(x, DType::BF16), wd = dev(w, DType::BF16);
   for (int splits : {0, 5, 8}) {
-    const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits);
+    const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits, 0, version());
     EXPECT_GT(plan.splits, 1);
+    EXPECT_EQ(plan.version, version());
     Tensor first;
     for (int rep = 0; rep < 4; ++rep) {
       Tensor yd = dev_poison({m, n}, DType::BF16);
-      run(xd, k, wd, nullptr, yd, m, n, k, splits);
+      run(version(), xd, k, wd, nullptr, yd, m, n, k, splits);
       Tensor got = yd.to(Device::CPU);
       if (rep == 0) {
         first = got;
@@ -143,8 +178,29 @@ TEST(CudaDecodeGemm, DeterministicBitIdentical) {
   }
 }
 
+// Batch independence (gemm.h: the plan depends on (n, k) only): the first m rows of y at m = 1,
+// 3, 17, 33 are the bits of the same rows at m = 64 (each output is one dot product in a fixed k
+// order, whatever the other rows of x are).
+TEST_P(CudaDecodeGemm, RowBitsDoNotDependOnTheBatchSize) {
+  REQUIRE_GPU();
+  const int64_t n = 1000, k = 1032;
+  Tensor xd = dev(rand_in({64, k}, DType::BF16, 55), DType::BF16);
+  Tensor wd = dev(rand_in({n, k}, DType::BF16, 56), DType::BF16);
+  for (DType out : {DType::BF16, DType::F32}) {
+    Tensor full = dev_poison({64, n}, out);
+    run(version(), xd, k, wd, nullptr, full, 64, n, k);
+    const Tensor want = host(full);
+    for (int64_t m : {1, 3, 17, 33}) {
+      Tensor yd = dev_poison({m, n}, out);
+      run(version(), xd, k, wd, nullptr, yd, m, n, k);
+      EXPECT_TRUE(same_bits(host(yd), want.slice_rows(0, m).clone()))
+          << "m " << m << " out " << dtype_name(out);
+    }
+  }
+}
+
 // Refused with InvalidArgument naming the shape; nothing written.
-TEST(CudaDecodeGemm, RefusesBadArguments) {
+TEST_P(CudaDecodeGemm, RefusesBadArguments) {
   REQUIRE_GPU();
   const int64_t m = 4, n = 64, k = 128;
   Tensor xd = dev(rand_in({m, k + 8}, DType::BF16, 60), DType::BF16);
@@ -155,6 +211,7 @@ TEST(CudaDecodeGemm, RefusesBadArguments) {
     cuda::DecodeGemmArgs a;
     a.x = xd.raw(), a.ldx = k, a.w = wd.raw(), a.y = yd.raw(), a.ldy = n;
     a.m = m, a.n = n, a.k = k;
+    a.version = version();
     return a;
   };
   struct Bad {
@@ -176,6 +233,8 @@ TEST(CudaDecodeGemm, RefusesBadArguments) {
       {"y i32", [](cuda::DecodeGemmArgs& a) { a.y_dtype = DType::I32; }},
       {"no y", [](cuda::DecodeGemmArgs& a) { a.y = nullptr; }},
       {"splits -1", [](cuda::DecodeGemmArgs& a) { a.force_splits = -1; }},
+      {"rows 32", [](cuda::DecodeGemmArgs& a) { a.force_rows = 32; }},
+      {"version 1", [](cuda::DecodeGemmArgs& a) { a.version = 1; }},
   };
   for (const Bad& c : bad) {
     cuda::DecodeGemmArgs a = good();
@@ -195,11 +254,95 @@ TEST(CudaDecodeGemm, RefusesBadArguments) {
   EXPECT_FALSE(all_nan(host(yd)));
 }
 
+// Odd batch sizes (1, 3, 17, 64: one, a part of one, several 8-row groups of x), odd n (1, 7,
+// 65, 130: a row block with 1-2 valid W rows, blocks past one CTA tile), k = 8 (half a 16-wide
+// mma step), 24 and 264 (k % 16 == 8: the zero-filled half granule; slices and stages of unequal
+// length), 1032; every plan the default picks, and for v3 also 8 forced splits (granule slices
+// of 1 or 0.5 granule at small k are clamped), each against the CPU.
+TEST_P(CudaDecodeGemm, OddShapesAgainstCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 70;
+  for (int64_t n : {1, 7, 65, 130}) {
+    for (int64_t k : {8, 24, 264, 1032}) {
+      Tensor x = rand_in({64, k}, DType::BF16, seed++), w = rand_in({n, k}, DType::BF16, seed++);
+      Tensor b = rand_in({n}, DType::BF16, seed++);
+      Tensor y_ref = Tensor::poisoned({64, n}, DType::F32);
+      ops::linear_forward(x, w, b, y_ref);
+      Tensor wd = dev(w, DType::BF16);
+      for (int64_t m : {1, 3, 17, 64}) {
+        Tensor xp = Tensor::poisoned({64, k}, DType::F32);  // rows >= m NaN on the device
+        std::copy(x.data<float>(), x.data<float>() + m * k, xp.data<float>());
+        Tensor xd = dev(xp, DType::BF16);
+        for (DType out : {DType::BF16, DType::F32}) {
+          Tensor bd = dev(b, out);
+          for (int splits : {0, 8}) {
+            const cuda::DecodeGemmPlan plan = cuda::decode_gemm_plan(n, k, splits, 0, version());
+            SCOPED_TRACE(cat("m ", m, " n ", n, " k ", k, " out ", dtype_name(out), " v",
+                             plan.version, " rows ", plan.rows, " splits ", plan.splits,
+                             " stages ", plan.stages));
+            EXPECT_EQ(plan.version, version());
+            Tensor yd = dev_poison({m, n}, out);
+            run(version(), xd, k, wd, &bd, yd, m, n, k, splits);
+            const Tol t = decode_tol(out, k);
+            EXPECT_TRUE(close(host(yd), y_ref.slice_rows(0, m).clone(), t.rtol, t.atol, t.rel_l2));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.cuh): the GEMM PDL-launched right behind a
+// kernel that writes its x (gather_rows copying x from a source into a NaN-poisoned buffer), and
+// a second GEMM PDL-launched behind the first (it reads the first's y: the first's early
+// launch_dependents must not let it read y before the first completed). The outputs equal the
+// plain launches' bit for bit and hold no NaN, so nothing read x or h before its producer was
+// done. v2 ignores the request (no wait in it: launched plainly), so it must pass as well.
+TEST_P(CudaDecodeGemm, PdlLaunchBehindAProducerGivesThePlainLaunchesBits) {
+  REQUIRE_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const int64_t k = 1032, n1 = 4096, n2 = 1000;
+  for (int64_t m : {3, 64}) {
+    SCOPED_TRACE(cat("m ", m));
+    std::vector<int32_t> identity(m);
+    for (int64_t t = 0; t < m; ++t) identity[t] = static_cast<int32_t>(t);
+    Tensor rows_d = Tensor::from_vector(identity, {m}).to(Device::CUDA);
+    Tensor src = dev(rand_in({m, k}, DType::BF16, 80), DType::BF16);
+    Tensor w1 = dev(rand_in({n1, k}, DType::BF16, 81, -0.1, 0.1), DType::BF16);
+    Tensor w2 = dev(rand_in({n2, n1}, DType::BF16, 82, -0.1, 0.1), DType::BF16);
+    std::vector<Tensor> hs, ys;
+    for (bool pdl : {false, true}) {
+      Tensor xd = dev_poison({m, k}, DType::BF16), h = dev_poison({m, n1}, DType::BF16);
+      Tensor y = dev_poison({m, n2}, DType::F32);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cuda::gather_rows(src.raw(), DType::BF16, m, rows_d.data<int32_t>(), m, k, xd.raw(),
+                        DType::BF16, stream);
+      cuda::DecodeGemmArgs a;
+      a.x = xd.raw(), a.ldx = k, a.w = w1.raw(), a.y = h.raw(), a.ldy = n1;
+      a.m = m, a.n = n1, a.k = k, a.version = version(), a.pdl = pdl;
+      cuda::decode_gemm(a, stream);
+      cuda::DecodeGemmArgs b;
+      b.x = h.raw(), b.ldx = n1, b.w = w2.raw(), b.y = y.raw(), b.ldy = n2;
+      b.m = m, b.n = n2, b.k = n1, b.y_dtype = DType::F32, b.version = version(), b.pdl = pdl;
+      cuda::decode_gemm(b, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      hs.push_back(host(h));
+      ys.push_back(host(y));
+    }
+    EXPECT_FALSE(any_nan(hs[1]));
+    EXPECT_FALSE(any_nan(ys[1]));
+    EXPECT_TRUE(same_bits(hs[1], hs[0]));
+    EXPECT_TRUE(same_bits(ys[1], ys[0]));
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 // One decode step (12 sequences) of bf16 fixture models through PagedForward's fused path with
 // the decode GEMM against the same step on cuBLASLt: f32 logits within bf16 rounding (the two
 // sum in different orders and round the same activations); the decode GEMM's step twice gives
 // the same bits. qwen2 and llama_bias carry q/k/v biases (the epilogue's bias).
-TEST(CudaDecodeGemm, PagedForwardDecodeStepMatchesCublasLt) {
+TEST_P(CudaDecodeGemm, PagedForwardDecodeStepMatchesCublasLt) {
   REQUIRE_GPU();
   for (const char* family : {"qwen3", "qwen2", "llama_bias"}) {
     SCOPED_TRACE(family);
@@ -233,7 +376,7 @@ TEST(CudaDecodeGemm, PagedForwardDecodeStepMatchesCublasLt) {
 // where two logits tie within bf16 rounding. At a divergence the prefixes are equal, so the
 // chosen tokens' log-probabilities (both the top one) must agree to rounding; before it, every
 // log-probability agrees to rounding.
-TEST(CudaDecodeGemm, GreedyRolloutTokensEqualCublasLtUpToTies) {
+TEST_P(CudaDecodeGemm, GreedyRolloutTokensEqualCublasLtUpToTies) {
   REQUIRE_GPU();
   Transformer gpu = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::BF16);
   const int64_t V = gpu.config().vocab_size;
@@ -267,6 +410,51 @@ TEST(CudaDecodeGemm, GreedyRolloutTokensEqualCublasLtUpToTies) {
     }
   }
   EXPECT_GE(identical, 16) << "of " << reqs.size();
+}
+
+INSTANTIATE_TEST_SUITE_P(V, CudaDecodeGemm, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return cat("v", i.param); });
+
+// v3's plan on an H200 (132 SMs), host only (runs without a GPU): the W1 shapes at one wave of
+// >= 0.9 x 132 CTAs with every CTA's W and x slices in shared memory (decode_gemm_v3.cu's
+// table), the lm_head with 2 CTAs per SM, tiny shapes, forced values, and the fallback to v2
+// when not even 64 rows x 8 splits fit (k = 16384).
+TEST(CudaDecodeGemmPlan, V3PlansForTheW1ShapesAndFallsBackToV2) {
+  struct Want {
+    int64_t n, k;
+    int rows, splits, stages;
+  };
+  for (const Want& w : {Want{4096, 1024, 128, 4, 2}, Want{1024, 2048, 64, 8, 2},
+                        Want{6144, 1024, 128, 4, 2}, Want{1024, 3072, 64, 8, 3},
+                        Want{151936, 1024, 128, 4, 2}}) {
+    const cuda::DecodeGemmPlan p = cuda::decode_gemm_plan(w.n, w.k, 0, 132, 3);
+    SCOPED_TRACE(cat("n ", w.n, " k ", w.k));
+    EXPECT_EQ(p.version, 3);
+    EXPECT_EQ(p.rows, w.rows);
+    EXPECT_EQ(p.splits, w.splits);
+    EXPECT_EQ(p.stages, w.stages);
+    EXPECT_EQ(p.row_blocks, (w.n + w.rows - 1) / w.rows);
+    EXPECT_LE(p.smem_bytes, 227 * 1024);
+    if (w.n < 100000) {
+      const int64_t ctas = p.row_blocks * p.splits;
+      EXPECT_GE(ctas, 119);
+      EXPECT_LE(ctas, (p.smem_bytes + 1024) * 2 <= 228 * 1024 ? 264 : 132);
+    }
+  }
+  const cuda::DecodeGemmPlan tiny = cuda::decode_gemm_plan(1, 8, 0, 132, 3);
+  EXPECT_EQ(tiny.version, 3);
+  EXPECT_EQ(tiny.splits, 1);  // one 16-wide granule
+  const cuda::DecodeGemmPlan forced = cuda::decode_gemm_plan(1000, 520, 5, 132, 3, 128);
+  EXPECT_EQ(forced.version, 3);
+  EXPECT_EQ(forced.rows, 128);
+  EXPECT_EQ(forced.splits, 5);
+  const cuda::DecodeGemmPlan big_k = cuda::decode_gemm_plan(1024, 16384, 0, 132, 3);
+  EXPECT_EQ(big_k.version, 2);
+  const cuda::DecodeGemmPlan v2 = cuda::decode_gemm_plan(4096, 1024, 0, 132, 2);
+  EXPECT_EQ(v2.version, 2);
+  EXPECT_EQ(v2.rows, 64);
+  EXPECT_THROW(cuda::decode_gemm_plan(4096, 1024, 0, 132, 1), Error);
+  EXPECT_THROW(cuda::decode_gemm_plan(4096, 1024, 0, 132, 3, 96), Error);
 }
 
 }  // namespace

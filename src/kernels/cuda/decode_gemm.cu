@@ -4,7 +4,10 @@
 // W is loaded once, 16 bytes per thread per load, straight into registers (no shared-memory
 // round trip); split-K over the CTAs of a thread-block cluster gives enough CTAs to spread W
 // over the SMs even when n is only 1024, and the splits are summed through distributed shared
-// memory.
+// memory. This file holds decode GEMM v2 (the kernel below), the API entry points (argument
+// checks, the version choice: DecodeGemmArgs::version / OPD_DECODE_GEMM, the plans) and the
+// dispatch to v3 (decode_gemm_v3.cu: W streamed into shared memory by bulk copies); the mma,
+// the epilogue and the cluster reduction are shared with v3 (decode_gemm_common.cuh).
 //
 // Layout of the work (why each choice):
 // - The mma's A operand is W (16 rows of W x 16 k), its B operand is x^T (16 k x 8 rows of x),
@@ -27,29 +30,31 @@
 //   shared memory) and writes y. No workspace, no atomics; the sum order is fixed, so the
 //   result is the same bits run to run. (A first version went through a global f32 workspace
 //   and a last-CTA-arrives counter: its chain of L2 round trips made it slower than cuBLASLt.)
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>  // getenv
+#include <cstring>
 
 #include "core/cuda/stream.h"  // check_launch, OPD_CUDA_CHECK
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"  // to_f32 / from_f32
 #include "kernels/cuda/cuda_ops.h"  // sm_count
+#include "kernels/cuda/decode_gemm_common.cuh"
 #include "kernels/cuda/gemm.h"
 
 namespace opd::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
+using namespace decode_gemm_dev;  // mma, store_fragment, cluster_reduce_store, m_tiles
 
 constexpr int kThreads = 256;
 constexpr int kRowWarps = 4, kKWarps = 2;
 constexpr int kRows = 16 * kRowWarps;  // W rows per CTA
 constexpr int kChunk = 32;             // k per chunk: 4 threads x 8 bf16
-constexpr int kMaxSplits = 8;          // portable cluster size
 
 // Shared memory of one CTA: the x tile (8 MT rows x (chunks x 32 + 32) bf16: the 64-byte pad
 // puts the 2 rows a 16-byte load phase touches on disjoint banks) and the f32 partial tile.
@@ -73,37 +78,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");
-}
-
-// c += a * b, m16n8k16, bf16 inputs, f32 accumulators (PTX ISA fragment layouts).
-__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Writes accumulator fragment f = (row warp rw, x group j, lane) of row block rb: c0, c1 = (W
-// row g, x rows 2t, 2t+1), c2, c3 = (W row g + 8, the same x rows), plus the bias.
-template <int MT, typename OutT>
-__device__ __forceinline__ void store_fragment(int f, float4 c, int64_t rb, const OutT* bias,
-                                               OutT* y, int64_t ldy, int m, int64_t n) {
-  const int lane = f & 31, j = (f >> 5) % MT, rw = (f >> 5) / MT;
-  const int g = lane >> 2, t = lane & 3;
-  const float v[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = rb * kRows + rw * 16 + 8 * h + g;
-    if (row >= n) continue;
-    const float b = bias ? dev::to_f32(bias[row]) : 0.0f;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + 2 * t + e;
-      if (col < m) y[col * ldy + row] = dev::from_f32<OutT>(v[2 * h + e] + b);
-    }
-  }
 }
 
 // MT: 8-row groups of x (m <= 8 MT); CPW: chunks per warp per k tile (tile = 2 CPW chunks).
@@ -200,7 +174,7 @@ decode_gemm_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
       acc[j][2] += o.z;
       acc[j][3] += o.w;
       if (splits == 1) {
-        store_fragment<MT>(f0 + 32 * j, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]),
+        store_fragment<MT, kRows>(f0 + 32 * j, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]),
                            rb, bias, y, ldy, m, n);
       } else {
         part[f0 + 32 * j] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
@@ -210,31 +184,9 @@ decode_gemm_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
   if (splits == 1) return;  // uniform: no cluster was launched
 
   // Split-K over the cluster: CTA r finishes fragments r, r + splits, ..., summing the
-  // cluster's partials in rank order.
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every partial written (release/acquire across the cluster)
-  const int rank = static_cast<int>(cluster.block_rank());
-  for (int f = rank + splits * threadIdx.x; f < kTileFrags; f += splits * kThreads) {
-    float4 v[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s)
-      if (s < splits) v[s] = *cluster.map_shared_rank(part + f, s);
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits) {
-        sum.x += v[s].x;
-        sum.y += v[s].y;
-        sum.z += v[s].z;
-        sum.w += v[s].w;
-      }
-    }
-    store_fragment<MT>(f, sum, rb, bias, y, ldy, m, n);
-  }
-  cluster.sync();  // the other CTAs may still read this CTA's partial
+  // cluster's partials in rank order (decode_gemm_common.cuh, shared with v3).
+  cluster_reduce_store<MT, kRows>(part, kTileFrags, kThreads, splits, rb, bias, y, ldy, m, n);
 }
-
-int m_tiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -298,14 +250,49 @@ const char* decode_gemm_unsupported(const DecodeGemmArgs& a) {
   if (!a.x || !a.w || !a.y) return "x, W and y must be given";
   if (!aligned16(a.x) || !aligned16(a.w)) return "x and W must be 16-byte aligned";
   if (a.force_splits < 0) return "force_splits must be >= 0";
+  if (a.force_rows != 0 && a.force_rows != 64 && a.force_rows != 128)
+    return "force_rows must be 0, 64 or 128";
+  if (a.version != 0 && a.version != 2 && a.version != 3) return "version must be 0, 2 or 3";
   return nullptr;
 }
 
-DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits, int sms) {
-  OPD_CHECK(n >= 1 && k >= 1 && force_splits >= 0, InvalidArgument, "decode_gemm_plan: n ", n,
-            ", k ", k, ", force_splits ", force_splits);
+namespace {
+std::atomic<int> g_version_override{0};
+}  // namespace
+
+void decode_gemm_set_default_version(int version) {
+  OPD_CHECK(version == 0 || version == 2 || version == 3, InvalidArgument,
+            "decode_gemm_set_default_version: ", version, " (0, 2 or 3)");
+  g_version_override.store(version, std::memory_order_relaxed);
+}
+
+int decode_gemm_default_version() {
+  if (const int v = g_version_override.load(std::memory_order_relaxed); v != 0) return v;
+  static const int version = [] {
+    const char* env = std::getenv("OPD_DECODE_GEMM");
+    if (env == nullptr || *env == '\0' || std::strcmp(env, "v3") == 0) return 3;
+    if (std::strcmp(env, "v2") == 0) return 2;
+    return 0;
+  }();
+  OPD_CHECK(version != 0, InvalidArgument, "OPD_DECODE_GEMM must be v2 or v3 (unset: v3), not '",
+            std::getenv("OPD_DECODE_GEMM"), "'");
+  return version;
+}
+
+DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits, int sms, int version,
+                                int force_rows) {
+  OPD_CHECK(n >= 1 && k >= 1 && force_splits >= 0 && (version == 0 || version == 2 || version == 3) &&
+                (force_rows == 0 || force_rows == 64 || force_rows == 128),
+            InvalidArgument, "decode_gemm_plan: n ", n, ", k ", k, ", force_splits ", force_splits,
+            ", version ", version, ", force_rows ", force_rows);
   if (sms <= 0) sms = sm_count();
+  if (version == 0) version = decode_gemm_default_version();
+  if (version == 3) {
+    const DecodeGemmPlan p3 = decode_gemm_detail::plan_v3(n, k, force_splits, force_rows, sms);
+    if (p3.version == 3) return p3;  // else v3 cannot hold the shape: v2's plan
+  }
   DecodeGemmPlan p;
+  p.version = 2;
   p.row_blocks = (n + kRows - 1) / kRows;
   p.num_chunks = static_cast<int>((k + kChunk - 1) / kChunk);
   const int max_splits = static_cast<int>(std::min<int64_t>(kMaxSplits, p.num_chunks));
@@ -328,6 +315,7 @@ DecodeGemmPlan decode_gemm_plan(int64_t n, int64_t k, int force_splits, int sms)
             " row blocks for n ", n);
   const int64_t per_split = (p.num_chunks + p.splits - 1) / p.splits;
   p.chunks_per_warp = per_split <= 8 ? 4 : 6;  // tiles of 8 or 12 chunks
+  p.smem_bytes = static_cast<int64_t>(smem_bytes(8, p.chunks_per_warp));
   return p;
 }
 
@@ -336,7 +324,9 @@ void decode_gemm(const DecodeGemmArgs& a, cudaStream_t stream) {
   OPD_CHECK(why == nullptr, InvalidArgument, "decode_gemm: y[", a.m, ", ", a.n, "] = x[", a.m,
             ", ", a.k, "] W[", a.n, ", ", a.k, "]^T (ldx ", a.ldx, ", ldy ", a.ldy, "): ",
             why ? why : "");
-  const DecodeGemmPlan p = decode_gemm_plan(a.n, a.k, a.force_splits, a.sm_count);
+  const DecodeGemmPlan p =
+      decode_gemm_plan(a.n, a.k, a.force_splits, a.sm_count, a.version, a.force_rows);
+  if (p.version == 3) return decode_gemm_detail::launch_v3(a, p, stream);
   if (a.y_dtype == DType::F32) {
     launch_out<float>(a, p, stream);
   } else {
