@@ -54,7 +54,12 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
     if (col < h) wv[e].load(w + col);
   }
-  if constexpr (kPdl) dev::pdl_wait();
+  if constexpr (kPdl) {
+    dev::pdl_wait();
+    // The next kernel is a GEMM: with opd's decode GEMM (PDL-launched) its CTAs start streaming
+    // their weights now; cuBLASLt's GEMMs are launched plainly, for which this is a no-op.
+    dev::pdl_launch_dependents();
+  }
   // The trip count is uniform within a group (block_sum needs every thread of the block).
   for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kGroup;
        row < n; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
