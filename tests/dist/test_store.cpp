@@ -99,6 +99,24 @@ TEST(TcpStore, DeadPeerFailsTheOthersAtOnce) {
   EXPECT_EQ(WEXITSTATUS(out[2].status), 7);
 }
 
+// Rank 0 (the store's host) learns of the failure and exits at once; rank 1 asks only later.
+// The store stays up (at most a few seconds) until rank 1 was told rank 2's story, instead of
+// rank 1 seeing only "rank 0 exited?" (CI under ASan, 2026-11-30).
+TEST(TcpStore, DeadPeerStoryReachesARankThatAsksAfterRankZeroLeft) {
+  const int port = pick_free_port();
+  auto out = run_ranks(3, [&](int rank) -> std::string {
+    auto store = Store::connect(local_env(rank, 3, port), 60);
+    store->barrier("start");
+    if (rank == 2) ::_exit(7);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::string msg = error_text([&] { store->barrier("after the crash"); });
+    return expect(msg.find("rank 2 lost its connection") != std::string::npos, msg);
+  });
+  EXPECT_TRUE(out[0].ok()) << out[0].message;
+  EXPECT_TRUE(out[1].ok()) << out[1].message;
+  EXPECT_EQ(WEXITSTATUS(out[2].status), 7);
+}
+
 TEST(TcpStore, TimeoutNamesTheMissingRanks) {
   const int port = pick_free_port();
   auto out = run_ranks(3, [&](int rank) -> std::string {
