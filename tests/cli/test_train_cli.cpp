@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "model/init.h"
 #include "train/checkpoint.h"
@@ -29,18 +30,13 @@ using namespace std::chrono_literals;
 using test::Child;
 using test::spawn;
 
-class TrainCli : public ::testing::Test {
+class TrainCli : public test::RunDirTest {
  protected:
+  TrainCli() : RunDirTest("opd_train_cli_") {}
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("opd_train_cli_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    RunDirTest::SetUp();
     test::write_tiny_distillation(root_.string(), 64);
   }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   std::vector<std::string> train_args(const std::string& out, int steps) const {
     return {"train", "--student", path("student"), "--teacher", path("teacher"), "--data",
@@ -77,7 +73,6 @@ class TrainCli : public ::testing::Test {
            fs::path(list.back()).filename().string();
   }
 
-  fs::path root_;
 };
 
 TEST_F(TrainCli, SigkillAtARandomStepThenResumeIsBitwiseExact) {

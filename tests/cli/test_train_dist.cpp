@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "core/tensor.h"  // device_hooks::cuda_device_count
 #include "model/init.h"
@@ -34,18 +35,13 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using test::spawn;
 
-class TrainDist : public ::testing::Test {
+class TrainDist : public test::RunDirTest {
  protected:
+  TrainDist() : RunDirTest("opd_train_dist_") {}
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("opd_train_dist_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    RunDirTest::SetUp();
     test::write_tiny_distillation(root_.string(), 64);
   }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   // Dataset completions (lmbda 0): the sequences of a step do not depend on the ranks.
   std::vector<std::string> train_args(const std::string& out, int steps) const {
@@ -132,7 +128,6 @@ class TrainDist : public ::testing::Test {
   ASSERT_FALSE(list.empty());
   EXPECT_NO_THROW(load_checkpoint(list.back()));
   }
-  fs::path root_;
 };
 
 TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/run_dir_test.h"
 #include "cuda/cuda_test_util.h"
 #include "model/init.h"
 #include "model/safetensors.h"
@@ -34,14 +35,11 @@ ModelConfig gpu_tiny(int64_t hidden, int64_t layers) {
   return c;
 }
 
-class CudaTrainerTest : public ::testing::Test {
+class CudaTrainerTest : public test::RunDirTest {
  protected:
+  CudaTrainerTest() : RunDirTest("opd_cuda_trainer_") {}
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("opd_cuda_trainer_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    RunDirTest::SetUp();
     const std::string tok = test::source_dir() + "/demo/tokenizer";
     save_model_dir(path("student"), gpu_tiny(64, 2), init_weights(gpu_tiny(64, 2), 1), tok);
     save_model_dir(path("teacher"), gpu_tiny(96, 2), init_weights(gpu_tiny(96, 2), 2, 0.1), tok);
@@ -54,9 +52,8 @@ class CudaTrainerTest : public ::testing::Test {
   }
   void TearDown() override {
     clear_stop_request();
-    fs::remove_all(root_);
+    RunDirTest::TearDown();
   }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   TrainOptions base(const std::string& out, const std::string& device,
                     const std::string& dtype = "f32") const {
@@ -84,7 +81,6 @@ class CudaTrainerTest : public ::testing::Test {
       if (l.contains("loss")) v.push_back(l.at("loss").get<double>());
     return v;
   }
-  fs::path root_;
 };
 
 std::map<std::string, Tensor> checkpoint_weights(const std::string& dir) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/python_oracle.h"
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "core/error.h"
 #include "model/init.h"
@@ -32,13 +33,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public test::RunDirTest {
  protected:
+  TrainerTest() : RunDirTest("opd_trainer_") {}
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("opd_trainer_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    RunDirTest::SetUp();
     test::write_tiny_distillation(root_.string(), 24);
     std::ofstream eval(path("eval.jsonl"));
     eval << "{\"prompt\": \"1+2=\", \"completion\": \"3\"}\n{\"prompt\": \"10+5=\", \"completion\": \"15\"}\n";
@@ -46,9 +45,8 @@ class TrainerTest : public ::testing::Test {
   }
   void TearDown() override {
     clear_stop_request();
-    fs::remove_all(root_);
+    RunDirTest::TearDown();
   }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   TrainOptions base(const std::string& out) const {
     TrainOptions o;
@@ -67,8 +65,6 @@ class TrainerTest : public ::testing::Test {
     o.lmbda = 0.5;
     return o;
   }
-
-  fs::path root_;
 };
 
 std::map<std::string, Tensor> final_model(const std::string& out) {
