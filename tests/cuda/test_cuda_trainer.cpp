@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/checkpoint_weights.h"
 #include "common/run_dir_test.h"
 #include "cuda/cuda_test_util.h"
 #include "model/init.h"
@@ -83,12 +84,7 @@ class CudaTrainerTest : public test::RunDirTest {
   }
 };
 
-std::map<std::string, Tensor> checkpoint_weights(const std::string& dir) {
-  SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
-  std::map<std::string, Tensor> m;
-  for (const auto& n : f.names()) m[n] = f.get(n).clone();
-  return m;
-}
+using test::checkpoint_weights;
 
 TEST_F(CudaTrainerTest, SameStepsAsTheCpuInF32AndBf16) {
   REQUIRE_GPU();
@@ -161,13 +157,8 @@ TEST_F(CudaTrainerTest, ResumeOnTheGpuIsBitwiseExact) {
   TrainResult resumed = train(opts("parts", 4));
   EXPECT_EQ(resumed.first_step, 2);
   EXPECT_EQ(resumed.steps, 4);
-  const auto a = checkpoint_weights(whole.last_checkpoint), b = checkpoint_weights(resumed.last_checkpoint);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    const Tensor& u = b.at(name);
-    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-    EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " differs after resume";
-  }
+  test::expect_bitwise_equal(checkpoint_weights(whole.last_checkpoint),
+                             checkpoint_weights(resumed.last_checkpoint), "after resume");
 }
 
 // The memory options change where bytes live, not what is computed: elementwise recompute
@@ -188,14 +179,9 @@ TEST_F(CudaTrainerTest, MemoryOptionsGiveBitIdenticalStepsWithLessMemory) {
     TrainResult plain = train(opts("plain", false));
     TrainResult saving = train(opts("saving", true));
     EXPECT_EQ(saving.steps, 3);
-    const auto a = checkpoint_weights(plain.last_checkpoint);
-    const auto b = checkpoint_weights(saving.last_checkpoint);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, t] : a) {
-      const Tensor& u = b.at(name);
-      ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-      EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " (seq_kd " << seq_kd << ")";
-    }
+    ASSERT_NO_FATAL_FAILURE(test::expect_bitwise_equal(
+        checkpoint_weights(plain.last_checkpoint), checkpoint_weights(saving.last_checkpoint),
+        "(seq_kd " + std::to_string(seq_kd) + ")"));
     auto peak = [&](const std::string& out) {
       int64_t p = 0;
       for (const auto& l : MetricsLog::read(path(out) + "/metrics.jsonl"))

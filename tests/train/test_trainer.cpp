@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/checkpoint_weights.h"
 #include "common/python_oracle.h"
 #include "common/run_dir_test.h"
 #include "common/test_util.h"
@@ -67,24 +68,8 @@ class TrainerTest : public test::RunDirTest {
   }
 };
 
-std::map<std::string, Tensor> final_model(const std::string& out) {
-  auto list = list_checkpoints(out + "/checkpoints");
-  EXPECT_FALSE(list.empty());
-  SafetensorsFile f = SafetensorsFile::open(list.back() + "/model.safetensors");
-  std::map<std::string, Tensor> m;
-  for (const auto& n : f.names()) m[n] = f.get(n).clone();
-  return m;
-}
-
-void expect_bitwise_equal(const std::map<std::string, Tensor>& a,
-                          const std::map<std::string, Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    const Tensor& u = b.at(name);
-    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-    EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " differs";
-  }
-}
+using test::expect_bitwise_equal;
+using test::final_weights;
 
 TEST_F(TrainerTest, SftLossIsTheMeanCrossEntropyOfTheStep) {
   TrainOptions o = base("sft");
@@ -265,7 +250,7 @@ TEST_F(TrainerTest, StopSignalCheckpointsAndResumeIsBitwiseExact) {
   TrainResult r2 = train(part);
   EXPECT_EQ(r2.first_step, r1.steps);
   EXPECT_EQ(r2.steps, 6);
-  expect_bitwise_equal(final_model(full.out), final_model(part.out));
+  expect_bitwise_equal(final_weights(full.out), final_weights(part.out));
   // No step appears twice in the metrics of the resumed run.
   std::set<int64_t> seen;
   for (const auto& l : MetricsLog::read(part.out + "/metrics.jsonl"))
@@ -316,7 +301,7 @@ TEST_F(TrainerTest, CorruptCheckpointIsRefusedAndThePreviousOneResumes) {
   const int64_t previous = load_checkpoint(list[list.size() - 2]).step;
   EXPECT_EQ(r2.first_step, previous) << "resumed from the checkpoint before the corrupt one";
   EXPECT_EQ(r2.steps, 6);
-  expect_bitwise_equal(final_model(full.out), final_model(part.out));
+  expect_bitwise_equal(final_weights(full.out), final_weights(part.out));
   (void)r1;
 }
 
