@@ -11,6 +11,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -70,6 +71,25 @@ class TrainerTest : public test::RunDirTest {
 
 using test::expect_bitwise_equal;
 using test::final_weights;
+
+// Runs `o` while a watcher thread raises SIGTERM (as a stop signal arriving mid-run would) once
+// `ready()` holds, polled every millisecond; returns the interrupted run's result.
+TrainResult train_until_sigterm(const TrainOptions& o, const std::function<bool()>& ready) {
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    while (!done) {
+      if (ready()) {
+        std::raise(SIGTERM);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  TrainResult r = train(o);
+  done = true;
+  killer.join();
+  return r;
+}
 
 TEST_F(TrainerTest, SftLossIsTheMeanCrossEntropyOfTheStep) {
   TrainOptions o = base("sft");
@@ -227,22 +247,11 @@ TEST_F(TrainerTest, StopSignalCheckpointsAndResumeIsBitwiseExact) {
   train(full);
 
   TrainOptions part = base("part");
-  std::atomic<bool> done{false};
-  std::thread killer([&] {
-    // SIGTERM once the run has finished its second step.
-    while (!done) {
-      int64_t torn = 0;
-      if (fs::exists(part.out + "/metrics.jsonl") &&
-          MetricsLog::read(part.out + "/metrics.jsonl", &torn).size() >= 2) {
-        std::raise(SIGTERM);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  TrainResult r1 = train_until_sigterm(part, [&] {  // once the run has finished its second step
+    int64_t torn = 0;
+    return fs::exists(part.out + "/metrics.jsonl") &&
+           MetricsLog::read(part.out + "/metrics.jsonl", &torn).size() >= 2;
   });
-  TrainResult r1 = train(part);
-  done = true;
-  killer.join();
   ASSERT_TRUE(r1.stopped_by_signal);
   ASSERT_LT(r1.steps, 6);
   ASSERT_FALSE(r1.last_checkpoint.empty());
@@ -269,19 +278,8 @@ TEST_F(TrainerTest, CorruptCheckpointIsRefusedAndThePreviousOneResumes) {
   // stopping early through a corrupt tail instead: train 4 of 6 steps with a cosine over 6.
   part.lr_scheduler_type = full.lr_scheduler_type;
   part.max_steps = 6;
-  std::atomic<bool> done{false};
-  std::thread killer([&] {
-    while (!done) {
-      if (list_checkpoints(part.out + "/checkpoints").size() >= 2) {
-        std::raise(SIGTERM);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
-  TrainResult r1 = train(part);
-  done = true;
-  killer.join();
+  TrainResult r1 = train_until_sigterm(
+      part, [&] { return list_checkpoints(part.out + "/checkpoints").size() >= 2; });
   clear_stop_request();
   auto list = list_checkpoints(part.out + "/checkpoints");
   ASSERT_GE(list.size(), 2u);
