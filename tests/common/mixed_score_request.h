@@ -2,32 +2,23 @@
 // the CUDA scorer (tests/cuda/test_cuda_scorer.cpp): a batch with everything the dedupe and
 // packing must get right: different lengths, an exact duplicate, a prefix of another sequence,
 // the same prompt with different completions, an empty scored range, and a range ending before
-// the sequence does. Ids are Philox-random below V.
+// the sequence does. Ids are Philox-random below V (stream 7).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "core/philox.h"
+#include "common/philox_ids.h"
 #include "teacher/scorer.h"
 
 namespace opd::test {
-
-// `len` ids below V from Philox stream (seed, 7).
-inline std::vector<int32_t> scorer_random_ids(uint64_t seed, int64_t len, int64_t V) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(philox_u32(seed, 7, static_cast<uint64_t>(i)) % V));
-  return ids;
-}
 
 inline ScoreRequest mixed_score_request(int64_t V, int64_t k, double T, bool with_ranks) {
   ScoreRequest q;
   q.k = k;
   q.temperature = T;
   q.with_ranks = with_ranks;
-  auto a = scorer_random_ids(1, 40, V), b = scorer_random_ids(2, 17, V),
-       c = scorer_random_ids(3, 63, V);
+  auto a = philox_ids(1, 7, 40, V), b = philox_ids(2, 7, 17, V), c = philox_ids(3, 7, 63, V);
   q.sequences.push_back({a, 10, 40});
   q.sequences.push_back({b, 1, 17});
   q.sequences.push_back({a, 10, 40});                                              // duplicate

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/philox_ids.h"
 #include "common/test_util.h"
 #include "core/philox.h"
 #include "model/transformer.h"
@@ -33,9 +34,7 @@ inline nlohmann::json generate_fixture(const std::string& family) {
 }
 
 inline std::vector<int32_t> seeded_prompt(uint64_t seed, int64_t len, int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>(philox_u32(seed, 99, i) % vocab));
-  return ids;
+  return philox_ids(seed, 99, len, vocab);
 }
 
 inline GenerationRequest request(std::vector<int32_t> prompt, int64_t max_new, double temperature,

@@ -178,8 +178,8 @@ TEST(Scorer, LimitsBoundTheRequest) {
   CpuScorer scorer(test::fixture_path("models/qwen3"), opts);
   ScoreRequest q;
   q.k = 2;
-  q.sequences.push_back({test::scorer_random_ids(9, 60, 96), 1, 60});
-  q.sequences.push_back({test::scorer_random_ids(8, 60, 96), 1, 2});
+  q.sequences.push_back({test::philox_ids(9, 7, 60, 96), 1, 60});
+  q.sequences.push_back({test::philox_ids(8, 7, 60, 96), 1, 2});
   try {
     scorer.score(q);
     ADD_FAILURE() << "over the token limit";
