@@ -30,20 +30,12 @@ using namespace std::chrono_literals;
 using test::Child;
 using test::spawn;
 
-class TrainCli : public test::RunDirTest {
+class TrainCli : public test::TinyDistillationTest {
  protected:
-  TrainCli() : RunDirTest("opd_train_cli_") {}
-  void SetUp() override {
-    RunDirTest::SetUp();
-    test::write_tiny_distillation(root_.string(), 64);
-  }
+  TrainCli() : TinyDistillationTest("opd_train_cli_", 64) {}
 
   std::vector<std::string> train_args(const std::string& out, int steps) const {
-    return {"train", "--student", path("student"), "--teacher", path("teacher"), "--data",
-            path("train.jsonl"), "--out", path(out), "--max-steps", std::to_string(steps),
-            "--batch-size", "4", "--micro-batch-size", "2", "--max-completion-length", "5",
-            "--teacher-top-k", "8", "--learning-rate", "0.01", "--save-minutes", "0",
-            "--no-tensorboard"};
+    return tiny_train_args(out, steps, 4);
   }
   // Completed steps seen in RUN/metrics.jsonl.
   int64_t steps_done(const std::string& out) const {

@@ -36,21 +36,15 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using test::spawn;
 
-class TrainDist : public test::RunDirTest {
+class TrainDist : public test::TinyDistillationTest {
  protected:
-  TrainDist() : RunDirTest("opd_train_dist_") {}
-  void SetUp() override {
-    RunDirTest::SetUp();
-    test::write_tiny_distillation(root_.string(), 64);
-  }
+  TrainDist() : TinyDistillationTest("opd_train_dist_", 64) {}
 
   // Dataset completions (lmbda 0): the sequences of a step do not depend on the ranks.
   std::vector<std::string> train_args(const std::string& out, int steps) const {
-    return {"train", "--student", path("student"), "--teacher", path("teacher"), "--data",
-            path("train.jsonl"), "--out", path(out), "--max-steps", std::to_string(steps),
-            "--batch-size", "6", "--micro-batch-size", "2", "--max-completion-length", "5",
-            "--teacher-top-k", "8", "--learning-rate", "0.01", "--lr-scheduler-type", "constant",
-            "--save-minutes", "0", "--no-tensorboard", "--lmbda", "0"};
+    auto a = tiny_train_args(out, steps, 6);
+    a.insert(a.end(), {"--lr-scheduler-type", "constant", "--lmbda", "0"});
+    return a;
   }
   std::vector<std::string> launch(int ranks, std::vector<std::string> args) const {
     std::vector<std::string> a = {"launch", "--nproc-per-node", std::to_string(ranks),

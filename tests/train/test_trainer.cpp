@@ -35,19 +35,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainerTest : public test::RunDirTest {
+class TrainerTest : public test::TinyDistillationTest {
  protected:
-  TrainerTest() : RunDirTest("opd_trainer_") {}
+  TrainerTest() : TinyDistillationTest("opd_trainer_", 24) {}
   void SetUp() override {
-    RunDirTest::SetUp();
-    test::write_tiny_distillation(root_.string(), 24);
+    TinyDistillationTest::SetUp();
     std::ofstream eval(path("eval.jsonl"));
     eval << "{\"prompt\": \"1+2=\", \"completion\": \"3\"}\n{\"prompt\": \"10+5=\", \"completion\": \"15\"}\n";
     clear_stop_request();
   }
   void TearDown() override {
     clear_stop_request();
-    RunDirTest::TearDown();
+    TinyDistillationTest::TearDown();
   }
 
   TrainOptions base(const std::string& out) const {
