@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_util.h"  // median
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -46,12 +47,6 @@ struct BenchLossOptions {
 };
 
 #if defined(OPD_WITH_CUDA)
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Deterministic bf16/f32/i32 host fills (xorshift; the 155M-element lm_head in about a second).
 Tensor hashed(const Shape& shape, DType dt, uint64_t seed, double lo, double hi) {

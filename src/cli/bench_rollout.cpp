@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_util.h"  // median, qwen3_06b, Rng, run_twin
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -106,63 +107,18 @@ const Switch kSwitches[] = {
 
 constexpr double kCopyCeiling = 4.15e12;  // device-to-device copy, lent H200 (BENCHMARKS.md)
 
-// The Qwen3-0.6B shape (model/presets.h) with `layers` decoder layers.
-ModelConfig qwen3_06b(int64_t layers) {
-  ModelConfig c = model_preset("qwen3-0.6b");
-  c.num_hidden_layers = layers;
-  return c;
-}
-
-// xorshift64: reproducible prompt ids from the seed.
-struct Rng {
-  uint64_t x;
-  explicit Rng(uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  }
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Runs the transformers twin and returns its last JSON line (null when it failed).
+// Runs the transformers twin and returns its last JSON line (null when it failed). A non-zero
+// exit status with a JSON line still counts: the twin reports each mode it could run.
 nlohmann::json run_torch(const BenchRolloutOptions& o) {
-  std::string script = o.torch_script;
-  if (!script.empty() && script[0] != '/') {
-    if (const char* src = std::getenv("OPD_SOURCE_DIR")) script = std::string(src) + "/" + script;
-  }
-  const std::string cmd =
-      cat(o.python, " ", script, " --json --prompts ", o.prompts, " --prompt-len ", o.prompt_len,
-          " --new-tokens ", o.new_tokens, " --layers ", o.layers, " --temperature ",
-          o.temperature, " --seed ", o.seed, " --modes ", o.torch_modes, " 2>&1");
-  if (!o.json) std::printf("\ntransformers twin: %s\n", cmd.c_str());
-  std::fflush(stdout);
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return nullptr;
-  std::string line, last_json;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) {
-    line = buf;
-    if (!o.json) std::fputs(buf, stdout);
-    if (!line.empty() && line[0] == '{') last_json = line;
-  }
-  const int rc = pclose(p);
-  if (last_json.empty()) {
-    std::printf("transformers twin failed (exit status %d)\n", rc);
-    return nullptr;
-  }
-  try {
-    return nlohmann::json::parse(last_json);
-  } catch (const std::exception&) {
-    return nullptr;
-  }
+  return run_twin({.python = o.python,
+                   .script = o.torch_script,
+                   .args = cat(" --json --prompts ", o.prompts, " --prompt-len ", o.prompt_len,
+                               " --new-tokens ", o.new_tokens, " --layers ", o.layers,
+                               " --temperature ", o.temperature, " --seed ", o.seed, " --modes ",
+                               o.torch_modes),
+                   .name = "transformers twin",
+                   .quiet = o.json,
+                   .require_success = false});
 }
 
 void run_bench_rollout(const BenchRolloutOptions& o) {

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/bench_util.h"  // median
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -75,12 +76,6 @@ struct BenchScoreOptions {
 
 constexpr double kMeasuredPeak = 776e12;  // bf16 GEMM 8192^3 on the lent H200 (BENCHMARKS.md)
 constexpr double kGoalTokensPerS = 200000;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

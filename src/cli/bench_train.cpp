@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_util.h"  // median, qwen3_06b, Rng, run_twin
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -81,12 +82,6 @@ struct BenchTrainOptions {
 constexpr double kMeasuredPeak = 776e12;  // bf16 GEMM 8192^3 on the lent H200 (BENCHMARKS.md)
 constexpr double kSpecPeak = 989e12;      // H200 dense bf16 spec
 
-ModelConfig qwen3_06b(int64_t layers) {
-  ModelConfig c = model_preset("qwen3-0.6b");
-  c.num_hidden_layers = layers;
-  return c;
-}
-
 struct Flops {
   double dense = 0, attention = 0;
   double total() const { return dense + attention; }
@@ -100,19 +95,6 @@ Flops model_flops(const ModelConfig& c, int64_t params, int64_t sequences, int64
                 static_cast<double>(c.num_hidden_layers * sequences);
   return f;
 }
-
-// xorshift64: reproducible host data (token ids, teacher payload) from the seed.
-struct Rng {
-  uint64_t x;
-  explicit Rng(uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  }
-  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
-};
 
 // One micro-batch's inputs, on the device before the timed steps (as a real step has them
 // from rollout and teacher scoring).
@@ -134,13 +116,6 @@ struct OpdResult {
   int64_t params = 0;
   int64_t peak_in_use = 0, peak_reserved = 0, peak_tensors = 0;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 OpdResult run_opd(const BenchTrainOptions& o, const ModelConfig& c) {
   const int64_t S = o.prompt + o.completion, B = o.micro_batch, T = B * S, N = B * o.completion;
@@ -333,38 +308,18 @@ OpdResult run_opd(const BenchTrainOptions& o, const ModelConfig& c) {
 
 // Runs the PyTorch twin and returns its last JSON line (null when it failed).
 nlohmann::json run_torch(const BenchTrainOptions& o) {
-  std::string script = o.torch_script;
-  if (!script.empty() && script[0] != '/') {
-    if (const char* src = std::getenv("OPD_SOURCE_DIR")) script = std::string(src) + "/" + script;
-  }
-  const std::string cmd =
-      cat(o.python, " ", script, " --json --sequences ", o.sequences, " --micro-batch ",
-          o.micro_batch, " --prompt ", o.prompt, " --completion ", o.completion, " --layers ",
-          o.layers, " --k ", o.k, " --beta ", o.beta, " --temperature ", o.temperature,
-          " --lr ", o.lr, " --max-grad-norm ", o.max_grad_norm, " --warmup ", o.warmup,
-          " --steps ", o.steps, " --seed ", o.seed, " --params ", o.torch_params,
-          o.recompute ? " --recompute" : "", " 2>&1");
-  if (!o.json) std::printf("\nPyTorch twin: %s\n", cmd.c_str());
-  std::fflush(stdout);
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return nullptr;
-  std::string line, last_json;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) {
-    line = buf;
-    if (!o.json) std::fputs(buf, stdout);
-    if (!line.empty() && line[0] == '{') last_json = line;
-  }
-  const int rc = pclose(p);
-  if (rc != 0 || last_json.empty()) {
-    std::printf("PyTorch twin failed (exit status %d)\n", rc);
-    return nullptr;
-  }
-  try {
-    return nlohmann::json::parse(last_json);
-  } catch (const std::exception&) {
-    return nullptr;
-  }
+  return run_twin({.python = o.python,
+                   .script = o.torch_script,
+                   .args = cat(" --json --sequences ", o.sequences, " --micro-batch ",
+                               o.micro_batch, " --prompt ", o.prompt, " --completion ",
+                               o.completion, " --layers ", o.layers, " --k ", o.k, " --beta ",
+                               o.beta, " --temperature ", o.temperature, " --lr ", o.lr,
+                               " --max-grad-norm ", o.max_grad_norm, " --warmup ", o.warmup,
+                               " --steps ", o.steps, " --seed ", o.seed, " --params ",
+                               o.torch_params, o.recompute ? " --recompute" : ""),
+                   .name = "PyTorch twin",
+                   .quiet = o.json,
+                   .require_success = true});
 }
 
 void run_bench_train(const BenchTrainOptions& o) {

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_util.h"  // median
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -62,13 +63,6 @@ struct BenchW1Options {
 };
 
 constexpr double kMeasuredPeak = 776e12;  // bf16 GEMM 8192^3 on the lent H200 (BENCHMARKS.md)
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Writes a random model directory unless one with the same config is already there (a re-run
 // with --work-dir reuses it).

@@ -14,9 +14,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/id_list.h"  // parse_id_list (ids are range-checked later, by the engine)
 #include "core/error.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
@@ -46,27 +46,6 @@ struct GenerateOptions {
   int64_t max_running = 256;
   bool json = false;
 };
-
-// "1,2,3" -> ids (range-checked against the vocabulary later, by the engine).
-std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what) {
-  std::vector<int32_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      OPD_FAIL(InvalidArgument, what, " '", text, "': '", item, "' is not an integer");
-    }
-    OPD_CHECK(used == item.size() && v >= INT32_MIN && v <= INT32_MAX, InvalidArgument, what,
-              " '", text, "': '", item, "' is not a 32-bit integer");
-    out.push_back(static_cast<int32_t>(v));
-  }
-  OPD_CHECK(!out.empty(), InvalidArgument, what, " '", text, "' holds no ids");
-  return out;
-}
 
 struct Prompt {
   std::vector<int32_t> ids;

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/id_list.h"  // parse_id_list (make_batch checks the ids against the vocabulary)
 #include "core/philox.h"
 #include "model/transformer.h"
 
@@ -27,26 +27,6 @@ struct PredictOptions {
   uint64_t seed = 0;
   bool json = false;
 };
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      OPD_FAIL(InvalidArgument, "--ids '", text, "': '", item, "' is not an integer");
-    }
-    OPD_CHECK(used == item.size() && v >= INT32_MIN && v <= INT32_MAX, InvalidArgument, "--ids '",
-              text, "': '", item, "' is not a 32-bit integer");
-    out.push_back(static_cast<int32_t>(v));
-  }
-  OPD_CHECK(!out.empty(), InvalidArgument, "--ids '", text, "' holds no ids");
-  return out;
-}
 
 struct Prediction {
   std::vector<std::pair<int32_t, double>> top;  // (id, probability)
@@ -74,7 +54,7 @@ void run_predict(const PredictOptions& o) {
   Transformer model = Transformer::load(o.model);
   const int64_t V = model.config().vocab_size;
   std::vector<std::vector<int32_t>> seqs;
-  for (const auto& s : o.ids) seqs.push_back(parse_ids(s));
+  for (const auto& s : o.ids) seqs.push_back(parse_id_list(s, "--ids"));
   if (seqs.empty()) {  // a deterministic example batch: three prompts of different lengths
     for (int len : {12, 7, 3}) {
       std::vector<int32_t> s;

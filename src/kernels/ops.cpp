@@ -117,6 +117,15 @@ class OpCheck {
     return dtype;
   }
 
+  // Runs fn(T{}) with T = float or double, the C++ type of cpu_float_dtype() (checked first):
+  // the reference kernels are templates, so one call site serves both precisions. Returns fn's
+  // result.
+  template <typename Fn>
+  decltype(auto) on_cpu(Fn&& fn) const {
+    if (cpu_float_dtype() == DType::F32) return fn(float{});
+    return fn(double{});
+  }
+
   // CUDA dtype rules: index tensors are i32, tables f32, the tensors named in `f32` are f32,
   // those in `free` are left to the caller, and every other float tensor shares one dtype,
   // f32 or bf16, which is returned; outputs are writable.
@@ -231,13 +240,10 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::embedding_forward(ids.data<int32_t>(), table.data<float>(), n, vocab, hidden,
-                           out.data<float>());
-  } else {
-    cpu::embedding_forward(ids.data<int32_t>(), table.data<double>(), n, vocab, hidden,
-                           out.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::embedding_forward(ids.data<int32_t>(), table.data<T>(), n, vocab, hidden, out.data<T>());
+  });
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
@@ -259,13 +265,11 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::embedding_backward(ids.data<int32_t>(), dout.data<float>(), n, vocab, hidden,
-                            dtable.data<float>());
-  } else {
-    cpu::embedding_backward(ids.data<int32_t>(), dout.data<double>(), n, vocab, hidden,
-                            dtable.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::embedding_backward(ids.data<int32_t>(), dout.data<T>(), n, vocab, hidden,
+                            dtable.data<T>());
+  });
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
@@ -288,13 +292,10 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::rmsnorm_forward(x.data<float>(), w.data<float>(), eps, n, h, y.data<float>(),
-                         rstd.data<float>());
-  } else {
-    cpu::rmsnorm_forward(x.data<double>(), w.data<double>(), eps, n, h, y.data<double>(),
-                         rstd.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::rmsnorm_forward(x.data<T>(), w.data<T>(), eps, n, h, y.data<T>(), rstd.data<T>());
+  });
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -322,13 +323,11 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::rmsnorm_backward(dy.data<float>(), x.data<float>(), w.data<float>(),
-                          rstd.data<float>(), n, h, dx.data<float>(), dw.data<float>());
-  } else {
-    cpu::rmsnorm_backward(dy.data<double>(), x.data<double>(), w.data<double>(),
-                          rstd.data<double>(), n, h, dx.data<double>(), dw.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::rmsnorm_backward(dy.data<T>(), x.data<T>(), w.data<T>(), rstd.data<T>(), n, h,
+                          dx.data<T>(), dw.data<T>());
+  });
 }
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& r, const Tensor& w, double eps,
@@ -357,13 +356,11 @@ void rmsnorm_residual_forward(const Tensor& x, const Tensor& r, const Tensor& w,
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::rmsnorm_residual_forward(x.data<float>(), r.data<float>(), w.data<float>(), eps, n, h,
-                                  sum.data<float>(), y.data<float>(), rstd.data<float>());
-  } else {
-    cpu::rmsnorm_residual_forward(x.data<double>(), r.data<double>(), w.data<double>(), eps, n,
-                                  h, sum.data<double>(), y.data<double>(), rstd.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::rmsnorm_residual_forward(x.data<T>(), r.data<T>(), w.data<T>(), eps, n, h, sum.data<T>(),
+                                  y.data<T>(), rstd.data<T>());
+  });
 }
 
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& sum, const Tensor& w,
@@ -393,15 +390,11 @@ void rmsnorm_residual_backward(const Tensor& dy, const Tensor& sum, const Tensor
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::rmsnorm_residual_backward(dy.data<float>(), sum.data<float>(), w.data<float>(),
-                                   rstd.data<float>(), dres.data<float>(), n, h,
-                                   ds.data<float>(), dw.data<float>());
-  } else {
-    cpu::rmsnorm_residual_backward(dy.data<double>(), sum.data<double>(), w.data<double>(),
-                                   rstd.data<double>(), dres.data<double>(), n, h,
-                                   ds.data<double>(), dw.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::rmsnorm_residual_backward(dy.data<T>(), sum.data<T>(), w.data<T>(), rstd.data<T>(),
+                                   dres.data<T>(), n, h, ds.data<T>(), dw.data<T>());
+  });
 }
 
 namespace {
@@ -435,16 +428,13 @@ void rope_dispatch(const char* op, Tensor& x, const Tensor& positions, const Ten
     no_cuda_backend(check);
 #endif
   }
-  DType dtype = check.cpu_float_dtype();
-  std::vector<double> freq = table_as_double(inv_freq);
-  const int32_t* pos = positions.data<int32_t>();
-  if (dtype == DType::F32) {
-    if (forward) cpu::rope_forward(x.data<float>(), pos, freq.data(), n, heads, head_dim);
-    else cpu::rope_backward(x.data<float>(), pos, freq.data(), n, heads, head_dim);
-  } else {
-    if (forward) cpu::rope_forward(x.data<double>(), pos, freq.data(), n, heads, head_dim);
-    else cpu::rope_backward(x.data<double>(), pos, freq.data(), n, heads, head_dim);
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    std::vector<double> freq = table_as_double(inv_freq);
+    const int32_t* pos = positions.data<int32_t>();
+    if (forward) cpu::rope_forward(x.data<T>(), pos, freq.data(), n, heads, head_dim);
+    else cpu::rope_backward(x.data<T>(), pos, freq.data(), n, heads, head_dim);
+  });
 }
 
 // Shapes shared by attention forward and backward; returns {batch, n, hq, hkv, d}.
@@ -493,15 +483,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   AttnDims a = attention_dims(check, q, k, v, cu_seqlens, scale);
   check.expect_shape("out", out, {a.n, a.hq, a.d});
   check.expect_shape("lse", lse, {a.n, a.hq});
-  DType dtype = check.cpu_float_dtype();  // validates cu_seqlens' dtype before it is read
-  const int32_t* cu = cu_seqlens.data<int32_t>();
-  if (dtype == DType::F32) {
-    cpu::attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), cu, a.batch, a.n,
-                           a.hq, a.hkv, a.d, scale, out.data<float>(), lse.data<float>());
-  } else {
-    cpu::attention_forward(q.data<double>(), k.data<double>(), v.data<double>(), cu, a.batch,
-                           a.n, a.hq, a.hkv, a.d, scale, out.data<double>(), lse.data<double>());
-  }
+  check.on_cpu([&](auto t) {  // the dtype checks validate cu_seqlens' dtype before it is read
+    using T = decltype(t);
+    const int32_t* cu = cu_seqlens.data<int32_t>();
+    cpu::attention_forward(q.data<T>(), k.data<T>(), v.data<T>(), cu, a.batch, a.n, a.hq, a.hkv,
+                           a.d, scale, out.data<T>(), lse.data<T>());
+  });
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -530,19 +517,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check.expect_shape("dq", dq, {a.n, a.hq, a.d});
   check.expect_shape("dk", dk, {a.n, a.hkv, a.d});
   check.expect_shape("dv", dv, {a.n, a.hkv, a.d});
-  DType dtype = check.cpu_float_dtype();  // validates cu_seqlens' dtype before it is read
-  const int32_t* cu = cu_seqlens.data<int32_t>();
-  if (dtype == DType::F32) {
-    cpu::attention_backward(dout.data<float>(), q.data<float>(), k.data<float>(),
-                            v.data<float>(), out.data<float>(), lse.data<float>(), cu, a.batch,
-                            a.n, a.hq, a.hkv, a.d, scale, dq.data<float>(), dk.data<float>(),
-                            dv.data<float>());
-  } else {
-    cpu::attention_backward(dout.data<double>(), q.data<double>(), k.data<double>(),
-                            v.data<double>(), out.data<double>(), lse.data<double>(), cu,
-                            a.batch, a.n, a.hq, a.hkv, a.d, scale, dq.data<double>(),
-                            dk.data<double>(), dv.data<double>());
-  }
+  check.on_cpu([&](auto t) {  // the dtype checks validate cu_seqlens' dtype before it is read
+    using T = decltype(t);
+    const int32_t* cu = cu_seqlens.data<int32_t>();
+    cpu::attention_backward(dout.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
+                            lse.data<T>(), cu, a.batch, a.n, a.hq, a.hkv, a.d, scale, dq.data<T>(),
+                            dk.data<T>(), dv.data<T>());
+  });
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
@@ -560,11 +541,10 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::swiglu_forward(gate.data<float>(), up.data<float>(), n, out.data<float>());
-  } else {
-    cpu::swiglu_forward(gate.data<double>(), up.data<double>(), n, out.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::swiglu_forward(gate.data<T>(), up.data<T>(), n, out.data<T>());
+  });
 }
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
@@ -589,13 +569,11 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, T
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::swiglu_backward(dout.data<float>(), gate.data<float>(), up.data<float>(), n,
-                         dgate.data<float>(), dup.data<float>());
-  } else {
-    cpu::swiglu_backward(dout.data<double>(), gate.data<double>(), up.data<double>(), n,
-                         dgate.data<double>(), dup.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::swiglu_backward(dout.data<T>(), gate.data<T>(), up.data<T>(), n, dgate.data<T>(),
+                         dup.data<T>());
+  });
 }
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
@@ -628,15 +606,11 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::linear_forward(x.data<float>(), w.data<float>(),
-                        bias.defined() ? bias.data<float>() : nullptr, n, in, out,
-                        y.data<float>());
-  } else {
-    cpu::linear_forward(x.data<double>(), w.data<double>(),
-                        bias.defined() ? bias.data<double>() : nullptr, n, in, out,
-                        y.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::linear_forward(x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, n, in,
+                        out, y.data<T>());
+  });
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
@@ -675,15 +649,12 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::linear_backward(dy.data<float>(), x.data<float>(), w.data<float>(), n, in, out,
-                         dx.defined() ? dx.data<float>() : nullptr, dw.data<float>(),
-                         dbias.defined() ? dbias.data<float>() : nullptr);
-  } else {
-    cpu::linear_backward(dy.data<double>(), x.data<double>(), w.data<double>(), n, in, out,
-                         dx.defined() ? dx.data<double>() : nullptr, dw.data<double>(),
-                         dbias.defined() ? dbias.data<double>() : nullptr);
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::linear_backward(dy.data<T>(), x.data<T>(), w.data<T>(), n, in, out,
+                         dx.defined() ? dx.data<T>() : nullptr, dw.data<T>(),
+                         dbias.defined() ? dbias.data<T>() : nullptr);
+  });
 }
 
 int64_t cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses,
@@ -709,12 +680,11 @@ int64_t cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tenso
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    return cpu::cross_entropy_forward(logits.data<float>(), targets.data<int32_t>(), n, vocab,
-                                      losses.data<float>(), lse.data<float>());
-  }
-  return cpu::cross_entropy_forward(logits.data<double>(), targets.data<int32_t>(), n, vocab,
-                                    losses.data<double>(), lse.data<double>());
+  return check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    return cpu::cross_entropy_forward(logits.data<T>(), targets.data<int32_t>(), n, vocab,
+                                      losses.data<T>(), lse.data<T>());
+  });
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
@@ -741,13 +711,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
-                                n, vocab, scale, dlogits.data<float>());
-  } else {
-    cpu::cross_entropy_backward(logits.data<double>(), targets.data<int32_t>(),
-                                lse.data<double>(), n, vocab, scale, dlogits.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::cross_entropy_backward(logits.data<T>(), targets.data<int32_t>(), lse.data<T>(), n, vocab,
+                                scale, dlogits.data<T>());
+  });
 }
 
 void gather_rows(const Tensor& in, const Tensor& rows, Tensor& out) {
@@ -773,12 +741,10 @@ void gather_rows(const Tensor& in, const Tensor& rows, Tensor& out) {
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::gather_rows(in.data<float>(), n_in, rows.data<int32_t>(), n_out, h, out.data<float>());
-  } else {
-    cpu::gather_rows(in.data<double>(), n_in, rows.data<int32_t>(), n_out, h,
-                     out.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::gather_rows(in.data<T>(), n_in, rows.data<int32_t>(), n_out, h, out.data<T>());
+  });
 }
 
 void convert(const Tensor& in, Tensor& out) {
@@ -818,11 +784,10 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::add(a.data<float>(), b.data<float>(), a.numel(), out.data<float>());
-  } else {
-    cpu::add(a.data<double>(), b.data<double>(), a.numel(), out.data<double>());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::add(a.data<T>(), b.data<T>(), a.numel(), out.data<T>());
+  });
 }
 
 void add_inplace(Tensor& acc, const Tensor& x) {
@@ -837,11 +802,10 @@ void add_inplace(Tensor& acc, const Tensor& x) {
     no_cuda_backend(check);
 #endif
   }
-  if (check.cpu_float_dtype() == DType::F32) {
-    cpu::add_inplace(acc.data<float>(), x.data<float>(), acc.numel());
-  } else {
-    cpu::add_inplace(acc.data<double>(), x.data<double>(), acc.numel());
-  }
+  check.on_cpu([&](auto t) {
+    using T = decltype(t);
+    cpu::add_inplace(acc.data<T>(), x.data<T>(), acc.numel());
+  });
 }
 
 }  // namespace opd::ops

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "model/init.h"
 #include "train/checkpoint.h"
@@ -29,25 +30,12 @@ using namespace std::chrono_literals;
 using test::Child;
 using test::spawn;
 
-class TrainCli : public ::testing::Test {
+class TrainCli : public test::TinyDistillationTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("opd_train_cli_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    test::write_tiny_distillation(root_.string(), 64);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
+  TrainCli() : TinyDistillationTest("opd_train_cli_", 64) {}
 
   std::vector<std::string> train_args(const std::string& out, int steps) const {
-    return {"train", "--student", path("student"), "--teacher", path("teacher"), "--data",
-            path("train.jsonl"), "--out", path(out), "--max-steps", std::to_string(steps),
-            "--batch-size", "4", "--micro-batch-size", "2", "--max-completion-length", "5",
-            "--teacher-top-k", "8", "--learning-rate", "0.01", "--save-minutes", "0",
-            "--no-tensorboard"};
+    return tiny_train_args(out, steps, 4);
   }
   // Completed steps seen in RUN/metrics.jsonl.
   int64_t steps_done(const std::string& out) const {
@@ -77,7 +65,6 @@ class TrainCli : public ::testing::Test {
            fs::path(list.back()).filename().string();
   }
 
-  fs::path root_;
 };
 
 TEST_F(TrainCli, SigkillAtARandomStepThenResumeIsBitwiseExact) {

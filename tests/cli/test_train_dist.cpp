@@ -19,7 +19,9 @@
 #include <map>
 #include <thread>
 
+#include "common/checkpoint_weights.h"
 #include "common/child_process.h"
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "core/tensor.h"  // device_hooks::cuda_device_count
 #include "model/init.h"
@@ -34,26 +36,15 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using test::spawn;
 
-class TrainDist : public ::testing::Test {
+class TrainDist : public test::TinyDistillationTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("opd_train_dist_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    test::write_tiny_distillation(root_.string(), 64);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
+  TrainDist() : TinyDistillationTest("opd_train_dist_", 64) {}
 
   // Dataset completions (lmbda 0): the sequences of a step do not depend on the ranks.
   std::vector<std::string> train_args(const std::string& out, int steps) const {
-    return {"train", "--student", path("student"), "--teacher", path("teacher"), "--data",
-            path("train.jsonl"), "--out", path(out), "--max-steps", std::to_string(steps),
-            "--batch-size", "6", "--micro-batch-size", "2", "--max-completion-length", "5",
-            "--teacher-top-k", "8", "--learning-rate", "0.01", "--lr-scheduler-type", "constant",
-            "--save-minutes", "0", "--no-tensorboard", "--lmbda", "0"};
+    auto a = tiny_train_args(out, steps, 6);
+    a.insert(a.end(), {"--lr-scheduler-type", "constant", "--lmbda", "0"});
+    return a;
   }
   std::vector<std::string> launch(int ranks, std::vector<std::string> args) const {
     std::vector<std::string> a = {"launch", "--nproc-per-node", std::to_string(ranks),
@@ -74,13 +65,7 @@ class TrainDist : public ::testing::Test {
     return v;
   }
   std::map<std::string, Tensor> weights(const std::string& out) const {
-    auto list = list_checkpoints(path(out) + "/checkpoints");
-    EXPECT_FALSE(list.empty()) << out;
-    std::map<std::string, Tensor> m;
-    if (list.empty()) return m;
-    SafetensorsFile f = SafetensorsFile::open(list.back() + "/model.safetensors");
-    for (const auto& n : f.names()) m[n] = f.get(n).clone();
-    return m;
+    return test::final_weights(path(out));
   }
   void expect_close(const std::string& a, const std::string& b, double loss_rtol, double w_rel) const {
     const auto la = losses(a), lb = losses(b);
@@ -132,7 +117,6 @@ class TrainDist : public ::testing::Test {
   ASSERT_FALSE(list.empty());
   EXPECT_NO_THROW(load_checkpoint(list.back()));
   }
-  fs::path root_;
 };
 
 TEST_F(TrainDist, TwoRanksTakeTheStepsOfOneRank) {
@@ -188,13 +172,8 @@ TEST_F(TrainDist, Zero2OverlapEqualsReduceAllBitwise) {
     const auto la = losses(tag + "_overlap"), lb = losses(tag + "_all");
     ASSERT_EQ(la.size(), 3u);
     EXPECT_EQ(la, lb) << tag;
-    const auto wa = weights(tag + "_overlap"), wb = weights(tag + "_all");
-    ASSERT_EQ(wa.size(), wb.size());
-    for (const auto& [name, t] : wa) {
-      const Tensor& u = wb.at(name);
-      ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-      EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << tag << " " << name;
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        test::expect_bitwise_equal(weights(tag + "_overlap"), weights(tag + "_all"), tag));
   }
 }
 

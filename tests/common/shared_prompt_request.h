@@ -9,16 +9,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/philox.h"
+#include "common/philox_ids.h"
 #include "teacher/scorer.h"
 
 namespace opd::test {
 
 inline std::vector<int32_t> shared_prompt_random_ids(uint64_t seed, int64_t len, int64_t V) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(philox_u32(seed, 11, static_cast<uint64_t>(i)) % V));
-  return ids;
+  return philox_ids(seed, 11, len, V);
 }
 
 inline ScoreRequest shared_prompt_request(int64_t V, int64_t k, double T, bool with_ranks) {

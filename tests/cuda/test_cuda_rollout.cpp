@@ -768,10 +768,8 @@ TEST(CudaRollout, StopsOnEosStopTokenAndMaxTokens) {
   const std::vector<int32_t> ids = free_run.generate({base})[0].samples[0].ids;
   ASSERT_EQ(ids.size(), 18u);
   EXPECT_EQ(ids, RolloutEngine(cpu, EngineOptions{}, {}).generate({base})[0].samples[0].ids);
-  size_t k = 3;  // the first token whose first occurrence is at step >= 3
-  while (k < ids.size() &&
-         std::find(ids.begin(), ids.begin() + static_cast<long>(k), ids[k]) != ids.begin() + static_cast<long>(k))
-    ++k;
+  // The first token whose first occurrence is at step >= 3 becomes EOS / the stop token.
+  const size_t k = first_fresh_token(ids);
   ASSERT_LT(k, ids.size());
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + static_cast<long>(k) + 1);
 
@@ -789,20 +787,7 @@ TEST(CudaRollout, StopsOnEosStopTokenAndMaxTokens) {
   EXPECT_EQ(s.ids, ids);
   EXPECT_EQ(s.finish_reason, FinishReason::Length);
 
-  r = base;
-  r.stop_token_ids = {ids[k]};
-  s = free_run.generate({r})[0].samples[0];
-  EXPECT_EQ(s.ids, prefix);
-  EXPECT_EQ(s.finish_reason, FinishReason::Stop);
-
-  r = base;
-  r.max_new_tokens = 5;
-  s = free_run.generate({r})[0].samples[0];
-  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 5));
-  EXPECT_EQ(s.finish_reason, FinishReason::Length);
-  r.max_new_tokens = 1;
-  s = free_run.generate({r})[0].samples[0];
-  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 1));
+  expect_stop_token_and_max_tokens(free_run, base, ids, k);
 }
 
 // A NaN in the weights makes every logit NaN: the CUDA engine reports the CPU engine's

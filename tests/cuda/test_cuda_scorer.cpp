@@ -25,6 +25,7 @@
 #include <set>
 #include <tuple>
 
+#include "common/mixed_score_request.h"
 #include "core/philox.h"
 #include "cuda/cuda_test_util.h"
 #include "model/init.h"
@@ -37,29 +38,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<int32_t> random_ids(uint64_t seed, int64_t len, int64_t V) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(philox_u32(seed, 7, static_cast<uint64_t>(i)) % V));
-  return ids;
-}
-
+// The mixed batch of common/mixed_score_request.h, with the actual tokens' ranks.
 ScoreRequest make_request(int64_t V, int64_t k, double T) {
-  ScoreRequest q;
-  q.k = k;
-  q.temperature = T;
-  q.with_ranks = true;
-  auto a = random_ids(1, 40, V), b = random_ids(2, 17, V), c = random_ids(3, 63, V);
-  q.sequences.push_back({a, 10, 40});
-  q.sequences.push_back({b, 1, 17});
-  q.sequences.push_back({a, 10, 40});                                              // duplicate
-  q.sequences.push_back({std::vector<int32_t>(a.begin(), a.begin() + 25), 5, 25});  // prefix
-  auto a2 = a;
-  for (size_t i = 20; i < a2.size(); ++i) a2[i] = static_cast<int32_t>((a2[i] + 1) % V);
-  q.sequences.push_back({a2, 20, 40});  // same prompt, another completion
-  q.sequences.push_back({b, 9, 9});     // nothing scored
-  q.sequences.push_back({c, 30, 50});   // ends early
-  return q;
+  return mixed_score_request(V, k, T, /*with_ranks=*/true);
 }
 
 // Dense CPU logprobs log p_T(. | ids[0..p-1]) of every scored row, in response row order.

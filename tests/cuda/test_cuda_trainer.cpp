@@ -13,6 +13,8 @@
 #include <fstream>
 #include <map>
 
+#include "common/checkpoint_weights.h"
+#include "common/run_dir_test.h"
 #include "cuda/cuda_test_util.h"
 #include "model/init.h"
 #include "model/safetensors.h"
@@ -34,14 +36,11 @@ ModelConfig gpu_tiny(int64_t hidden, int64_t layers) {
   return c;
 }
 
-class CudaTrainerTest : public ::testing::Test {
+class CudaTrainerTest : public test::RunDirTest {
  protected:
+  CudaTrainerTest() : RunDirTest("opd_cuda_trainer_") {}
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("opd_cuda_trainer_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    RunDirTest::SetUp();
     const std::string tok = test::source_dir() + "/demo/tokenizer";
     save_model_dir(path("student"), gpu_tiny(64, 2), init_weights(gpu_tiny(64, 2), 1), tok);
     save_model_dir(path("teacher"), gpu_tiny(96, 2), init_weights(gpu_tiny(96, 2), 2, 0.1), tok);
@@ -54,9 +53,8 @@ class CudaTrainerTest : public ::testing::Test {
   }
   void TearDown() override {
     clear_stop_request();
-    fs::remove_all(root_);
+    RunDirTest::TearDown();
   }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   TrainOptions base(const std::string& out, const std::string& device,
                     const std::string& dtype = "f32") const {
@@ -84,15 +82,9 @@ class CudaTrainerTest : public ::testing::Test {
       if (l.contains("loss")) v.push_back(l.at("loss").get<double>());
     return v;
   }
-  fs::path root_;
 };
 
-std::map<std::string, Tensor> checkpoint_weights(const std::string& dir) {
-  SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
-  std::map<std::string, Tensor> m;
-  for (const auto& n : f.names()) m[n] = f.get(n).clone();
-  return m;
-}
+using test::checkpoint_weights;
 
 TEST_F(CudaTrainerTest, SameStepsAsTheCpuInF32AndBf16) {
   REQUIRE_GPU();
@@ -165,13 +157,8 @@ TEST_F(CudaTrainerTest, ResumeOnTheGpuIsBitwiseExact) {
   TrainResult resumed = train(opts("parts", 4));
   EXPECT_EQ(resumed.first_step, 2);
   EXPECT_EQ(resumed.steps, 4);
-  const auto a = checkpoint_weights(whole.last_checkpoint), b = checkpoint_weights(resumed.last_checkpoint);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    const Tensor& u = b.at(name);
-    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-    EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " differs after resume";
-  }
+  test::expect_bitwise_equal(checkpoint_weights(whole.last_checkpoint),
+                             checkpoint_weights(resumed.last_checkpoint), "after resume");
 }
 
 // The memory options change where bytes live, not what is computed: elementwise recompute
@@ -192,14 +179,9 @@ TEST_F(CudaTrainerTest, MemoryOptionsGiveBitIdenticalStepsWithLessMemory) {
     TrainResult plain = train(opts("plain", false));
     TrainResult saving = train(opts("saving", true));
     EXPECT_EQ(saving.steps, 3);
-    const auto a = checkpoint_weights(plain.last_checkpoint);
-    const auto b = checkpoint_weights(saving.last_checkpoint);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, t] : a) {
-      const Tensor& u = b.at(name);
-      ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-      EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " (seq_kd " << seq_kd << ")";
-    }
+    ASSERT_NO_FATAL_FAILURE(test::expect_bitwise_equal(
+        checkpoint_weights(plain.last_checkpoint), checkpoint_weights(saving.last_checkpoint),
+        "(seq_kd " + std::to_string(seq_kd) + ")"));
     auto peak = [&](const std::string& out) {
       int64_t p = 0;
       for (const auto& l : MetricsLog::read(path(out) + "/metrics.jsonl"))

@@ -30,6 +30,26 @@ std::string error_of(const FakeEnv& e) {
   return "";
 }
 
+// One variable of an otherwise valid environment set to `value` (unset when it is nullptr),
+// and a part of the error that must name it.
+struct EnvCase {
+  const char* var;
+  const char* value;
+  const char* expect;
+};
+
+// Each case, applied alone to `base`, fails with InvalidArgument and a message holding `expect`.
+void expect_errors(const FakeEnv& base, const std::vector<EnvCase>& cases) {
+  for (const EnvCase& c : cases) {
+    FakeEnv e = base;
+    if (c.value) e.vars[c.var] = c.value;
+    else e.vars.erase(c.var);
+    std::string msg = error_of(e);
+    EXPECT_NE(msg.find(c.expect), std::string::npos)
+        << c.var << "=" << (c.value ? c.value : "(unset)") << " gave: " << msg;
+  }
+}
+
 TEST(Rendezvous, SingleProcessWithoutVariables) {
   FakeEnv e;
   DistEnv d = dist_env_from(e.lookup());
@@ -63,40 +83,25 @@ TEST(Rendezvous, TorchrunWinsOverSlurm) {
 }
 
 TEST(Rendezvous, TorchrunErrorsNameTheVariable) {
-  auto base = [] {
-    return FakeEnv{{{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                    {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}}};
-  };
-  struct Case {
-    const char* var;
-    const char* value;  // nullptr: unset
-    const char* expect;
-  };
-  for (const Case& c : std::vector<Case>{
-           {"RANK", "4", "RANK=4 is outside [0, 4)"},
-           {"RANK", "-1", "RANK=-1 is outside"},
-           {"RANK", "1x", "RANK='1x' is not an integer"},
-           {"RANK", "", "RANK='' is not an integer"},
-           {"RANK", nullptr, "RANK is not set"},
-           {"WORLD_SIZE", nullptr, "WORLD_SIZE is not set"},
-           {"WORLD_SIZE", "0", "WORLD_SIZE=0 must be >= 1"},
-           {"WORLD_SIZE", "99999999999", "WORLD_SIZE='99999999999' is not an integer"},
-           {"LOCAL_RANK", nullptr, "LOCAL_RANK is not set"},
-           {"LOCAL_RANK", "4", "LOCAL_RANK=4 is outside [0, 4)"},
-           {"LOCAL_WORLD_SIZE", "5", "LOCAL_WORLD_SIZE=5 is outside [1, WORLD_SIZE=4]"},
-           {"MASTER_PORT", "0", "MASTER_PORT=0 is outside [1, 65535]"},
-           {"MASTER_PORT", "65536", "MASTER_PORT=65536 is outside"},
-           {"MASTER_PORT", "http", "MASTER_PORT='http' is not an integer"},
-           {"MASTER_PORT", nullptr, "MASTER_ADDR and MASTER_PORT must be set"},
-           {"MASTER_ADDR", nullptr, "MASTER_ADDR and MASTER_PORT must be set"},
-           {"MASTER_ADDR", "", "MASTER_ADDR is empty"}}) {
-    FakeEnv e = base();
-    if (c.value) e.vars[c.var] = c.value;
-    else e.vars.erase(c.var);
-    std::string msg = error_of(e);
-    EXPECT_NE(msg.find(c.expect), std::string::npos)
-        << c.var << "=" << (c.value ? c.value : "(unset)") << " gave: " << msg;
-  }
+  const FakeEnv base{{{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                      {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}}};
+  expect_errors(base, {{"RANK", "4", "RANK=4 is outside [0, 4)"},
+                       {"RANK", "-1", "RANK=-1 is outside"},
+                       {"RANK", "1x", "RANK='1x' is not an integer"},
+                       {"RANK", "", "RANK='' is not an integer"},
+                       {"RANK", nullptr, "RANK is not set"},
+                       {"WORLD_SIZE", nullptr, "WORLD_SIZE is not set"},
+                       {"WORLD_SIZE", "0", "WORLD_SIZE=0 must be >= 1"},
+                       {"WORLD_SIZE", "99999999999", "WORLD_SIZE='99999999999' is not an integer"},
+                       {"LOCAL_RANK", nullptr, "LOCAL_RANK is not set"},
+                       {"LOCAL_RANK", "4", "LOCAL_RANK=4 is outside [0, 4)"},
+                       {"LOCAL_WORLD_SIZE", "5", "LOCAL_WORLD_SIZE=5 is outside [1, WORLD_SIZE=4]"},
+                       {"MASTER_PORT", "0", "MASTER_PORT=0 is outside [1, 65535]"},
+                       {"MASTER_PORT", "65536", "MASTER_PORT=65536 is outside"},
+                       {"MASTER_PORT", "http", "MASTER_PORT='http' is not an integer"},
+                       {"MASTER_PORT", nullptr, "MASTER_ADDR and MASTER_PORT must be set"},
+                       {"MASTER_ADDR", nullptr, "MASTER_ADDR and MASTER_PORT must be set"},
+                       {"MASTER_ADDR", "", "MASTER_ADDR is empty"}});
 }
 
 TEST(Rendezvous, Slurm) {
@@ -116,31 +121,17 @@ TEST(Rendezvous, Slurm) {
 }
 
 TEST(Rendezvous, SlurmErrors) {
-  auto base = [] {
-    return FakeEnv{{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
-                    {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"}}};
-  };
-  struct Case {
-    const char* var;
-    const char* value;
-    const char* expect;
-  };
-  for (const Case& c : std::vector<Case>{
-           {"SLURM_PROCID", "2", "SLURM_PROCID=2 is outside [0, 2)"},
-           {"SLURM_NTASKS", nullptr, "SLURM_NTASKS is not set"},
-           {"SLURM_LOCALID", nullptr, "SLURM_LOCALID is not set"},
-           {"SLURM_LOCALID", "2", "SLURM_LOCALID=2 is outside [0, 2)"},
-           {"SLURM_NTASKS_PER_NODE", "3", "SLURM_NTASKS_PER_NODE='3' is outside [1, 2]"},
-           {"SLURM_JOB_NODELIST", nullptr, "neither MASTER_ADDR nor SLURM_JOB_NODELIST"},
-           {"SLURM_JOB_NODELIST", "n[1-2", "unbalanced brackets"},
-           {"SLURM_JOB_NODELIST", "n[a-b]", "non-numeric range"}}) {
-    FakeEnv e = base();
-    if (c.value) e.vars[c.var] = c.value;
-    else e.vars.erase(c.var);
-    std::string msg = error_of(e);
-    EXPECT_NE(msg.find(c.expect), std::string::npos)
-        << c.var << "=" << (c.value ? c.value : "(unset)") << " gave: " << msg;
-  }
+  const FakeEnv base{{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+                      {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"}}};
+  expect_errors(base,
+                {{"SLURM_PROCID", "2", "SLURM_PROCID=2 is outside [0, 2)"},
+                 {"SLURM_NTASKS", nullptr, "SLURM_NTASKS is not set"},
+                 {"SLURM_LOCALID", nullptr, "SLURM_LOCALID is not set"},
+                 {"SLURM_LOCALID", "2", "SLURM_LOCALID=2 is outside [0, 2)"},
+                 {"SLURM_NTASKS_PER_NODE", "3", "SLURM_NTASKS_PER_NODE='3' is outside [1, 2]"},
+                 {"SLURM_JOB_NODELIST", nullptr, "neither MASTER_ADDR nor SLURM_JOB_NODELIST"},
+                 {"SLURM_JOB_NODELIST", "n[1-2", "unbalanced brackets"},
+                 {"SLURM_JOB_NODELIST", "n[a-b]", "non-numeric range"}});
 }
 
 TEST(Rendezvous, SlurmFirstHost) {

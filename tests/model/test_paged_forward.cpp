@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/philox_ids.h"
 #include "common/test_util.h"
 #include "core/philox.h"
 #include "model/kv_cache.h"
@@ -20,9 +21,7 @@ namespace {
 constexpr double kTol = 1e-5;  // fp32 logits of the same weights, GEMMs of different shapes
 
 std::vector<int32_t> random_ids(uint64_t seed, int64_t n, int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(philox_u32(seed, 7, i) % vocab));
-  return ids;
+  return test::philox_ids(seed, 7, n, vocab);
 }
 
 // Logits rows of a full forward over one sequence.

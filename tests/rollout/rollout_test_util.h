@@ -4,11 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/philox_ids.h"
 #include "common/test_util.h"
 #include "core/philox.h"
 #include "model/transformer.h"
@@ -32,9 +34,7 @@ inline nlohmann::json generate_fixture(const std::string& family) {
 }
 
 inline std::vector<int32_t> seeded_prompt(uint64_t seed, int64_t len, int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>(philox_u32(seed, 99, i) % vocab));
-  return ids;
+  return philox_ids(seed, 99, len, vocab);
 }
 
 inline GenerationRequest request(std::vector<int32_t> prompt, int64_t max_new, double temperature,
@@ -46,6 +46,40 @@ inline GenerationRequest request(std::vector<int32_t> prompt, int64_t max_new, d
   r.sampling.seed = seed;
   r.n = n;
   return r;
+}
+
+// The stop tests' free run `ids`: the first position k >= 3 whose token does not occur before
+// it, so that token as EOS or a stop token ends the run right after step k; ids.size() when no
+// such position exists.
+inline size_t first_fresh_token(const std::vector<int32_t>& ids) {
+  size_t k = 3;
+  while (k < ids.size() && std::find(ids.begin(), ids.begin() + static_cast<long>(k), ids[k]) !=
+                               ids.begin() + static_cast<long>(k))
+    ++k;
+  return k;
+}
+
+// A stop token id and max_new_tokens on `engine` (no EOS), whose free run of `base` gave `ids`:
+// stop_token_ids = {ids[k]} (k from first_fresh_token) ends with ids[0..k] and reason Stop;
+// max_new_tokens 5 and 1 end with the first 5 and 1 tokens and reason Length.
+inline void expect_stop_token_and_max_tokens(RolloutEngine& engine, const GenerationRequest& base,
+                                             const std::vector<int32_t>& ids, size_t k) {
+  ASSERT_LT(k, ids.size());
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + static_cast<long>(k) + 1);
+  GenerationRequest r = base;
+  r.stop_token_ids = {ids[k]};
+  SampleOutput s = engine.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, prefix);
+  EXPECT_EQ(s.finish_reason, FinishReason::Stop);
+
+  r = base;
+  r.max_new_tokens = 5;
+  s = engine.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 5));
+  EXPECT_EQ(s.finish_reason, FinishReason::Length);
+  r.max_new_tokens = 1;
+  s = engine.generate({r})[0].samples[0];
+  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 1));
 }
 
 }  // namespace opd::test

@@ -243,8 +243,7 @@ TEST(Engine, StopsOnEosStopTokenAndMaxTokens) {
   const std::vector<int32_t> ids = free_run.generate({base})[0].samples[0].ids;
   ASSERT_EQ(ids.size(), 18u);
   // The first token whose first occurrence is at step >= 3 becomes EOS / the stop token.
-  size_t k = 3;
-  while (std::find(ids.begin(), ids.begin() + static_cast<long>(k), ids[k]) != ids.begin() + static_cast<long>(k)) ++k;
+  const size_t k = test::first_fresh_token(ids);
   ASSERT_LT(k, ids.size());
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + static_cast<long>(k) + 1);
 
@@ -260,20 +259,7 @@ TEST(Engine, StopsOnEosStopTokenAndMaxTokens) {
   EXPECT_EQ(s.ids, ids);
   EXPECT_EQ(s.finish_reason, FinishReason::Length);
 
-  r = base;
-  r.stop_token_ids = {ids[k]};
-  s = free_run.generate({r})[0].samples[0];
-  EXPECT_EQ(s.ids, prefix);
-  EXPECT_EQ(s.finish_reason, FinishReason::Stop);
-
-  r = base;
-  r.max_new_tokens = 5;
-  s = free_run.generate({r})[0].samples[0];
-  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 5));
-  EXPECT_EQ(s.finish_reason, FinishReason::Length);
-  r.max_new_tokens = 1;
-  s = free_run.generate({r})[0].samples[0];
-  EXPECT_EQ(s.ids, std::vector<int32_t>(ids.begin(), ids.begin() + 1));
+  test::expect_stop_token_and_max_tokens(free_run, base, ids, k);
 }
 
 // The Qwen3 tokenizer on the Qwen3 fixture model: its ids 0..93 are the single printable ASCII

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/mixed_score_request.h"
 #include "common/test_util.h"
 #include "core/philox.h"
 #include "loss/teacher_payload.h"
@@ -43,31 +44,9 @@ RefRow dense_row(const float* z, int64_t V, int64_t k, double T, int32_t actual)
   return r;
 }
 
-std::vector<int32_t> random_ids(uint64_t seed, int64_t len, int64_t V) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(philox_u32(seed, 7, static_cast<uint64_t>(i)) % V));
-  return ids;
-}
-
-// A batch with everything the dedupe and packing must get right: different lengths, an exact
-// duplicate, a prefix of another sequence, the same prompt with different completions, an
-// empty scored range, and a range ending before the sequence does.
+// The mixed batch of common/mixed_score_request.h (duplicates, prefixes, empty ranges).
 ScoreRequest make_request(int64_t V, int64_t k, double T) {
-  ScoreRequest q;
-  q.k = k;
-  q.temperature = T;
-  auto a = random_ids(1, 40, V), b = random_ids(2, 17, V), c = random_ids(3, 63, V);
-  q.sequences.push_back({a, 10, 40});
-  q.sequences.push_back({b, 1, 17});
-  q.sequences.push_back({a, 10, 40});                                     // duplicate
-  q.sequences.push_back({std::vector<int32_t>(a.begin(), a.begin() + 25), 5, 25});  // prefix
-  auto a2 = a;
-  for (size_t i = 20; i < a2.size(); ++i) a2[i] = static_cast<int32_t>((a2[i] + 1) % V);
-  q.sequences.push_back({a2, 20, 40});                                    // same prompt
-  q.sequences.push_back({b, 9, 9});                                       // nothing scored
-  q.sequences.push_back({c, 30, 50});                                     // ends early
-  return q;
+  return test::mixed_score_request(V, k, T, /*with_ranks=*/false);
 }
 
 void expect_matches_dense(const std::string& model_name, int64_t k, double T) {
@@ -199,8 +178,8 @@ TEST(Scorer, LimitsBoundTheRequest) {
   CpuScorer scorer(test::fixture_path("models/qwen3"), opts);
   ScoreRequest q;
   q.k = 2;
-  q.sequences.push_back({random_ids(9, 60, 96), 1, 60});
-  q.sequences.push_back({random_ids(8, 60, 96), 1, 2});
+  q.sequences.push_back({test::philox_ids(9, 7, 60, 96), 1, 60});
+  q.sequences.push_back({test::philox_ids(8, 7, 60, 96), 1, 2});
   try {
     scorer.score(q);
     ADD_FAILURE() << "over the token limit";

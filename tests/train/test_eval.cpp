@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "core/error.h"
 #include "data/dataset.h"
@@ -31,14 +32,11 @@ namespace fs = std::filesystem;
 
 constexpr int32_t kEos = 256;  // the demo tokenizer's EOS (test_util.h)
 
-class EvalTeacherTest : public ::testing::Test {
+class EvalTeacherTest : public test::RunDirTest {
  protected:
+  EvalTeacherTest() : RunDirTest("opd_eval_") {}
   void SetUp() override {
-    // Per-process: the plain and _asan suites run concurrently.
-    root_ = fs::temp_directory_path() / ("opd_eval_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    RunDirTest::SetUp();
     const std::string tok = test::source_dir() + "/demo/tokenizer";
     // std 0.1 (not 0.02) so the distributions are far from uniform and differ between models.
     save_model_dir(path("student"), test::tiny_demo_config(32, 1),
@@ -52,8 +50,6 @@ class EvalTeacherTest : public ::testing::Test {
       f << "]}\n";
     }
   }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   Dataset prompts() const {
     Tokenizer tok = Tokenizer::load(test::source_dir() + "/demo/tokenizer");
@@ -62,8 +58,6 @@ class EvalTeacherTest : public ::testing::Test {
     o.require_completion = false;
     return Dataset::load({path("prompts.jsonl")}, enc, nullptr, o);
   }
-
-  fs::path root_;
 };
 
 // log_softmax(z / T)[id] at every position of `seq` (dense: the test's reference).

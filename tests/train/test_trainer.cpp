@@ -11,11 +11,14 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/checkpoint_weights.h"
 #include "common/python_oracle.h"
+#include "common/run_dir_test.h"
 #include "common/test_util.h"
 #include "core/error.h"
 #include "model/init.h"
@@ -32,23 +35,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public test::TinyDistillationTest {
  protected:
+  TrainerTest() : TinyDistillationTest("opd_trainer_", 24) {}
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("opd_trainer_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    test::write_tiny_distillation(root_.string(), 24);
+    TinyDistillationTest::SetUp();
     std::ofstream eval(path("eval.jsonl"));
     eval << "{\"prompt\": \"1+2=\", \"completion\": \"3\"}\n{\"prompt\": \"10+5=\", \"completion\": \"15\"}\n";
     clear_stop_request();
   }
   void TearDown() override {
     clear_stop_request();
-    fs::remove_all(root_);
+    TinyDistillationTest::TearDown();
   }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
 
   TrainOptions base(const std::string& out) const {
     TrainOptions o;
@@ -67,27 +66,28 @@ class TrainerTest : public ::testing::Test {
     o.lmbda = 0.5;
     return o;
   }
-
-  fs::path root_;
 };
 
-std::map<std::string, Tensor> final_model(const std::string& out) {
-  auto list = list_checkpoints(out + "/checkpoints");
-  EXPECT_FALSE(list.empty());
-  SafetensorsFile f = SafetensorsFile::open(list.back() + "/model.safetensors");
-  std::map<std::string, Tensor> m;
-  for (const auto& n : f.names()) m[n] = f.get(n).clone();
-  return m;
-}
+using test::expect_bitwise_equal;
+using test::final_weights;
 
-void expect_bitwise_equal(const std::map<std::string, Tensor>& a,
-                          const std::map<std::string, Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    const Tensor& u = b.at(name);
-    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
-    EXPECT_EQ(0, std::memcmp(t.raw(), u.raw(), t.nbytes())) << name << " differs";
-  }
+// Runs `o` while a watcher thread raises SIGTERM (as a stop signal arriving mid-run would) once
+// `ready()` holds, polled every millisecond; returns the interrupted run's result.
+TrainResult train_until_sigterm(const TrainOptions& o, const std::function<bool()>& ready) {
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    while (!done) {
+      if (ready()) {
+        std::raise(SIGTERM);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  TrainResult r = train(o);
+  done = true;
+  killer.join();
+  return r;
 }
 
 TEST_F(TrainerTest, SftLossIsTheMeanCrossEntropyOfTheStep) {
@@ -246,22 +246,11 @@ TEST_F(TrainerTest, StopSignalCheckpointsAndResumeIsBitwiseExact) {
   train(full);
 
   TrainOptions part = base("part");
-  std::atomic<bool> done{false};
-  std::thread killer([&] {
-    // SIGTERM once the run has finished its second step.
-    while (!done) {
-      int64_t torn = 0;
-      if (fs::exists(part.out + "/metrics.jsonl") &&
-          MetricsLog::read(part.out + "/metrics.jsonl", &torn).size() >= 2) {
-        std::raise(SIGTERM);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  TrainResult r1 = train_until_sigterm(part, [&] {  // once the run has finished its second step
+    int64_t torn = 0;
+    return fs::exists(part.out + "/metrics.jsonl") &&
+           MetricsLog::read(part.out + "/metrics.jsonl", &torn).size() >= 2;
   });
-  TrainResult r1 = train(part);
-  done = true;
-  killer.join();
   ASSERT_TRUE(r1.stopped_by_signal);
   ASSERT_LT(r1.steps, 6);
   ASSERT_FALSE(r1.last_checkpoint.empty());
@@ -269,7 +258,7 @@ TEST_F(TrainerTest, StopSignalCheckpointsAndResumeIsBitwiseExact) {
   TrainResult r2 = train(part);
   EXPECT_EQ(r2.first_step, r1.steps);
   EXPECT_EQ(r2.steps, 6);
-  expect_bitwise_equal(final_model(full.out), final_model(part.out));
+  expect_bitwise_equal(final_weights(full.out), final_weights(part.out));
   // No step appears twice in the metrics of the resumed run.
   std::set<int64_t> seen;
   for (const auto& l : MetricsLog::read(part.out + "/metrics.jsonl"))
@@ -288,19 +277,8 @@ TEST_F(TrainerTest, CorruptCheckpointIsRefusedAndThePreviousOneResumes) {
   // stopping early through a corrupt tail instead: train 4 of 6 steps with a cosine over 6.
   part.lr_scheduler_type = full.lr_scheduler_type;
   part.max_steps = 6;
-  std::atomic<bool> done{false};
-  std::thread killer([&] {
-    while (!done) {
-      if (list_checkpoints(part.out + "/checkpoints").size() >= 2) {
-        std::raise(SIGTERM);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
-  TrainResult r1 = train(part);
-  done = true;
-  killer.join();
+  TrainResult r1 = train_until_sigterm(
+      part, [&] { return list_checkpoints(part.out + "/checkpoints").size() >= 2; });
   clear_stop_request();
   auto list = list_checkpoints(part.out + "/checkpoints");
   ASSERT_GE(list.size(), 2u);
@@ -320,7 +298,7 @@ TEST_F(TrainerTest, CorruptCheckpointIsRefusedAndThePreviousOneResumes) {
   const int64_t previous = load_checkpoint(list[list.size() - 2]).step;
   EXPECT_EQ(r2.first_step, previous) << "resumed from the checkpoint before the corrupt one";
   EXPECT_EQ(r2.steps, 6);
-  expect_bitwise_equal(final_model(full.out), final_model(part.out));
+  expect_bitwise_equal(final_weights(full.out), final_weights(part.out));
   (void)r1;
 }
 
