@@ -17,6 +17,7 @@
 // id mismatch at a position is accepted only when the exact logits of the two ids are within
 // kNearTie, and such swaps are counted and must stay rare. Logprobs are compared position by
 // position (sorted values do not depend on which of two near-tied ids is listed first).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +29,8 @@
 #include <vector>
 
 #include "core/cuda/allocator.h"  // DeviceBuffer, current_stream
+#include "core/cuda/stream.h"     // Stream
+#include "kernels/cuda/tile_pipeline.h"
 #include "core/philox.h"
 #include "cuda/cuda_test_util.h"
 #include "teacher/topk_lm_head.h"
@@ -468,6 +471,97 @@ TEST(CudaTopKLmHead, OverlapOnEqualsOffBitForBit) {
       expect_same_outputs(off, on);
     }
   }
+}
+
+// A stream under graph capture never forks (the side stream is shared across calls): the
+// pipeline runs the serial schedule, the capture ends without an unjoined-stream error, and the
+// replayed graph gives the eager serial run's outputs bit for bit.
+TEST(CudaTopKLmHead, OverlapUnderGraphCaptureRunsTheSerialSchedule) {
+  REQUIRE_GPU();
+  const LogitCase c{"capture", 5, 3001, 64, 700, 2, 0.7, 16, true};
+  const RawOutputs eager = run_logit_case(c, 900, cuda::TileOverlap::Off);
+  std::vector<float> z(static_cast<size_t>(c.n * c.v));
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t j = 0; j < c.v; ++j) {  // run_logit_case's logits for seed 900
+      const double x = 16 * philox_uniform(900, static_cast<uint64_t>(r), static_cast<uint64_t>(j)) - 8;
+      z[static_cast<size_t>(r * c.v + j)] = static_cast<float>(r % 2 == 0 ? std::round(x * 8) / 8 : x);
+    }
+  const std::vector<int32_t> actual = make_actual(c.n, c.v, 901);
+  // Everything allocated and initialized before the capture (no allocation inside it).
+  Tensor logits = Tensor::from_vector(z, {c.n, c.v}).to(Device::CUDA);
+  Tensor actual_dev = Tensor::from_vector(actual, {c.n}).to(Device::CUDA);
+  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n * c.k), -7),
+                                   {c.n * c.k}).to(Device::CUDA);
+  Tensor lps = dev_poison({c.n * c.k}, DType::F32);
+  Tensor act = dev_poison({c.n}, DType::F32);
+  Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n), -7), {c.n})
+                     .to(Device::CUDA);
+  Tensor flags = Tensor::from_vector(std::vector<int32_t>(3, -1), {3}).to(Device::CUDA);
+  cuda::TopKLmHeadCudaArgs a;
+  a.logits = logits.data<float>();
+  a.rows = c.n;
+  a.vocab = c.v;
+  a.actual = actual_dev.data<int32_t>();
+  a.k = c.k;
+  a.temperature = c.t;
+  a.want_ranks = c.ranks;
+  a.vocab_tile = c.tile;
+  a.row_chunk = c.chunk;
+  a.candidate_capacity = c.cand_cap;
+  a.overlap_tiles = cuda::TileOverlap::On;
+  a.ids = ids.data<int32_t>();
+  a.logprobs = lps.data<float>();
+  a.actual_logprobs = act.data<float>();
+  a.actual_ranks = ranks.data<int32_t>();
+  a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
+  cuda::Stream stream;
+  cuda::DeviceBuffer ws(cuda::topk_lm_head_cuda_workspace_bytes(c.n, c.v, c.k, c.tile, c.chunk,
+                                                                cuda::TileOverlap::On),
+                        stream.get());
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  OPD_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+  {
+    cuda::TilePipeline probe(stream.get(), cuda::TileOverlap::On);
+    EXPECT_FALSE(probe.overlapped()) << "a capturing stream must not fork";
+    EXPECT_EQ(probe.slots(), 1);
+  }
+  cuda::topk_lm_head_cuda(a, ws.get(), stream.get());
+  cudaGraph_t graph = nullptr;
+  OPD_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  OPD_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  OPD_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  OPD_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  OPD_CUDA_CHECK(cudaGraphDestroy(graph));
+  const RawOutputs captured{ids.to(Device::CPU), lps.to(Device::CPU), act.to(Device::CPU),
+                            ranks.to(Device::CPU), flags.to(Device::CPU)};
+  expect_same_outputs(eager, captured);
+}
+
+// The serial schedule needs no device: one slot, every stream is the caller's, steps in order.
+TEST(CudaTopKLmHead, TilePipelineOffIsTheCallersStreamInOrder) {
+  cudaStream_t fake = reinterpret_cast<cudaStream_t>(0x1234);  // never used by the Off path
+  cuda::TilePipeline p(fake, cuda::TileOverlap::Off);
+  EXPECT_FALSE(p.overlapped());
+  EXPECT_EQ(p.slots(), 1);
+  for (int64_t step = 0; step < 3; ++step) {
+    EXPECT_EQ(p.slot(step), 0);
+    EXPECT_EQ(p.produce(step), fake);
+    EXPECT_EQ(p.consume(step), fake);
+    p.consumed(step);
+  }
+  EXPECT_NE(error_message([&] { p.produce(7); }, ErrorKind::Internal).find("out of order"),
+            std::string::npos);
+  p.finish();
+  // The process default can be replaced (benches time both modes in one run) and restored.
+  const cuda::TileOverlap before = cuda::tile_overlap_default();
+  cuda::set_tile_overlap_default(cuda::TileOverlap::On);
+  EXPECT_EQ(cuda::tile_overlap_default(), cuda::TileOverlap::On);
+  cuda::set_tile_overlap_default(cuda::TileOverlap::Off);
+  EXPECT_EQ(cuda::tile_overlap_default(), cuda::TileOverlap::Off);
+  cuda::set_tile_overlap_default(before);
+  EXPECT_STREQ(cuda::tile_overlap_name(cuda::TileOverlap::On), "on");
 }
 
 TEST(CudaTopKLmHead, OverlapWorkspaceHoldsOneMoreTile) {
