@@ -6,7 +6,7 @@
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
 #        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|gemm-prof|anchor|product|memory|pdl|
-#        attn-bwd|attn-bwd5|context|dg3]
+#        attn-bwd|attn-bwd5|context|dg3|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
 # tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
@@ -44,6 +44,13 @@
 # decode_gemm` (v3 and v2 rows beside cuBLASLt, then the split/row sweeps), `opd bench rollout
 # --runs 3` with cuBLASLt and with the decode GEMM (OPD_DECODE_GEMM=v3), and gemm-prof's ncu
 # metrics on the decode_gemm.* cases.
+# overlap (~4-6 min, at most 570 s, issues 7/8; = overlap-tests then overlap-bench): the lm_head
+# tile GEMMs overlapping the row kernels on a second stream (OPD_LMHEAD_OVERLAP, off by
+# default; never run on a GPU before): the top-K and fused-loss tests (on == off bit for bit),
+# the same suites' CPU comparisons with the process default on (OPD_LMHEAD_OVERLAP=1), memcheck
+# of the small overlap cases, racecheck of the top-K row kernels through the pipeline (given
+# logits, no GEMM), then `opd bench kernels --filter topk`, `opd bench loss` and `opd bench score
+# --no-server`, each with the overlap off and on in the same run (--lmhead-overlap).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -504,6 +511,29 @@ if [[ "$what" == attn-bwd5 ]]; then
   run bench_attn 75 $B/opd bench attention --iters 30 --warmup 5
   run torch_attn 75 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
   grep -h "bwd-wgmma\|summary" -A4 "$OUT/bench_attn.log" 2>/dev/null | head -40
+fi
+if [[ "$what" == overlap || "$what" == overlap-tests ]]; then
+  run ovl_tests 140 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaFusedLoss.*'
+  # The CPU comparisons with the process default on: the scorer's wrapper (topk_lm_head_device)
+  # and the loss's default options (the dispatcher runs of the sweep) pick it up.
+  run ovl_tests_env 100 env OPD_LMHEAD_OVERLAP=1 $B/test_cuda \
+      --gtest_filter='CudaFusedLoss.MatchesCpu*:CudaFusedLoss.OddShapes:CudaFusedLoss.PeakScratch*:CudaTopKLmHead.DeterministicBitIdentical:CudaTopKLmHead.BadActual*:CudaTopKLmHead.DeviceMemory*:CudaScorer.*'
+  run ovl_memcheck 80 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaTopKLmHead.RowKernelsOverlapOnEqualsOffOnGivenLogits:CudaFusedLoss.OverlapSmallForMemcheck'
+  # The loss's row kernels cannot be raced here: every loss test runs cuBLAS GEMMs, which fault
+  # under racecheck by themselves (docs/teacher.md). The top-K row kernels read the side
+  # stream's tile copies in this test (no GEMM).
+  run ovl_racecheck 50 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=topk_ $B/test_cuda \
+      --gtest_filter='CudaTopKLmHead.RowKernelsOverlapOnEqualsOffOnGivenLogits'
+fi
+if [[ "$what" == overlap || "$what" == overlap-bench ]]; then
+  run ovl_bench_kernels 40 $B/opd bench kernels --filter topk --lmhead-overlap
+  run ovl_bench_loss 60 $B/opd bench loss --lmhead-overlap
+  run ovl_bench_score 100 $B/opd bench score --no-server --lmhead-overlap
+  grep -h "topk_lm_head\|overlap\|ratio fused\|fused loss fwd\|in-process" \
+      "$OUT"/ovl_bench_*.log 2>/dev/null | grep -v '^{' | head -60
+  # (the step limits of overlap add up to 570 s: one 10-minute device call)
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
