@@ -404,32 +404,32 @@ if [[ "$what" == pdl ]]; then
   run bench_sample 60 $B/opd bench kernels --filter sample
 fi
 if [[ "$what" == next6a ]]; then
-  # Planned first call of session 6 (nvidia-h200-x2, ~8-9 min): everything session 5 merged
-  # without a GPU run. GPU 0: the whole suite (wgmma backward, context prefill, the shared wgmma
-  # tile loader under the default forward). GPU 1 meanwhile: attention fwd+bwd rows with the
-  # PyTorch twin in the same call, the rollout (default; chunked prompts with and without the
-  # context prefill), scoring with shared prompts, W1. Then W2 with ZeRO-1 and ZeRO-2 and the
-  # rollout split per rank count (time/rollout/*).
+  # Planned first call of session 7 (nvidia-h200-x2, ~9-10 min): everything merged in sessions 5
+  # and 6 without a GPU run. GPU 0: the whole suite (wgmma backward, context prefill, decode
+  # GEMM v2/v3, lm_head overlap on/off bit-identity, the PDL triggers, the shared wgmma tile
+  # loader) minus the 5-product backward's tests (own call: attn-bwd5, a lock chain that waits
+  # must not stall the suite). GPU 1 meanwhile: the rollout with cuBLASLt and with decode GEMM
+  # v3, the decode GEMM rows (v3 / v2 / cuBLASLt), scoring with shared prompts (+- context
+  # prefill) and with the lm_head overlap, the loss head with the overlap. Then W2 (ZeRO-2) with
+  # the ranks' spread (time/ranks_*) and the rollout split. The attention benches are in
+  # attn-bwd5, W1 with its HF anchor in next6b.
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
   ( export CUDA_VISIBLE_DEVICES=1
-    # Line-buffered: rows measured before a stuck variant (the new wgmma-dq one has a
-    # lock chain) survive the timeout.
-    timeout 150 stdbuf -oL $B/opd bench attention --iters 30 --warmup 5 >"$OUT/bench_attn.log" 2>&1
-    timeout 150 python3 tools/bench_attention_torch.py --iters 30 --warmup 5 >"$OUT/torch_attn.log" 2>&1
     timeout 40 $B/opd bench rollout --runs 3 >"$OUT/rollout.log" 2>&1
+    timeout 50 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm >>"$OUT/rollout.log" 2>&1
+    timeout 80 stdbuf -oL $B/opd bench kernels --filter decode_gemm. >"$OUT/dg_bench.log" 2>&1
     for c in "" "--context-prefill"; do  # off (the default), then on
-      timeout 60 $B/opd bench rollout --runs 3 --max-step-tokens 128 $c >>"$OUT/rollout.log" 2>&1
       timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt always $c >>"$OUT/score.log" 2>&1
     done
     timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt never >>"$OUT/score.log" 2>&1
-    timeout 150 $B/opd bench w1 --work-dir /tmp/opd_w1 >"$OUT/w1.log" 2>&1
+    timeout 60 $B/opd bench score --no-server --lmhead-overlap >>"$OUT/score.log" 2>&1
+    timeout 80 $B/opd bench loss --lmhead-overlap >"$OUT/loss.log" 2>&1
   ) &
-  # The 5-product backward's tests run in their own call (attn-bwd5): a lock chain that waits
-  # must not stall the whole suite.
-  run cuda 300 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='-*FiveProduct*'
+  run cuda 330 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='-*FiveProduct*'
   wait
-  grep -h "summary" -A5 "$OUT/bench_attn.log"; grep -h "^opd:" "$OUT/rollout.log"; tail -6 "$OUT/w1.log"
-  # ZeRO-2 first (the thinner margin); ZeRO-1 only while the 10-minute call has room for it.
+  grep -h "^opd:\|decode step" "$OUT/rollout.log"; grep -h "v3\|v2" "$OUT/dg_bench.log" | head -24
+  grep -h "in process\|scored tok\|overlap" "$OUT/score.log" | head -20
+  # ZeRO-2 (the thinner margin of issue 9); ZeRO-1 only while the 10-minute call has room.
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
   grep -h "rollout split" -A14 "$OUT/bench_w2_z2.log"
   if (( SECONDS < 440 )); then run bench_w2_z1 130 $B/opd bench w2 --nproc 2 --zero-stage 1; fi
