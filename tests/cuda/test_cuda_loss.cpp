@@ -341,17 +341,19 @@ TEST(CudaFusedLoss, MatchesCpuBf16Bf16Tile) {
 struct OddShape {
   int64_t n, h, v, k, tile, chunk, vt;
 };
-
 // N = 1, K = 1, K = V - 1, V not a multiple of the tile, tiles of 3 columns (no 16-byte vector),
 // a tile of 3 columns after 4096, odd H, one-row chunks, a 64 KB shared dZ row (tile 16,384),
-// a teacher vocabulary larger than the student's (full mode, clip-to-student). (Not K = V:
-// there the student tail is 0 up to rounding, and whether it clamps is decided by rounding.)
+// a teacher vocabulary larger than the student's (full mode, clip-to-student).
+const std::vector<OddShape> kOddShapes{
+    {1, 8, 5, 1, 4, 0, -1},          {3, 37, 257, 1, 64, 1, -1}, {130, 96, 4099, 16, 4096, 0, -1},
+    {5, 16, 11, 10, 3, 2, -1},       {300, 128, 3001, 64, 1000, 128, -1},
+    {4, 32, 20000, 8, 16384, 0, -1}, {6, 24, 300, 4, 128, 4, 313}};
+
+// kOddShapes against the CPU. (Not K = V: there the student tail is 0 up to rounding, and
+// whether it clamps is decided by rounding.)
 TEST(CudaFusedLoss, OddShapes) {
   REQUIRE_GPU();
-  const std::vector<OddShape> shapes{
-      {1, 8, 5, 1, 4, 0, -1},        {3, 37, 257, 1, 64, 1, -1},   {130, 96, 4099, 16, 4096, 0, -1},
-      {5, 16, 11, 10, 3, 2, -1},     {300, 128, 3001, 64, 1000, 128, -1},
-      {4, 32, 20000, 8, 16384, 0, -1}, {6, 24, 300, 4, 128, 4, 313}};
+  const std::vector<OddShape>& shapes = kOddShapes;
   for (DType dt : {DType::F32, DType::BF16}) {
     Worst worst;
     const Tol tol = dt == DType::F32 ? Tol{1e-5, 1e-4, 1e-4} : Tol{1e-4, 8e-3, 2e-2};
@@ -481,14 +483,10 @@ TEST(CudaFusedLoss, OverlapOnEqualsOffBitForBit) {
   }
 }
 
-// Every shape of OddShapes (N = 1, tiles of 3 columns, one-row chunks, a 64 KB shared dZ row, a
-// larger teacher vocabulary) with the overlap on equals off.
+// Every shape of kOddShapes with the overlap on equals off.
 TEST(CudaFusedLoss, OverlapOnEqualsOffOnOddShapes) {
   REQUIRE_GPU();
-  const std::vector<OddShape> shapes{
-      {1, 8, 5, 1, 4, 0, -1},        {3, 37, 257, 1, 64, 1, -1},   {130, 96, 4099, 16, 4096, 0, -1},
-      {5, 16, 11, 10, 3, 2, -1},     {300, 128, 3001, 64, 1000, 128, -1},
-      {4, 32, 20000, 8, 16384, 0, -1}, {6, 24, 300, 4, 128, 4, 313}};
+  const std::vector<OddShape>& shapes = kOddShapes;
   for (DType dt : {DType::F32, DType::BF16}) {
     for (const OddShape& s : shapes) {
       const Problem p = make_problem(s.n, s.h, s.v, s.k, dt, 60 + s.n, s.vt);

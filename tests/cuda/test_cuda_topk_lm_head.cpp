@@ -284,6 +284,35 @@ void expect_same_outputs(const RawOutputs& off, const RawOutputs& on) {
   EXPECT_TRUE(same_bits(off.flags, on.flags)) << "error flags differ with the overlap on";
 }
 
+// One low-level call on the inputs set in `a` (logits, or hidden + lm_head; sizes, K, T, tiles):
+// poisoned outputs (ids -7, logprobs NaN) bound into it, the workspace for `overlap`, host
+// copies back; every error flag must stay -1.
+RawOutputs run_raw(cuda::TopKLmHeadCudaArgs a, cuda::TileOverlap overlap) {
+  const int64_t n = a.rows, k = a.k;
+  const int64_t entries = std::max<int64_t>(1, n * k);  // no zero-byte device tensors
+  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(entries), -7),
+                                   {entries}).to(Device::CUDA);
+  Tensor lps = dev_poison({entries}, DType::F32);
+  Tensor act = dev_poison({n}, DType::F32);
+  Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(n), -7), {n})
+                     .to(Device::CUDA);
+  Tensor flags = Tensor::from_vector(std::vector<int32_t>(3, -1), {3}).to(Device::CUDA);
+  a.overlap_tiles = overlap;
+  a.ids = k > 0 ? ids.data<int32_t>() : nullptr;
+  a.logprobs = k > 0 ? lps.data<float>() : nullptr;
+  a.actual_logprobs = act.data<float>();
+  a.actual_ranks = a.want_ranks ? ranks.data<int32_t>() : nullptr;
+  a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
+  cuda::DeviceBuffer ws(
+      cuda::topk_lm_head_cuda_workspace_bytes(n, a.vocab, k, a.vocab_tile, a.row_chunk, overlap),
+      cuda::current_stream());
+  cuda::topk_lm_head_cuda(a, ws.get(), cuda::current_stream());
+  RawOutputs o{ids.to(Device::CPU), lps.to(Device::CPU), act.to(Device::CPU),
+               ranks.to(Device::CPU), flags.to(Device::CPU)};
+  for (int f = 0; f < 3; ++f) EXPECT_EQ(o.flags.data<int32_t>()[f], -1) << "error flag " << f;
+  return o;
+}
+
 RawOutputs run_logit_case(const LogitCase& c, uint64_t seed,
                           cuda::TileOverlap overlap = cuda::TileOverlap::Off) {
   SCOPED_TRACE(std::string(c.name) + " overlap " + cuda::tile_overlap_name(overlap));
@@ -299,14 +328,6 @@ RawOutputs run_logit_case(const LogitCase& c, uint64_t seed,
 
   Tensor logits = Tensor::from_vector(z, {c.n, c.v}).to(Device::CUDA);
   Tensor actual_dev = Tensor::from_vector(actual, {c.n}).to(Device::CUDA);
-  const int64_t entries = std::max<int64_t>(1, c.n * c.k);  // no zero-byte device tensors
-  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(entries), -7),
-                                   {entries}).to(Device::CUDA);
-  Tensor lps = dev_poison({entries}, DType::F32);
-  Tensor act = dev_poison({c.n}, DType::F32);
-  Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n), -7), {c.n})
-                     .to(Device::CUDA);
-  Tensor flags = Tensor::from_vector(std::vector<int32_t>(3, -1), {3}).to(Device::CUDA);
   cuda::TopKLmHeadCudaArgs a;
   a.logits = logits.data<float>();
   a.rows = c.n;
@@ -318,20 +339,8 @@ RawOutputs run_logit_case(const LogitCase& c, uint64_t seed,
   a.vocab_tile = c.tile;
   a.row_chunk = c.chunk;
   a.candidate_capacity = c.cand_cap;
-  a.overlap_tiles = overlap;
-  a.ids = c.k > 0 ? ids.data<int32_t>() : nullptr;
-  a.logprobs = c.k > 0 ? lps.data<float>() : nullptr;
-  a.actual_logprobs = act.data<float>();
-  a.actual_ranks = c.ranks ? ranks.data<int32_t>() : nullptr;
-  a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
-  cuda::DeviceBuffer ws(
-      cuda::topk_lm_head_cuda_workspace_bytes(c.n, c.v, c.k, c.tile, c.chunk, overlap),
-      cuda::current_stream());
-  cuda::topk_lm_head_cuda(a, ws.get(), cuda::current_stream());
-
-  const Tensor hf = flags.to(Device::CPU), hi = ids.to(Device::CPU), hl = lps.to(Device::CPU),
-               ha = act.to(Device::CPU), hr = ranks.to(Device::CPU);
-  for (int f = 0; f < 3; ++f) EXPECT_EQ(hf.data<int32_t>()[f], -1) << "error flag " << f;
+  const RawOutputs o = run_raw(a, overlap);
+  const Tensor &hi = o.ids, &hl = o.logprobs, &ha = o.actual_logprobs, &hr = o.ranks;
   int64_t bad_ids = 0;
   for (int64_t i = 0; i < c.n * c.k; ++i) {
     bad_ids += hi.data<int32_t>()[i] != ref.ids[static_cast<size_t>(i)];
@@ -353,7 +362,7 @@ RawOutputs run_logit_case(const LogitCase& c, uint64_t seed,
     }
     if (c.ranks) EXPECT_EQ(hr.data<int32_t>()[r], ref.ranks[static_cast<size_t>(r)]) << "row " << r;
   }
-  return RawOutputs{hi, hl, ha, hr, hf};
+  return o;
 }
 
 TEST(CudaTopKLmHead, RowKernelsOnGivenLogitsMatchDenseReference) {
@@ -403,14 +412,6 @@ TEST(CudaTopKLmHead, RowKernelsOverlapOnEqualsOffOnGivenLogits) {
 // f32, outputs NaN / -7 poisoned before each run; the two runs share inputs.
 RawOutputs run_gemm_overlap(const TopKCase& c, DType dt, const Tensor& hid, const Tensor& w,
                             const Tensor& actual, cuda::TileOverlap overlap) {
-  const int64_t entries = std::max<int64_t>(1, c.n * c.k);
-  Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(entries), -7),
-                                   {entries}).to(Device::CUDA);
-  Tensor lps = dev_poison({entries}, DType::F32);
-  Tensor act = dev_poison({c.n}, DType::F32);
-  Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(c.n), -7), {c.n})
-                     .to(Device::CUDA);
-  Tensor flags = Tensor::from_vector(std::vector<int32_t>(3, -1), {3}).to(Device::CUDA);
   cuda::TopKLmHeadCudaArgs a;
   a.hidden = hid.raw();
   a.lm_head = w.raw();
@@ -424,19 +425,7 @@ RawOutputs run_gemm_overlap(const TopKCase& c, DType dt, const Tensor& hid, cons
   a.want_ranks = c.ranks;
   a.vocab_tile = c.tile;
   a.row_chunk = c.chunk;
-  a.overlap_tiles = overlap;
-  a.ids = c.k > 0 ? ids.data<int32_t>() : nullptr;
-  a.logprobs = c.k > 0 ? lps.data<float>() : nullptr;
-  a.actual_logprobs = act.data<float>();
-  a.actual_ranks = c.ranks ? ranks.data<int32_t>() : nullptr;
-  a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
-  cuda::DeviceBuffer ws(
-      cuda::topk_lm_head_cuda_workspace_bytes(c.n, c.v, c.k, c.tile, c.chunk, overlap),
-      cuda::current_stream());
-  cuda::topk_lm_head_cuda(a, ws.get(), cuda::current_stream());
-  RawOutputs o{ids.to(Device::CPU), lps.to(Device::CPU), act.to(Device::CPU),
-               ranks.to(Device::CPU), flags.to(Device::CPU)};
-  for (int f = 0; f < 3; ++f) EXPECT_EQ(o.flags.data<int32_t>()[f], -1) << "error flag " << f;
+  RawOutputs o = run_raw(a, overlap);
   if (c.k > 0) EXPECT_FALSE(std::isnan(o.logprobs.data<float>()[0])) << "outputs not written";
   return o;
 }

@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
-        wg::wgmma_m64n64k16_ss_ta_tb(dq_acc, dsd[kk], kbd[kk], kk > 0 ? 1 : 0);
+        wg::wgmma_m64n64k16_ss<1, 1>(dq_acc, dsd[kk], kbd[kk], kk > 0 ? 1 : 0);
       }
       wg::wgmma_commit();
       const int h = step_head(it);
