@@ -56,6 +56,7 @@
 
 #include "core/cuda/stream.h"  // check_launch, OPD_CUDA_CHECK
 #include "core/error.h"
+#include "kernels/cuda/attention_mma.h"       // attn::ldmatrix_x4
 #include "kernels/cuda/decode_gemm_common.cuh"  // mma, store_fragment, cluster_reduce_store
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/pdl.cuh"  // pdl_wait, pdl_launch_dependents
@@ -64,6 +65,7 @@ namespace opd::cuda {
 namespace {
 
 using namespace decode_gemm_dev;
+using attn::ldmatrix_x4;
 
 constexpr int kMaxStages = 4;
 constexpr int kMinStageBytes = 256;     // per row and stage
@@ -137,11 +139,6 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
