@@ -71,7 +71,6 @@ TEST(ChatTemplateFuzz, Regressions) {
       {"conditional chain", "{{ 1 " + repeat("if 1 else 2 ", 100000) + "}}", "nesting deeper than"},
       {"long + chain", "{{ 1" + repeat("+1", 100000) + " }}", "nested deeper than"},
       {"recursive macro", "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}", "nested deeper than"},
-      {"loop over big ranges", "{% for i in range(100000) %}{{ range(100000)|length }}{% endfor %}", "work units"},
       {"loop over a huge string", "{% for i in range(9) %}{% for c in 'abcd' * 5000000 %}{% endfor %}{% endfor %}",
        "work units"},
       {"quadratic unique", "{{ range(100000)|unique|length }}", "work units"},
