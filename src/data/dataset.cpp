@@ -318,7 +318,7 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
         ojson obj;
         try {
           obj = ojson::parse(line);
-        } catch (const ojson::parse_error& e) {
+        } catch (const ojson::exception& e) {  // parse_error, and out_of_range for 1e999
           bad(cat("invalid JSON: ", e.what()));
         }
         if (!obj.is_object()) bad(std::string("expected a JSON object, got ") + json_type(obj));

@@ -2604,7 +2604,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   if (file_exists(cfg_path)) {
     try {
       cfg = nlohmann::json::parse(read_text_file(cfg_path));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // out_of_range too (1e999)
       OPD_FAIL(InvalidData, cfg_path, ": invalid JSON: ", e.what());
     }
   }
