@@ -217,8 +217,10 @@ void mutate_json(Json& j, FuzzRng& rng, std::string* log) {
     }
     case 3:
       if (v.is_number_integer()) {
-        const int64_t x = v.template get<int64_t>();
-        const int64_t opts[] = {0, -1, x + 1, x - 1, x * 2, INT64_MAX, INT64_MIN, int64_t{1} << 31, int64_t{1} << 32};
+        // Wrapping neighbours (through uint64): the fuzzer itself must not overflow.
+        const uint64_t x = static_cast<uint64_t>(v.template get<int64_t>());
+        const int64_t opts[] = {0, -1, static_cast<int64_t>(x + 1), static_cast<int64_t>(x - 1),
+                                static_cast<int64_t>(x * 2), INT64_MAX, INT64_MIN, int64_t{1} << 31, int64_t{1} << 32};
         v = opts[rng.below(std::size(opts))];
         *log += "num ";
       } else if (v.is_array() && !v.empty()) {

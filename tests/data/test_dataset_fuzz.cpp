@@ -72,7 +72,7 @@ TEST(DatasetFuzz, RandomMutations) {
   const std::vector<std::string> dict = {"{", "}", "[", "]", ",", ":", "\"", "null", "-1", "1e999", "\\ud800", "\n",
                                          "\xff", "\xc0\x80", "\xed\xa0\x80", "99999999999999999999", "\"role\"",
                                          "\"content\"", "\"messages\"", "\"prompt_ids\"", "[[[[[[[[[[[[[["};
-  const int iters = test::fuzz_iters(1500);
+  const int iters = test::fuzz_iters(1200);
   int loaded = 0;
   for (int c = 0; c < iters; ++c) {
     test::FuzzRng rng(0xda7a0000u + static_cast<uint64_t>(c));

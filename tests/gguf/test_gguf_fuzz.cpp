@@ -138,7 +138,7 @@ TEST(GgufFuzz, RandomMutations) {
     dict.emplace_back(reinterpret_cast<const char*>(&v), 8);
   }
   dict.push_back("GGUF");
-  const int iters = test::fuzz_iters(3000);
+  const int iters = test::fuzz_iters(2500);
   int ok = 0;
   for (int c = 0; c < iters; ++c) {
     test::FuzzRng rng(0x99af0000u + static_cast<uint64_t>(c));

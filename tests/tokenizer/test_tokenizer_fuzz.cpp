@@ -206,11 +206,12 @@ TEST(RegexFuzz, CatastrophicBacktrackingIsBoundedAndNamed) {
   std::vector<std::pair<size_t, size_t>> spans;
   const std::string text = std::string(5000, 'a') + "b";
   const std::string err = test::error_of([&] { re.find_all(text, spans); });
-  // PCRE2's match limit stops it; the message names the pattern's owner and the limit.
+  // PCRE2's match limit stops it (was an Internal error); the message names the pattern's owner
+  // and the limit. With a PCRE2 whose JIT optimizes this pattern away it may simply finish.
   if (!err.empty()) {
-    EXPECT_NE(err.find("tokenizer.json pre_tokenizer"), std::string::npos) << err;
-    EXPECT_NE(err.find("limit"), std::string::npos) << err;
+    EXPECT_NE(err.find("tokenizer.json pre_tokenizer: regex hit a PCRE2 resource limit"), std::string::npos) << err;
   }
+  std::cout << "[ fuzz     ] (a+)+$ over 5000 'a' + 'b': " << (err.empty() ? "matched" : err.substr(0, 120)) << "\n";
 }
 
 // A small BPE tokenizer.json with a Split(regex) + ByteLevel pre-tokenizer, merges, an added

@@ -46,7 +46,7 @@ TEST(CheckpointFuzz, RandomMutations) {
   const fs::path pristine = root / "pristine";
   fs::copy(victim, pristine, fs::copy_options::recursive);
   const std::vector<std::string> dict = {"{", "}", "\"", ":", ",", "null", "-1", "1e999", "\"..\"", "\"\"", "\"/\""};
-  const int iters = test::fuzz_iters(300);
+  const int iters = test::fuzz_iters(200);
   int loaded = 0;
   for (int c = 0; c < iters; ++c) {
     test::FuzzRng rng(0xc4e00000u + static_cast<uint64_t>(c));
