@@ -130,6 +130,20 @@ TEST(DatasetFuzz, Regressions) {
   o.skip_bad_lines = false;
   const std::string err = test::error_of([&] { Dataset::load({path}, enc, &chat, o); });
   EXPECT_NE(err.find("d.jsonl:1: invalid JSON"), std::string::npos) << err;
+
+  // A line longer than max_line_bytes (here a 1 MB string, the last line without a newline) was
+  // read whole by std::getline: a file without newlines became one string of its size.
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"" << std::string(1 << 20, 'x')
+      << "\", \"completion\": \"b\"}";
+  o.max_line_bytes = 4096;
+  o.skip_bad_lines = true;
+  ASSERT_TRUE(test::accepts("long line", [&] { ds.emplace(Dataset::load({path}, enc, &chat, o)); }));
+  EXPECT_EQ(ds->size(), 1u);
+  EXPECT_EQ(ds->report().bad_lines, 1);
+  o.skip_bad_lines = false;
+  const std::string err2 = test::error_of([&] { Dataset::load({path}, enc, &chat, o); });
+  EXPECT_NE(err2.find("d.jsonl:2: line is longer than 4096 bytes"), std::string::npos) << err2;
   std::filesystem::remove_all(dir);
 }
 
