@@ -94,6 +94,9 @@ ModelConfig gguf_model_config(const GgufFile& g) {
   c.hidden_size = positive(g, p + "embedding_length");
   c.intermediate_size = positive(g, p + "feed_forward_length");
   c.num_hidden_layers = positive(g, p + "block_count");
+  if (c.num_hidden_layers > kMaxModelLayers)
+    OPD_FAIL(InvalidData, g.path(), ": ", p, "block_count = ", c.num_hidden_layers,
+             " is over opd's limit of ", kMaxModelLayers, " layers");
   c.num_attention_heads = positive(g, p + "attention.head_count");
   c.num_key_value_heads = g.find(p + "attention.head_count_kv")
                               ? positive(g, p + "attention.head_count_kv")

@@ -196,6 +196,21 @@ TEST(GgufFuzz, Regressions) {
     const std::string err = test::error_of([&] { gguf_model_config(g); });
     EXPECT_NE(err.find("context_length' = 9223372036854775808 is outside [1, 2^31]"), std::string::npos) << err;
   }
+  // block_count = 2^31: parameter_shapes() would list ~2*10^10 tensors before reading any.
+  {
+    std::string img = GgufBuilder()
+                          .kv_str("general.architecture", "llama")
+                          .kv_u32("llama.block_count", 2147483648u)
+                          .kv_u32("llama.embedding_length", 32)
+                          .kv_u32("llama.feed_forward_length", 32)
+                          .kv_u32("llama.attention.head_count", 2)
+                          .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
+                          .tensor("token_embd.weight", {32, 4}, 0, std::string(32 * 4 * 4, '\0'))
+                          .build();
+    GgufFile g = GgufFile::from_bytes(std::make_shared<const std::string>(img), "layers.gguf");
+    const std::string err = test::error_of([&] { gguf_model_config(g); });
+    EXPECT_NE(err.find("block_count = 2147483648 is over opd's limit of 4096 layers"), std::string::npos) << err;
+  }
   // Arrays of one-byte elements: ~100 bytes of parsed value per file byte. The header-wide
   // element limit stops a small file from allocating gigabytes.
   {

@@ -76,5 +76,24 @@ TEST(ConfigFuzz, RandomMutations) {
   EXPECT_GT(ok, iters / 10);
 }
 
+// num_hidden_layers = 2^31 - 1 passed the size check (<= 2^31) and parameter_shapes() then built
+// ~2*10^10 (name, shape) entries: the deep ASan campaign sat at 4 GB and growing.
+TEST(ConfigFuzz, Regressions) {
+  std::string text;
+  {
+    std::ifstream f(test::fixture_path("configs/qwen3_0_6b/config.json"));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["num_hidden_layers"] = 2147483647;
+  const std::string err = test::error_of([&] { parse_model_config(j.dump(), "layers.json"); });
+  EXPECT_NE(err.find("num_hidden_layers' = 2147483647 is over opd's limit of 4096 layers"), std::string::npos) << err;
+  j["num_hidden_layers"] = 4096;
+  j.erase("layer_types");
+  EXPECT_EQ(parse_model_config(j.dump(), "layers.json").num_hidden_layers, 4096);
+}
+
 }  // namespace
 }  // namespace opd
