@@ -28,7 +28,7 @@ nlohmann::ordered_json read_json_file(const std::string& path) {
   ss << f.rdbuf();
   try {
     return nlohmann::ordered_json::parse(ss.str());
-  } catch (const nlohmann::ordered_json::parse_error& e) {
+  } catch (const nlohmann::ordered_json::exception& e) {  // out_of_range too (1e999)
     OPD_FAIL(InvalidData, path, ": invalid JSON: ", e.what());
   }
 }
@@ -67,7 +67,7 @@ void run_chat_template(const ChatTemplateCliOptions& o) {
     OPD_CHECK(eq != std::string::npos && eq > 0, InvalidArgument, "--var takes KEY=JSON, got '", kv, "'");
     try {
       opt.extra[kv.substr(0, eq)] = nlohmann::ordered_json::parse(kv.substr(eq + 1));
-    } catch (const nlohmann::ordered_json::parse_error&) {
+    } catch (const nlohmann::ordered_json::exception&) {
       opt.extra[kv.substr(0, eq)] = kv.substr(eq + 1);  // a bare word is a string
     }
   }

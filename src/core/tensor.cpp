@@ -15,7 +15,10 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     OPD_CHECK(d >= 0, InvalidArgument, "negative dimension in shape ", shape_str(shape));
-    n *= d;
+    // Shapes can come from files (config.json, GGUF, safetensors): a product past int64 is an
+    // error, not a wrapped (small) element count.
+    OPD_CHECK(!__builtin_mul_overflow(n, d, &n), InvalidArgument, "element count of shape ",
+              shape_str(shape), " overflows int64");
   }
   return n;
 }
@@ -47,6 +50,8 @@ Counter& counter(Device d) { return g_counters[static_cast<int>(d)]; }
 class HostStorage final : public Storage {
  public:
   explicit HostStorage(size_t bytes) {
+    // A byte count near 2^64 would round up to a tiny allocation.
+    if (bytes > (size_t{1} << 62)) OPD_FAIL(OutOfMemory, "host allocation of ", bytes, " bytes is impossible");
     size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, rounded);
     if (!data_) OPD_FAIL(OutOfMemory, "host allocation of ", bytes, " bytes failed");
@@ -113,7 +118,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, size_t byte_offset, Shape shape
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  size_t bytes = 0;
+  OPD_CHECK(!__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes),
+            OutOfMemory, "tensor of shape ", shape_str(shape), " (", dtype_name(dtype),
+            ") has a byte size past 2^64");
   auto storage = device == Device::CPU ? host_storage(bytes) : device_storage(bytes);
   return Tensor(std::move(storage), 0, shape, dtype);
 }

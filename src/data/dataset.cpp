@@ -18,6 +18,22 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 // A problem with one line's content: becomes "file:line: problem", or a counted skip.
+// std::getline with a bound: keeps at most `limit` bytes of the line (setting *too_long when
+// there were more) and consumes the rest up to the newline. False at end of input.
+bool read_line(std::istream& in, std::string& line, size_t limit, bool* too_long) {
+  line.clear();
+  *too_long = false;
+  std::streambuf* sb = in.rdbuf();
+  bool any = false;
+  for (int c = sb->sbumpc(); c != std::char_traits<char>::eof(); c = sb->sbumpc()) {
+    any = true;
+    if (c == '\n') return true;
+    if (line.size() < limit) line.push_back(static_cast<char>(c));
+    else *too_long = true;
+  }
+  return any;
+}
+
 struct LineProblem {
   std::string what;
 };
@@ -307,18 +323,20 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
     OPD_CHECK(in.good(), Io, "cannot open dataset ", path, ": ", std::strerror(errno));
     std::string line;
     int64_t line_no = 0;
-    while (std::getline(in, line)) {
+    bool too_long = false;
+    while (read_line(in, line, o.max_line_bytes, &too_long)) {
       ++line_no;
       ++rep.lines;
-      if (is_blank(line)) { ++rep.blank_lines; continue; }
+      if (!too_long && is_blank(line)) { ++rep.blank_lines; continue; }
       const std::string source = cat(path, ":", line_no);
       Sample s;
       s.source = source;
       try {
+        if (too_long) bad(cat("line is longer than ", o.max_line_bytes, " bytes (DatasetOptions::max_line_bytes)"));
         ojson obj;
         try {
           obj = ojson::parse(line);
-        } catch (const ojson::parse_error& e) {
+        } catch (const ojson::exception& e) {  // parse_error, and out_of_range for 1e999
           bad(cat("invalid JSON: ", e.what()));
         }
         if (!obj.is_object()) bad(std::string("expected a JSON object, got ") + json_type(obj));

@@ -61,6 +61,9 @@ struct DatasetOptions {
   // sets the model's vocab_size (which may exceed the tokenizer's, e.g. padded embeddings).
   int64_t id_limit = 0;
   size_t max_listed_bad_lines = 10;  // how many bad lines the report lists (all are counted)
+  // A longer line is a bad line, read past without being held in memory (a file with no
+  // newline would otherwise be read whole into one string). 64 MiB is ~100x a 128k-token line.
+  size_t max_line_bytes = size_t{64} << 20;
 };
 
 struct Sample {

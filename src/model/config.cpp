@@ -344,6 +344,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.hidden_size = f.positive_int("hidden_size");
   c.intermediate_size = f.positive_int("intermediate_size");
   c.num_hidden_layers = f.positive_int("num_hidden_layers");
+  if (c.num_hidden_layers > kMaxModelLayers) {
+    f.fail(ErrorKind::InvalidData, "num_hidden_layers",
+           cat("= ", c.num_hidden_layers, " is over opd's limit of ", kMaxModelLayers, " layers"));
+  }
   c.num_attention_heads = f.positive_int("num_attention_heads");
   // When absent, LlamaConfig copies num_attention_heads but Qwen2Config/Qwen3Config keep
   // their class default of 32 (only an explicit null means "copy"): transformers builds, and

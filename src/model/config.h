@@ -55,6 +55,11 @@ struct ModelConfig {
 };
 
 // Parse config.json text; `source` names the file in error messages.
+// Most layers a config may declare: per-layer work (parameter_shapes, layer lists) happens before
+// any tensor is read, so 2^31 layers from a hostile config.json or GGUF would allocate terabytes.
+// The deepest public LLMs have ~200 layers.
+constexpr int64_t kMaxModelLayers = 4096;
+
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 // Read <dir>/config.json.
 ModelConfig load_model_config(const std::string& model_dir);

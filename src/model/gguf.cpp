@@ -115,6 +115,10 @@ Shape GgufTensorInfo::shape() const { return Shape(ne.rbegin(), ne.rend()); }
 namespace {
 
 constexpr int kMaxArrayDepth = 8;
+// Array elements in the whole header. A parsed value is ~100 bytes while a uint8 element takes
+// one byte of file, so the byte bound on counts alone would let a 100 MB file allocate 10 GB.
+// Real files hold ~1.5M (tokens, scores, token types and merges of a 256k vocabulary).
+constexpr uint64_t kMaxArrayElements = uint64_t{1} << 23;
 constexpr int kMaxDims = 4;  // GGML_MAX_DIMS
 
 class FileDescriptor {
@@ -337,6 +341,11 @@ class GgufParser {
         v.elem_type = static_cast<GgufType>(et);
         const uint64_t n = read<uint64_t>(what + " array length");
         check_count(what + " array length", n, min_value_bytes(v.elem_type));
+        if (n > kMaxArrayElements - array_elements_)
+          OPD_FAIL(InvalidData, f_.path_, ": ", what, " array length ", n, " at offset ", pos_ - 8,
+                   " brings the header's array elements past ", kMaxArrayElements,
+                   " (opd's limit; real GGUF files hold about 1.5M)");
+        array_elements_ += n;
         v.array.reserve(n);
         for (uint64_t i = 0; i < n; ++i)
           v.array.push_back(read_value(v.elem_type, cat(what, "[", i, "]"), depth + 1));
@@ -394,6 +403,7 @@ class GgufParser {
   const uint8_t* base_;
   uint64_t size_;
   uint64_t pos_ = 0;
+  uint64_t array_elements_ = 0;
 };
 
 GgufFile GgufFile::open(const std::string& path) {

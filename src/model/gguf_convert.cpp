@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,9 @@ ModelConfig gguf_model_config(const GgufFile& g) {
   c.hidden_size = positive(g, p + "embedding_length");
   c.intermediate_size = positive(g, p + "feed_forward_length");
   c.num_hidden_layers = positive(g, p + "block_count");
+  if (c.num_hidden_layers > kMaxModelLayers)
+    OPD_FAIL(InvalidData, g.path(), ": ", p, "block_count = ", c.num_hidden_layers,
+             " is over opd's limit of ", kMaxModelLayers, " layers");
   c.num_attention_heads = positive(g, p + "attention.head_count");
   c.num_key_value_heads = g.find(p + "attention.head_count_kv")
                               ? positive(g, p + "attention.head_count_kv")
@@ -119,7 +123,7 @@ ModelConfig gguf_model_config(const GgufFile& g) {
                                     "per-dimension factors) cannot be mapped back to rope_scaling");
   c.rms_norm_eps = shortest_from_f32(g.get_float(p + "attention.layer_norm_rms_epsilon"));
   c.rope_theta = shortest_from_f32(g.get_float(p + "rope.freq_base", 10000.0));
-  c.max_position_embeddings = static_cast<int64_t>(g.get_uint(p + "context_length", 2048));
+  c.max_position_embeddings = g.find(p + "context_length") ? positive(g, p + "context_length") : 2048;
   const GgufTensorInfo& embd = g.tensor("token_embd.weight");
   if (embd.ne.size() != 2 || embd.ne[0] != c.hidden_size)
     OPD_FAIL(InvalidData, g.path(), ": token_embd.weight has dims ", shape_str(embd.ne),
@@ -133,10 +137,16 @@ ModelConfig gguf_model_config(const GgufFile& g) {
   c.attention_bias = c.arch == Architecture::Qwen2 || g.find_tensor("blk.0.attn_q.bias") != nullptr;
   if (c.arch == Architecture::Llama && c.attention_bias)
     OPD_FAIL(Unsupported, g.path(), ": a Llama GGUF with attention biases is not supported");
-  if (g.find("tokenizer.ggml.bos_token_id"))
-    c.bos_token_id = static_cast<int64_t>(g.get_uint("tokenizer.ggml.bos_token_id"));
-  if (g.find("tokenizer.ggml.eos_token_id"))
-    c.eos_token_ids = {static_cast<int64_t>(g.get_uint("tokenizer.ggml.eos_token_id"))};
+  // Ids are read as uint64: one past INT64_MAX would turn negative in a plain cast and slip
+  // under the `>= vocab` checks below.
+  auto token_id = [&](const char* key) {
+    const uint64_t id = g.get_uint(key);
+    if (id >= static_cast<uint64_t>(c.vocab_size))
+      OPD_FAIL(InvalidData, g.path(), ": ", key, " = ", id, " is outside the vocabulary (", c.vocab_size, ")");
+    return static_cast<int64_t>(id);
+  };
+  if (g.find("tokenizer.ggml.bos_token_id")) c.bos_token_id = token_id("tokenizer.ggml.bos_token_id");
+  if (g.find("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {token_id("tokenizer.ggml.eos_token_id")};
   for (int64_t id : c.eos_token_ids)
     if (id >= c.vocab_size)
       OPD_FAIL(InvalidData, g.path(), ": tokenizer.ggml.eos_token_id = ", id,
@@ -207,7 +217,8 @@ HfTokenizerFiles gguf_tokenizer_files(const GgufFile& g, const ModelConfig& conf
   if (g.find("tokenizer.ggml.merges")) v.merges = g.get_string_array("tokenizer.ggml.merges");
   auto opt_id = [&](const char* key) -> std::optional<int64_t> {
     if (!g.find(key)) return std::nullopt;
-    return static_cast<int64_t>(g.get_uint(key));
+    // Clamped, not wrapped: past INT64_MAX stays out of range for check_id.
+    return static_cast<int64_t>(std::min<uint64_t>(g.get_uint(key), INT64_MAX));
   };
   v.bos_id = opt_id("tokenizer.ggml.bos_token_id");
   v.eos_id = opt_id("tokenizer.ggml.eos_token_id");

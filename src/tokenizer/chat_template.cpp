@@ -22,6 +22,21 @@
 namespace opd {
 namespace {
 
+// Limits that keep a hostile template or conversation from overflowing the stack, hanging, or
+// exhausting memory (each is an InvalidData error naming the limit). Real chat templates nest a
+// handful of levels, loop over messages and tools, and render a few MB at most.
+constexpr int kMaxJsonDepth = 128;        // nesting of message/tool/extra JSON values
+constexpr int kMaxParseDepth = 128;       // nested expressions/blocks in the template source
+constexpr int kMaxEvalDepth = 256;        // expression/statement depth at render time (macro recursion too)
+// Work units per render: a for-loop iteration costs 4, a macro call 1, every item iterated,
+// built by range() or compared by unique/in costs 1, and every 64 bytes of a built string 1.
+// About 2-5 s of pathological work at most; a real render spends a few thousand.
+constexpr int64_t kMaxSteps = 10'000'000;
+constexpr int kMaxValueDepth = 128;       // nesting of a value stored into a namespace attribute
+constexpr size_t kMaxStringBytes = size_t{64} << 20;   // any string or the output (1M tokens is ~5 MB)
+constexpr size_t kMaxListItems = size_t{1} << 24;      // a list built by '*' or '+'
+constexpr int64_t kMaxRange = 100'000;    // jinja2.sandbox.MAX_RANGE (transformers' environment)
+
 // ---------------------------------------------------------------------------------------------
 // UTF-8 and Python string helpers
 
@@ -256,7 +271,9 @@ const char* type_name(const Value& v) {
   return "?";
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth = 0) {
+  OPD_CHECK(depth < kMaxJsonDepth, InvalidArgument, "chat template input: JSON nested deeper than ",
+            kMaxJsonDepth, " levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -271,12 +288,12 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Array a;
-      for (const auto& e : j) a.push_back(from_json(e));
+      for (const auto& e : j) a.push_back(from_json(e, depth + 1));
       return Value::array(std::move(a));
     }
     case nlohmann::ordered_json::value_t::object: {
       Value o = Value::object();
-      for (auto it = j.begin(); it != j.end(); ++it) o.obj->set(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) o.obj->set(it.key(), from_json(it.value(), depth + 1));
       return o;
     }
     default: OPD_FAIL(InvalidArgument, "chat template input: unsupported JSON value (binary)");
@@ -755,6 +772,24 @@ struct Expr {
   std::vector<ExprPtr> kids;      // operands (Slice: object, start, stop, step; null = omitted)
   Args args;                      // Call, Filter, Test
   bool negated = false;           // Test: "is not"
+  Expr() = default;
+  Expr(const Expr&) = delete;
+  Expr& operator=(const Expr&) = delete;
+  // Iterative: a left-associative chain (1+1+...+1) is as deep as it is long, and a recursive
+  // destructor would overflow the stack on a long one.
+  ~Expr() {
+    std::vector<ExprPtr> pending;
+    auto take = [&pending](Expr& e) {
+      for (ExprPtr& k : e.kids) if (k) pending.push_back(std::move(k));
+      for (auto& a : e.args) if (a.second) pending.push_back(std::move(a.second));
+    };
+    take(*this);
+    while (!pending.empty()) {
+      ExprPtr e = std::move(pending.back());
+      pending.pop_back();
+      take(*e);
+    }
+  }
 };
 
 struct Node;
@@ -795,6 +830,19 @@ class Parser {
   bool is_op(const char* op, size_t ahead = 0) const { return peek(ahead).type == Tok::Op && peek(ahead).text == op; }
   bool is_name(const char* nm, size_t ahead = 0) const { return peek(ahead).type == Tok::Name && peek(ahead).text == nm; }
   [[noreturn]] void fail(const std::string& what) const { syntax_error(origin_, peek().line, what); }
+  // Counts the recursion of the descent; deeper nesting than kMaxParseDepth is an error, not a
+  // stack overflow ("((((...", "not not not ...", "{% if %}" inside "{% if %}" ...).
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.depth_ > kMaxParseDepth) {
+        --p.depth_;
+        p.fail("nesting deeper than " + std::to_string(kMaxParseDepth) + " levels");
+      }
+    }
+    ~Nest() { --p.depth_; }
+  };
+  int depth_ = 0;
   void expect_op(const char* op) {
     if (!is_op(op)) fail(std::string("expected '") + op + "', got '" + describe(peek()) + "'");
     next();
@@ -820,6 +868,7 @@ class Parser {
   // Statements until a block tag named in `ends`; its name is returned in `end` (tag consumed up
   // to its name; the caller parses the rest of that tag).
   Body parse_body(const std::vector<std::string>& ends, std::string& end) {
+    Nest nest(*this);
     Body body;
     while (true) {
       const Token& tk = peek();
@@ -967,6 +1016,7 @@ class Parser {
 
   // expr := or ['if' or ['else' expr]]   (no_cond: inside for-targets, where 'if' filters)
   ExprPtr parse_expr(bool no_cond = false) {
+    Nest nest(*this);
     ExprPtr e = parse_or();
     if (no_cond) return e;
     while (is_name("if")) {
@@ -1006,6 +1056,7 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      Nest nest(*this);
       int line = next().line;
       auto o = make(EK::Not, line);
       o->kids.push_back(parse_not());
@@ -1079,6 +1130,7 @@ class Parser {
   ExprPtr parse_unary(bool with_filter = true) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
+      Nest nest(*this);
       const Token& o = next();
       e = make(o.text == "-" ? EK::Neg : EK::Pos, o.line);
       e->kids.push_back(parse_unary(false));
@@ -1355,9 +1407,12 @@ class Renderer {
       else fail(line, "range() needs 1 to 3 arguments");
       if (step == 0) fail(line, "range() step must not be zero");
       Array out;
-      for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) {
+      for (int64_t x = start; step > 0 ? x < stop : x > stop;) {
         out.push_back(Value::integer(x));
-        if (out.size() > 10'000'000) fail(line, "range() too large");
+        charge(line);
+        if (static_cast<int64_t>(out.size()) > kMaxRange)
+          fail(line, "range() has more than " + std::to_string(kMaxRange) + " items (jinja2.sandbox.MAX_RANGE)");
+        if (__builtin_add_overflow(x, step, &x)) break;  // the next value would pass any stop
       }
       return Value::array(std::move(out));
     }));
@@ -1368,10 +1423,56 @@ class Renderer {
     for (const auto& n : body) exec(*n, out);
   }
 
+  // Render-time depth: nested expressions and statements, and macro calls (a macro that calls
+  // itself recurses through exec and eval), bounded by kMaxEvalDepth.
+  struct Depth {
+    Renderer& r;
+    Depth(Renderer& renderer, int line) : r(renderer) {
+      if (++r.depth_ > kMaxEvalDepth) {
+        --r.depth_;
+        r.fail(line, "expressions, statements or macro calls nested deeper than " +
+                         std::to_string(kMaxEvalDepth) + " levels (a recursive macro?)");
+      }
+    }
+    ~Depth() { --r.depth_; }
+  };
+  int depth_ = 0;
+  int64_t steps_ = 0;
+  void charge(int line, size_t units = 1) {
+    steps_ += static_cast<int64_t>(std::min<size_t>(units, kMaxSteps));
+    if (steps_ > kMaxSteps)
+      fail(line, "more than " + std::to_string(kMaxSteps) + " work units (loop iterations, items iterated, "
+                 "macro calls) in one render: a runaway loop?");
+  }
+  // A value about to be stored into namespace `target`: at most kMaxValueDepth deep and not
+  // holding the namespace itself (ns.a = ns, or ns.a = [ns], would make a cycle that printing
+  // recurses through forever). Visited items are charged as work.
+  void check_storable(const Value& v, const ObjectData* target, int line, int level = 0) {
+    if (level > kMaxValueDepth)
+      fail(line, "a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels stored in a namespace");
+    charge(line);
+    if (v.kind == VKind::Array) {
+      for (const Value& e : *v.arr) check_storable(e, target, line, level + 1);
+    } else if (v.kind == VKind::Object) {
+      if (v.obj.get() == target) fail(line, "a namespace cannot hold itself");
+      for (const auto& kv : v.obj->items) check_storable(kv.second, target, line, level + 1);
+    }
+  }
+  void check_string(size_t bytes, int line) const {
+    if (bytes > kMaxStringBytes)
+      fail(line, "a string of " + std::to_string(bytes) + " bytes exceeds the " +
+                     std::to_string(kMaxStringBytes) + "-byte limit");
+  }
+  void append_out(std::string& out, const std::string& s, int line) const {
+    check_string(out.size() + s.size(), line);
+    out += s;
+  }
+
   void exec(const Node& n, std::string& out) {
+    Depth depth(*this, n.line);
     switch (n.k) {
-      case NK::Text: out += n.text; return;
-      case NK::Print: out += to_str(eval(*n.expr)); return;
+      case NK::Text: append_out(out, n.text, n.line); return;
+      case NK::Print: append_out(out, to_str(eval(*n.expr)), n.line); return;
       case NK::If:
         for (const auto& [cond, body] : n.branches) {
           if (truthy(eval(*cond))) { exec_body(body, out); return; }
@@ -1386,6 +1487,7 @@ class Renderer {
         if (target.kind != VKind::Object || !target.obj->is_namespace) {
           fail(n.line, "cannot assign attribute on non-namespace object '" + n.text + "'");
         }
+        check_storable(v, target.obj.get(), n.line);
         target.obj->set(n.attr, std::move(v));
         return;
       }
@@ -1403,6 +1505,8 @@ class Renderer {
   }
 
   Array iterate(const Value& v, int line) {
+    charge(line, v.kind == VKind::Array ? v.arr->size() : v.kind == VKind::Object ? v.obj->items.size()
+                                                        : v.kind == VKind::String ? v.s.size() : 0);
     switch (v.kind) {
       case VKind::Undefined: return {};  // jinja2.Undefined iterates as empty
       case VKind::Array: return *v.arr;
@@ -1463,6 +1567,7 @@ class Renderer {
       loop.obj->set("cycle", Value::callable("loop.cycle", [k](CallArgs& a, int) {
         return a.pos.empty() ? Value::none() : a.pos[k % a.pos.size()];
       }));
+      charge(n.line, 4);
       scopes_.back()["loop"] = loop;
       bind(scopes_.back(), items[k]);
       bool stop = false;
@@ -1480,6 +1585,7 @@ class Renderer {
   Value make_macro(const Node& n) {
     const Node* node = &n;
     return Value::callable(n.text, [this, node](CallArgs& a, int line) {
+      charge(line);
       Scope frame;
       if (a.pos.size() > node->targets.size()) fail(line, "macro '" + node->text + "' takes " + std::to_string(node->targets.size()) + " arguments");
       for (size_t k = 0; k < node->targets.size(); ++k) {
@@ -1632,6 +1738,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    Depth depth(*this, e.line);
     switch (e.k) {
       case EK::Literal: return e.literal;
       case EK::Name: return lookup(e.name, e.line);
@@ -1683,7 +1790,10 @@ class Renderer {
       case EK::Neg: case EK::Pos: {
         Value v = eval(*e.kids[0]);
         if (v.kind == VKind::Float) return Value::floating(e.k == EK::Neg ? -v.f : v.f);
-        if (v.kind == VKind::Int || v.kind == VKind::Bool) return Value::integer(e.k == EK::Neg ? -v.as_int() : v.as_int());
+        if (v.kind == VKind::Int || v.kind == VKind::Bool) {
+          if (e.k == EK::Neg && v.as_int() == INT64_MIN) overflow_error("-", e.line);
+          return Value::integer(e.k == EK::Neg ? -v.as_int() : v.as_int());
+        }
         if (v.is_undefined()) undefined_error(v, e.line);
         fail(e.line, std::string("bad operand type for unary ") + (e.k == EK::Neg ? "-" : "+") + ": '" + type_name(v) + "'");
       }
@@ -1719,6 +1829,7 @@ class Renderer {
         if (item.kind != VKind::String) fail(line, std::string("'in <string>' requires string as left operand, not ") + type_name(item));
         return container.s.find(item.s) != std::string::npos;
       case VKind::Array:
+        charge(line, container.arr->size());
         for (const Value& v : *container.arr) if (values_equal(v, item)) return true;
         return false;
       case VKind::Object:
@@ -1744,6 +1855,30 @@ class Renderer {
     fail(line, "'" + op + "' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
   }
 
+  // int(x) of a float: truncation toward zero, an error where int64 cannot hold it (NaN, inf,
+  // |x| >= 2^63), which would be undefined behaviour in a plain cast.
+  int64_t float_to_int(double x, int line) const {
+    if (!(x > -9223372036854775808.0 && x < 9223372036854775808.0))
+      fail(line, "int() of " + std::to_string(x) + " does not fit in a 64-bit integer");
+    return static_cast<int64_t>(x);
+  }
+  [[noreturn]] void overflow_error(const std::string& op, int line) const {
+    fail(line, "integer overflow in '" + op + "' (opd's integers are 64-bit; Python's are unbounded)");
+  }
+  int64_t checked_int(const std::string& op, const Value& a, const Value& b, int line) const {
+    int64_t r = 0;
+    const int64_t x = a.as_int(), y = b.as_int();
+    const bool over = op == "+" ? __builtin_add_overflow(x, y, &r)
+                    : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                : __builtin_mul_overflow(x, y, &r);
+    if (over) overflow_error(op, line);
+    return r;
+  }
+  void check_list(size_t items, int line) const {
+    if (items > kMaxListItems)
+      fail(line, "a list of " + std::to_string(items) + " items exceeds the limit of " + std::to_string(kMaxListItems));
+  }
+
   Value binary(const std::string& op, const Value& a, const Value& b, int line) {
     if (op == "==") return Value::boolean(values_equal(a, b));
     if (op == "!=") return Value::boolean(!values_equal(a, b));
@@ -1753,14 +1888,25 @@ class Renderer {
     if (op == ">=") return Value::boolean(compare_order(a, b, op, line) >= 0);
     if (op == "in") return Value::boolean(contains(b, a, line));
     if (op == "not in") return Value::boolean(!contains(b, a, line));
-    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    if (op == "~") {
+      std::string l = to_str(a), r = to_str(b);
+      check_string(l.size() + r.size(), line);
+      charge(line, (l.size() + r.size()) / 64);
+      return Value::string(l + r);
+    }
     bool ints = (a.kind == VKind::Int || a.kind == VKind::Bool) && (b.kind == VKind::Int || b.kind == VKind::Bool);
     bool nums = a.is_number() && b.is_number();
     if (op == "+") {
-      if (ints) return Value::integer(a.as_int() + b.as_int());
+      if (ints) return Value::integer(checked_int(op, a, b, line));
       if (nums) return Value::floating(a.as_double() + b.as_double());
-      if (a.kind == VKind::String && b.kind == VKind::String) return Value::string(a.s + b.s);
+      if (a.kind == VKind::String && b.kind == VKind::String) {
+        check_string(a.s.size() + b.s.size(), line);
+        charge(line, (a.s.size() + b.s.size()) / 64);
+        return Value::string(a.s + b.s);
+      }
       if (a.kind == VKind::Array && b.kind == VKind::Array) {
+        check_list(a.arr->size() + b.arr->size(), line);
+        charge(line, a.arr->size() + b.arr->size());
         Array r = *a.arr;
         r.insert(r.end(), b.arr->begin(), b.arr->end());
         return Value::array(std::move(r));
@@ -1768,19 +1914,32 @@ class Renderer {
       op_error(op, a, b, line);
     }
     if (op == "-") {
-      if (ints) return Value::integer(a.as_int() - b.as_int());
+      if (ints) return Value::integer(checked_int(op, a, b, line));
       if (nums) return Value::floating(a.as_double() - b.as_double());
       op_error(op, a, b, line);
     }
     if (op == "*") {
-      if (ints) return Value::integer(a.as_int() * b.as_int());
+      if (ints) return Value::integer(checked_int(op, a, b, line));
       if (nums) return Value::floating(a.as_double() * b.as_double());
       const Value* seq = a.kind == VKind::String || a.kind == VKind::Array ? &a : &b;
       const Value* cnt = seq == &a ? &b : &a;
       if ((seq->kind == VKind::String || seq->kind == VKind::Array) && (cnt->kind == VKind::Int || cnt->kind == VKind::Bool)) {
         int64_t times = std::max<int64_t>(0, cnt->as_int());
+        const size_t unit = seq->kind == VKind::String ? seq->s.size() : seq->arr->size();
+        if (unit > 0) {  // checked before anything is allocated
+          const size_t limit = seq->kind == VKind::String ? kMaxStringBytes : kMaxListItems;
+          if (static_cast<uint64_t>(times) > limit / unit) {
+            fail(line, "'*' would build " + std::string(seq->kind == VKind::String ? "a string of " : "a list of ") +
+                           std::to_string(times) + " x " + std::to_string(unit) + (seq->kind == VKind::String ? " bytes" : " items") +
+                           ", over the limit of " + std::to_string(limit));
+          }
+        } else {
+          times = std::min<int64_t>(times, 1);  // empty either way; do not loop 2^62 times
+        }
+        charge(line, static_cast<size_t>(times) * unit / (seq->kind == VKind::String ? 64 : 1));
         if (seq->kind == VKind::String) {
           std::string r;
+          r.reserve(static_cast<size_t>(times) * unit);
           for (int64_t k = 0; k < times; ++k) r += seq->s;
           return Value::string(std::move(r));
         }
@@ -1796,6 +1955,7 @@ class Renderer {
       if (op == "/") return Value::floating(a.as_double() / b.as_double());
       if (ints) {
         int64_t x = a.as_int(), y = b.as_int();
+        if (x == INT64_MIN && y == -1) fail(line, "integer overflow in '" + op + "' (opd's integers are 64-bit)");
         int64_t q = x / y, r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) { --q; r += y; }  // Python floors
         return Value::integer(op == "//" ? q : r);
@@ -1806,8 +1966,12 @@ class Renderer {
     }
     if (op == "**") {
       if (ints && b.as_int() >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
+        // Square-and-multiply with overflow checks: a huge exponent is 64 steps, not 2^63.
+        int64_t r = 1, base = a.as_int();
+        for (int64_t n = b.as_int(); n > 0; n >>= 1) {
+          if ((n & 1) && __builtin_mul_overflow(r, base, &r)) overflow_error(op, line);
+          if (n > 1 && __builtin_mul_overflow(base, base, &base)) overflow_error(op, line);
+        }
         return Value::integer(r);
       }
       if (nums) return Value::floating(std::pow(a.as_double(), b.as_double()));
@@ -2102,6 +2266,7 @@ class Renderer {
       if (const Value* e = arg(a, 0, "ensure_ascii")) st.ensure_ascii = truthy(*e);
       if (const Value* ind = arg(a, 1, "indent"); ind && ind->kind != VKind::None) {
         if (ind->kind == VKind::String) unsupported_at(line, "tojson(indent=<string>)");
+        if (ind->as_int() > 1024) fail(line, "tojson indent " + std::to_string(ind->as_int()) + " is over 1024");
         st.indent = static_cast<int>(std::max<int64_t>(0, ind->as_int()));
         st.item_sep = ",";
       }
@@ -2187,7 +2352,7 @@ class Renderer {
     }
     if (name == "int") {
       if (v.kind == VKind::Int || v.kind == VKind::Bool) return Value::integer(v.as_int());
-      if (v.kind == VKind::Float) return Value::integer(static_cast<int64_t>(v.f));
+      if (v.kind == VKind::Float) return Value::integer(float_to_int(v.f, line));
       if (v.kind == VKind::String) {
         std::string t = py_strip(v.s, nullptr, StripSide::Both);
         int64_t x = 0;
@@ -2195,7 +2360,7 @@ class Renderer {
         if (r.ec == std::errc() && r.ptr == t.data() + t.size()) return Value::integer(x);
         char* end = nullptr;
         double d = std::strtod(t.c_str(), &end);
-        if (!t.empty() && end == t.c_str() + t.size()) return Value::integer(static_cast<int64_t>(d));
+        if (!t.empty() && end == t.c_str() + t.size()) return Value::integer(float_to_int(d, line));
       }
       const Value* dflt = arg(a, 0, "default");
       return dflt ? *dflt : Value::integer(0);
@@ -2213,13 +2378,17 @@ class Renderer {
     }
     if (name == "abs") {
       if (v.kind == VKind::Float) return Value::floating(std::fabs(v.f));
-      if (v.kind == VKind::Int || v.kind == VKind::Bool) return Value::integer(std::llabs(v.as_int()));
+      if (v.kind == VKind::Int || v.kind == VKind::Bool) {
+        if (v.as_int() == INT64_MIN) overflow_error("abs", line);
+        return Value::integer(std::llabs(v.as_int()));
+      }
       fail(line, std::string("bad operand type for abs(): '") + type_name(v) + "'");
     }
     if (name == "unique") {
       Array out;
       for (const Value& item : iterate(v, line)) {
         bool seen = false;
+        charge(line, out.size());
         for (const Value& o : out) if (values_equal(o, item)) { seen = true; break; }
         if (!seen) out.push_back(item);
       }
@@ -2230,7 +2399,9 @@ class Renderer {
       const Value* first = arg(a, 1, "first");
       const Value* blank = arg(a, 2, "blank");
       if (w && w->kind == VKind::String) unsupported_at(line, "indent(width=<string>)");
-      std::string pad(static_cast<size_t>(w ? w->as_int() : 4), ' ');
+      const int64_t width = w ? w->as_int() : 4;
+      if (width < 0 || width > 1024) fail(line, "indent width " + std::to_string(width) + " is outside 0..1024");
+      std::string pad(static_cast<size_t>(width), ' ');
       std::string s = need_string("indent");
       // jinja2 do_indent: lines after the first get the pad (blank lines only with blank=True).
       std::string out;
@@ -2245,6 +2416,7 @@ class Renderer {
       for (size_t k = 0; k < lines.size(); ++k) {
         if (k) out += '\n';
         bool pad_it = k == 0 ? (first && truthy(*first)) : (blank && truthy(*blank)) || !lines[k].empty();
+        check_string(out.size() + pad.size() + lines[k].size(), line);
         if (pad_it) out += pad;
         out += lines[k];
       }
@@ -2432,7 +2604,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   if (file_exists(cfg_path)) {
     try {
       cfg = nlohmann::json::parse(read_text_file(cfg_path));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // out_of_range too (1e999)
       OPD_FAIL(InvalidData, cfg_path, ": invalid JSON: ", e.what());
     }
   }

@@ -139,6 +139,13 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
     const int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
                                s.data, s.context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
+    // PCRE2's own resource limits (match steps, depth, heap, JIT stack) stop catastrophic
+    // backtracking, e.g. (a+)+$ over a long run of 'a': the pattern (from tokenizer.json) is
+    // at fault, not opd, so it is InvalidData naming it, in bounded time.
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+        rc == PCRE2_ERROR_JIT_STACKLIMIT)
+      OPD_FAIL(InvalidData, what_, ": regex hit a PCRE2 resource limit (", pcre2_message(rc),
+               ") on a text of ", text.size(), " bytes: a pathological pattern? ", pattern_);
     if (rc < 0)
       OPD_FAIL(Internal, what_, ": regex match failed (PCRE2: ", pcre2_message(rc),
                ") on a text of ", text.size(), " bytes");

@@ -227,7 +227,11 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
   } catch (const nlohmann::json::exception& e) {
     OPD_FAIL(InvalidData, manifest_path, ": not valid JSON: ", e.what());
   }
-  OPD_CHECK(manifest.is_object() && manifest.value("format", "") == "opd-checkpoint-1" &&
+  // Every field is type-checked before use: json::value() and get<>() throw nlohmann's own
+  // exceptions on a wrong type, which load_latest_checkpoint (catching opd::Error) would not
+  // survive, so one corrupt manifest would stop a resume instead of being skipped.
+  OPD_CHECK(manifest.is_object() && manifest.contains("format") && manifest["format"].is_string() &&
+                manifest["format"].get<std::string>() == "opd-checkpoint-1" &&
                 manifest.contains("files") && manifest["files"].is_object(),
             InvalidData, manifest_path, ": not an opd checkpoint manifest");
   CheckpointData out;
@@ -240,19 +244,32 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
     const bool my_share = index++ % static_cast<size_t>(options.verify_stride) ==
                           static_cast<size_t>(options.verify_offset);
     const std::string path = dir + "/" + file;
-    OPD_CHECK(file.find('/') == std::string::npos && file.find("..") == std::string::npos,
-              InvalidData, manifest_path, ": file name '", file, "' is not a plain name");
+    // "" and "." would name the folder itself, a NUL would cut the path short, and a name past
+    // NAME_MAX makes the file system calls throw.
+    OPD_CHECK(!file.empty() && file != "." && file.size() <= 255 &&
+                  file.find('/') == std::string::npos && file.find("..") == std::string::npos &&
+                  file.find('\0') == std::string::npos,
+              InvalidData, manifest_path, ": file name ",
+              nlohmann::json(file.substr(0, 300)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+              " is not a plain name");  // JSON-escaped: a NUL would cut the message short
     OPD_CHECK(info.is_object(), InvalidData, manifest_path, ": entry '", file, "' is not an object");
-    OPD_CHECK(fs::exists(path), InvalidData, "checkpoint file ", path, " is missing");
-    const auto want_bytes = info.value("bytes", static_cast<uint64_t>(0));
-    const auto got_bytes = fs::file_size(path);
+    OPD_CHECK(info.contains("bytes") && info["bytes"].is_number_unsigned(), InvalidData, manifest_path,
+              ": entry '", file, "' has no non-negative integer \"bytes\"");
+    OPD_CHECK(info.contains("sha256") && info["sha256"].is_string(), InvalidData, manifest_path,
+              ": entry '", file, "' has no \"sha256\" string");
+    std::error_code ec;
+    OPD_CHECK(fs::is_regular_file(path, ec), InvalidData, "checkpoint file ", path,
+              " is missing or not a regular file");
+    const uint64_t want_bytes = info["bytes"].get<uint64_t>();
+    const uint64_t got_bytes = fs::file_size(path, ec);
+    OPD_CHECK(!ec, Io, "cannot stat checkpoint file ", path, ": ", ec.message());
     OPD_CHECK(got_bytes == want_bytes, InvalidData, "checkpoint file ", path, " has ", got_bytes,
               " bytes, the manifest says ", want_bytes, " (truncated or modified)");
     const bool is_tensors = file.size() > 12 && file.substr(file.size() - 12) == ".safetensors";
     // state.json is always checked: it is small and says how to read everything else.
     if ((options.verify && my_share) || file == "state.json") {
       const std::string got_sha = file_sha256(path);
-      OPD_CHECK(got_sha == info.value("sha256", ""), InvalidData, "checkpoint file ", path,
+      OPD_CHECK(got_sha == info["sha256"].get<std::string>(), InvalidData, "checkpoint file ", path,
                 " does not match its SHA-256 in the manifest (corrupted)");
     }
     if (is_tensors && !options.load_tensors) continue;
@@ -273,8 +290,10 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
   }
   OPD_CHECK(out.state.is_object() && out.state.contains("step"), InvalidData, "checkpoint ", dir,
             ": state.json missing or without a step");
-  OPD_CHECK(out.state["step"].is_number_integer(), InvalidData, "checkpoint ", dir,
-            ": state.json's step is not an integer");
+  OPD_CHECK(out.state["step"].is_number_integer() &&
+                (out.state["step"].is_number_unsigned() ? out.state["step"].get<uint64_t>() <= INT64_MAX
+                                                        : out.state["step"].get<int64_t>() >= 0),
+            InvalidData, "checkpoint ", dir, ": state.json's step is not a non-negative integer");
   out.step = out.state["step"].get<int64_t>();
   out.dir = dir;
   return out;

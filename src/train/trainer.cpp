@@ -666,12 +666,20 @@ void Trainer::resume_if_any() {
     optimizer_->set_steps(full.steps);
   }
   const auto& st = ck->state;
-  sampler_->restore(st.at("sampler"));
-  step_ = ck->step;
-  bad_steps_ = st.value("bad_steps", int64_t{0});
-  tokens_seen_ = st.value("tokens_seen", int64_t{0});
+  // state.json is covered by the manifest's SHA-256, so only a hostile writer gets a wrong type
+  // here; json::at/value would then throw nlohmann's exceptions, reported as this checkpoint's.
+  nlohmann::json saved;
+  try {
+    OPD_CHECK(st.contains("sampler"), InvalidData, "checkpoint ", ck->dir, ": state.json has no \"sampler\"");
+    sampler_->restore(st["sampler"]);
+    step_ = ck->step;
+    bad_steps_ = st.value("bad_steps", int64_t{0});
+    tokens_seen_ = st.value("tokens_seen", int64_t{0});
+    saved = st.value("options", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    OPD_FAIL(InvalidData, "checkpoint ", ck->dir, ": state.json: ", e.what());
+  }
   last_saved_step_ = step_;
-  const nlohmann::json saved = st.value("options", nlohmann::json::object());
   for (const char* key : {"batch_size", "micro_batch_size", "lmbda", "beta", "loss_support",
                           "kd_temperature", "learning_rate", "seed", "num_generations",
                           "max_completion_length", "teacher_top_k"}) {

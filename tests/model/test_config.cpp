@@ -596,7 +596,7 @@ TEST(ConfigErrors, ParameterCountOverflow) {
   j["num_attention_heads"] = 1;
   j["num_key_value_heads"] = 1;
   j["intermediate_size"] = big;
-  j["num_hidden_layers"] = big;
+  j["num_hidden_layers"] = kMaxModelLayers;  // the most layers a config may have (config.h)
   j["head_dim"] = big - 1;
   ModelConfig c = parse(j);
   try {
