@@ -28,6 +28,7 @@ struct ServeOptions {
   int port = 8000;
   int64_t max_batch_tokens = 16384;
   int64_t max_request_mb = 256;
+  int64_t max_json_entries = int64_t{1} << 21;
   int threads = 16;
   std::string served_model_name;
   std::string shared_prompt = "auto";
@@ -93,6 +94,7 @@ void run_serve(const ServeOptions& o) {
   opts.port = o.port;
   opts.threads = o.threads;
   opts.max_body_bytes = static_cast<size_t>(o.max_request_mb) << 20;
+  opts.max_json_entries = o.max_json_entries;
   opts.model_name = o.served_model_name;
   StopSignals signals;
   TeacherServer server(scorer, opts);
@@ -138,6 +140,12 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-request-mb", o->max_request_mb, "largest request body (MiB)")
       ->default_val(256)
       ->check(CLI::Range(1, 65536));
+  cmd->add_option("--max-json-entries", o->max_json_entries,
+                  "largest JSON answer in (id, logprob) entries (rows x k; /v1/score with "
+                  "Accept: application/json, /v1/completions logprobs); larger requests get 400 "
+                  "(the binary /v1/score format is bounded by the scorer's output limit only)")
+      ->default_val(int64_t{1} << 21)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--threads", o->threads, "HTTP connection threads")
       ->default_val(16)
       ->check(CLI::Range(1, 1024));

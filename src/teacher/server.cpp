@@ -117,6 +117,15 @@ void TeacherServer::wait() {
   if (listener_.joinable()) listener_.join();
 }
 
+void TeacherServer::check_json_entries(const char* what, int64_t rows, int64_t k) const {
+  const int64_t entries = std::max<int64_t>(rows, 0) * std::max<int64_t>(k, 1);
+  if (entries > opts_.max_json_entries)
+    throw HttpError{400, cat(what, ": ", rows, " scored positions x ", k, " entries = ", entries,
+                             " JSON entries exceed this server's limit of ", opts_.max_json_entries,
+                             " (ask for fewer logprobs, split the request, or use /v1/score with "
+                             "the binary format, ", kBinaryContentType, ")")};
+}
+
 void TeacherServer::install_routes() {
   // Every handler body runs inside `guard`: typed errors become 4xx/5xx JSON, nothing escapes.
   auto guard = [this](httplib::Response& res, const std::function<void()>& fn) {
@@ -208,6 +217,7 @@ void TeacherServer::install_routes() {
         throw HttpError{409, cat("/v1/score: request expects teacher fingerprint '",
                                  q.model_fingerprint.substr(0, 80), "', this server's model (",
                                  opts_.model_name, ") is '", info.fingerprint, "'")};
+      if (!bin_out) check_json_entries("/v1/score", q.num_rows(), q.k);
       ScoreResponse r;
       {
         std::lock_guard<std::mutex> lock(score_mu_);
@@ -299,6 +309,12 @@ void TeacherServer::install_routes() {
       // Scores of the prompt positions (temperature 1, as vLLM reports logprobs).
       const bool echo_logprobs = echo && logprobs >= 0;
       const int64_t k_prompt = std::max(prompt_logprobs, echo_logprobs ? logprobs : int64_t{-2});
+      if (k_prompt >= 0) {
+        int64_t rows = 0;
+        for (const auto& p : prompts) rows += static_cast<int64_t>(p.size()) - 1;
+        check_json_entries("completions request (prompt_logprobs / echo logprobs)", rows,
+                           k_prompt + 1);  // + the actual token's entry
+      }
       ScoreResponse sr;
       if (k_prompt >= 0) {
         ScoreRequest q;

@@ -27,6 +27,12 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                               // 0: an ephemeral port (see TeacherServer::port)
   size_t max_body_bytes = size_t{256} << 20;     // request bodies above this get 413
+  // JSON answers (/v1/score with Accept: application/json, /v1/completions logprobs) hold at
+  // most this many (id, logprob) entries (rows x k): a JSON entry costs ~10-50x its 8 binary
+  // bytes in memory, so a request the binary path serves (up to the scorer's
+  // max_output_entries) could exhaust the server's memory as JSON; larger ones get 400 and are
+  // pointed at the binary format. 2^21 covers W1 as JSON (32,768 rows x 64).
+  int64_t max_json_entries = int64_t{1} << 21;
   int threads = 16;                              // connection worker threads
   std::string model_name;                        // "" = the scorer's info().model_name
 };
@@ -52,6 +58,8 @@ class TeacherServer {
 
  private:
   void install_routes();
+  // 400 (HttpError) when a JSON answer would hold more than max_json_entries entries.
+  void check_json_entries(const char* what, int64_t rows, int64_t k) const;
 
   Scorer& scorer_;
   ServerOptions opts_;

@@ -193,6 +193,44 @@ TEST_F(ServerTest, CompletionsGenerationAndErrors) {
   expect_healthy();
 }
 
+// JSON answers are bounded (ServerOptions::max_json_entries): a request whose JSON answer would
+// hold more (id, logprob) entries gets 400 naming the limit and the binary format, before any
+// scoring; the same request in binary is served; the server keeps serving.
+TEST(ServerJsonLimit, LargeJsonAnswersAreRefusedBinaryServed) {
+  CpuScorer scorer(test::fixture_path("models/qwen3"));
+  ServerOptions o;
+  o.port = 0;
+  o.threads = 2;
+  o.max_json_entries = 100;
+  TeacherServer server(scorer, o);
+  server.start();
+  httplib::Client http("127.0.0.1", server.port());
+  ScoreRequest q = request(4, 1.0);  // rows x k well over 100 entries
+  ASSERT_GT(q.num_rows() * q.k, 100);
+  auto js = http.Post("/v1/score", score_request_to_json(q).dump(), "application/json");
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->status, 400);
+  EXPECT_NE(js->body.find("exceed this server's limit of 100"), std::string::npos) << js->body;
+  EXPECT_NE(js->body.find(kBinaryContentType), std::string::npos) << js->body;
+  auto bin = http.Post("/v1/score", encode_score_request(q), kBinaryContentType);
+  ASSERT_TRUE(bin);
+  ASSERT_EQ(bin->status, 200) << bin->body;
+  expect_identical(decode_score_response(bin->body), scorer.score(q));
+  // /v1/completions: 11 scored positions x (20 + 1) entries > 100; 11 x (5 + 1) fits.
+  const auto ids = random_ids(9, 12, 96);
+  auto big = http.Post("/v1/completions",
+                       nlohmann::json({{"prompt", ids}, {"max_tokens", 0}, {"prompt_logprobs", 20}}).dump(),
+                       "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 400);
+  EXPECT_NE(big->body.find("prompt_logprobs"), std::string::npos) << big->body;
+  auto small = http.Post("/v1/completions",
+                         nlohmann::json({{"prompt", ids}, {"max_tokens", 0}, {"prompt_logprobs", 5}}).dump(),
+                         "application/json");
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->status, 200) << small->body;
+}
+
 // Malformed requests of every kind: a 4xx with a JSON error naming the problem, and the server
 // keeps serving (checked after each).
 TEST_F(ServerTest, MalformedRequestsGet4xxAndServerKeepsServing) {
