@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: the test binaries built on a CPU machine (carried in
-# .carry/bundle.tgz: bin/ and lib/ with the OpenBLAS runtime, which that machine lacks), the
+# .carry/bundle.txz (scripts/gpu_bundle.sh): bin/ and lib/ with the OpenBLAS runtime, which that machine lacks), the
 # GPU suite plain and under compute-sanitizer memcheck/racecheck, the CPU suites, then the
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
@@ -54,7 +54,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
-if [[ -f .carry/bundle.tgz ]]; then tar -C .carry -xzf .carry/bundle.tgz; fi
+if [[ -f .carry/bundle.txz ]]; then  # scripts/gpu_bundle.sh; Python's tarfile where xz is missing
+  tar -C .carry -xJf .carry/bundle.txz 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        .carry/bundle.txz .carry
+elif [[ -f .carry/bundle.tgz ]]; then tar -C .carry -xzf .carry/bundle.tgz; fi
 export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
 export OPD_SOURCE_DIR="$PWD" OPD_BINARY="$PWD/.carry/bin/opd" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/opd_out}"
