@@ -25,6 +25,17 @@ std::string opd_binary() {
 }
 std::string fixture_path(const std::string& rel) { return source_dir() + "/tests/fixtures/" + rel; }
 
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    ADD_FAILURE() << "cannot read " << path;
+    return std::string();
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 OpdResult run_opd(const std::string& args, Stderr err) {
   OpdResult r;
   const std::string cmd = opd_binary() + " " + args +

@@ -16,6 +16,8 @@ namespace opd::test {
 std::string source_dir();                   // repository root ($OPD_SOURCE_DIR overrides)
 std::string opd_binary();                   // the built opd ($OPD_BINARY overrides)
 std::string fixture_path(const std::string& rel);  // tests/fixtures/<rel>
+// The whole file as bytes; a file that cannot be opened fails the test (and gives "").
+std::string read_file(const std::string& path);
 
 // Runs `opd ARGS` (ARGS as shell words) and returns its exit status and stdout. stderr goes to
 // the test's own log (ToTestLog), into `out` after stdout's lines as they interleave (Merge), or

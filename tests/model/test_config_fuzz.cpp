@@ -21,11 +21,8 @@ namespace {
 std::vector<std::string> base_configs() {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(test::fixture_path("configs"))) {
-    std::ifstream f(e.path() / "config.json");
-    if (!f) continue;
-    std::stringstream ss;
-    ss << f.rdbuf();
-    out.push_back(ss.str());
+    if (!std::filesystem::exists(e.path() / "config.json")) continue;
+    out.push_back(test::read_file((e.path() / "config.json").string()));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -79,13 +76,7 @@ TEST(ConfigFuzz, RandomMutations) {
 // num_hidden_layers = 2^31 - 1 passed the size check (<= 2^31) and parameter_shapes() then built
 // ~2*10^10 (name, shape) entries: the deep ASan campaign sat at 4 GB and growing.
 TEST(ConfigFuzz, Regressions) {
-  std::string text;
-  {
-    std::ifstream f(test::fixture_path("configs/qwen3_0_6b/config.json"));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
+  const std::string text = test::read_file(test::fixture_path("configs/qwen3_0_6b/config.json"));
   nlohmann::json j = nlohmann::json::parse(text);
   j["num_hidden_layers"] = 2147483647;
   const std::string err = test::error_of([&] { parse_model_config(j.dump(), "layers.json"); });

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/test_util.h"
+#include "teacher/protocol_samples.h"
 #include "core/philox.h"
 #include "loss/teacher_payload.h"
 #include "teacher/protocol.h"
@@ -27,18 +28,7 @@ ScoreRequest sample_request() {
   return q;
 }
 
-ScoreResponse sample_response() {
-  ScoreResponse r;
-  r.k = 2;
-  r.temperature = 0.75;
-  r.vocab_size = 96;
-  r.seq_begin = {2, 1};
-  r.row_offsets = {0, 3, 4};
-  r.ids = {1, 2, 3, 4, 5, 6, 95, 0};
-  r.logprobs = {-0.5f, -1.25f, -0.1f, -3.f, -2.f, -2.5f, -0.01f, -7.f};
-  r.actual_logprobs = {-4.f, -0.1f, -2.5f, -9.f};
-  return r;
-}
+using test::sample_response;
 
 void expect_same(const ScoreRequest& a, const ScoreRequest& b) {
   EXPECT_EQ(a.k, b.k);
@@ -267,12 +257,7 @@ TEST(Protocol, MalformedJsonIsNamed) {
 
 // --- vLLM ---------------------------------------------------------------------------------------
 
-std::string read_fixture(const std::string& rel) {
-  std::ifstream f(test::fixture_path(rel));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_fixture(const std::string& rel) { return test::read_file(test::fixture_path(rel)); }
 
 ScoreRequest fixture_request() {
   ScoreRequest q;

@@ -12,17 +12,12 @@
 
 #include "common/fuzz_util.h"
 #include "common/test_util.h"
+#include "teacher/protocol_samples.h"
 #include "teacher/protocol.h"
 
 namespace opd {
 namespace {
 
-std::string fixture_text(const std::string& rel) {
-  std::ifstream f(test::fixture_path(rel));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 ScoreRequest request() {
   ScoreRequest q;
@@ -31,19 +26,6 @@ ScoreRequest request() {
   q.sequences.push_back({{5, 17, 3, 42}, 1, 4});
   q.sequences.push_back({{7, 7, 90}, 1, 3});
   return q;
-}
-
-ScoreResponse response() {
-  ScoreResponse r;
-  r.k = 2;
-  r.temperature = 0.75;
-  r.vocab_size = 96;
-  r.seq_begin = {2, 1};
-  r.row_offsets = {0, 3, 4};
-  r.ids = {1, 2, 3, 4, 5, 6, 95, 0};
-  r.logprobs = {-0.5f, -1.25f, -0.1f, -3.f, -2.f, -2.5f, -0.01f, -7.f};
-  r.actual_logprobs = {-4.f, -0.1f, -2.5f, -9.f};
-  return r;
 }
 
 // Mutates `base` (a JSON text) structurally or bytewise and hands the parsed result to `use`.
@@ -80,7 +62,7 @@ TEST(ProtocolJsonFuzz, ScoreRequest) {
 }
 
 TEST(ProtocolJsonFuzz, ScoreResponse) {
-  const std::string base = score_response_to_json(response()).dump();
+  const std::string base = score_response_to_json(test::sample_response()).dump();
   const int iters = test::fuzz_iters(2000);
   const int ok = fuzz_json(base, 0x5c0f0000u, iters, [](const nlohmann::json& j) {
     const ScoreResponse r = score_response_from_json(j);
@@ -91,7 +73,8 @@ TEST(ProtocolJsonFuzz, ScoreResponse) {
 }
 
 TEST(ProtocolJsonFuzz, VllmPromptLogprobs) {
-  const std::string base = fixture_text("teacher/vllm_completions_prompt_logprobs.json");
+  const std::string base =
+      test::read_file(test::fixture_path("teacher/vllm_completions_prompt_logprobs.json"));
   const int iters = test::fuzz_iters(2000);
   const int ok = fuzz_json(base, 0x5c100000u, iters, [](const nlohmann::json& j) {
     const ScoreResponse r = parse_vllm_prompt_logprobs(j, request(), 96);
