@@ -163,52 +163,39 @@ TEST(GgufFuzz, RandomMutations) {
   EXPECT_GT(ok, iters / 50);
 }
 
+// gguf_model_config's error on a one-layer tiny Llama header with `block_count` layers and the
+// extra key-value pair of `extra` (key, GGUF type, raw value bytes; none when the key is empty).
+std::string tiny_llama_config_error(uint32_t block_count, const std::string& key = "",
+                                    uint32_t type = 0, const std::string& value = "") {
+  GgufBuilder b;
+  b.kv_str("general.architecture", "llama")
+      .kv_u32("llama.block_count", block_count)
+      .kv_u32("llama.embedding_length", 32)
+      .kv_u32("llama.feed_forward_length", 32)
+      .kv_u32("llama.attention.head_count", 2)
+      .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  if (!key.empty()) b.kv_raw(key, type, value);
+  const std::string img = b.tensor("token_embd.weight", {32, 4}, 0, std::string(32 * 4 * 4, '\0')).build();
+  GgufFile g = GgufFile::from_bytes(std::make_shared<const std::string>(img), "regression.gguf");
+  return test::error_of([&] { gguf_model_config(g); });
+}
+
 TEST(GgufFuzz, Regressions) {
   // A uint64 token id past INT64_MAX was cast to a negative id that passed `id >= vocab`.
   {
-    std::string img = GgufBuilder()
-                          .kv_str("general.architecture", "llama")
-                          .kv_u32("llama.block_count", 1)
-                          .kv_u32("llama.embedding_length", 32)
-                          .kv_u32("llama.feed_forward_length", 32)
-                          .kv_u32("llama.attention.head_count", 2)
-                          .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
-                          .kv_raw("tokenizer.ggml.eos_token_id", 10, std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8))
-                          .tensor("token_embd.weight", {32, 4}, 0, std::string(32 * 4 * 4, '\0'))
-                          .build();
-    GgufFile g = GgufFile::from_bytes(std::make_shared<const std::string>(img), "eos.gguf");
-    const std::string err = test::error_of([&] { gguf_model_config(g); });
+    const std::string err = tiny_llama_config_error(
+        1, "tokenizer.ggml.eos_token_id", 10, std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8));
     EXPECT_NE(err.find("eos_token_id = 18446744073709551615 is outside the vocabulary"), std::string::npos) << err;
   }
   // context_length as a uint64 past INT64_MAX became a negative max_position_embeddings.
   {
-    std::string img = GgufBuilder()
-                          .kv_str("general.architecture", "llama")
-                          .kv_u32("llama.block_count", 1)
-                          .kv_raw("llama.context_length", 10, std::string("\x00\x00\x00\x00\x00\x00\x00\x80", 8))
-                          .kv_u32("llama.embedding_length", 32)
-                          .kv_u32("llama.feed_forward_length", 32)
-                          .kv_u32("llama.attention.head_count", 2)
-                          .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
-                          .tensor("token_embd.weight", {32, 4}, 0, std::string(32 * 4 * 4, '\0'))
-                          .build();
-    GgufFile g = GgufFile::from_bytes(std::make_shared<const std::string>(img), "ctx.gguf");
-    const std::string err = test::error_of([&] { gguf_model_config(g); });
+    const std::string err = tiny_llama_config_error(
+        1, "llama.context_length", 10, std::string("\x00\x00\x00\x00\x00\x00\x00\x80", 8));
     EXPECT_NE(err.find("context_length' = 9223372036854775808 is outside [1, 2^31]"), std::string::npos) << err;
   }
   // block_count = 2^31: parameter_shapes() would list ~2*10^10 tensors before reading any.
   {
-    std::string img = GgufBuilder()
-                          .kv_str("general.architecture", "llama")
-                          .kv_u32("llama.block_count", 2147483648u)
-                          .kv_u32("llama.embedding_length", 32)
-                          .kv_u32("llama.feed_forward_length", 32)
-                          .kv_u32("llama.attention.head_count", 2)
-                          .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
-                          .tensor("token_embd.weight", {32, 4}, 0, std::string(32 * 4 * 4, '\0'))
-                          .build();
-    GgufFile g = GgufFile::from_bytes(std::make_shared<const std::string>(img), "layers.gguf");
-    const std::string err = test::error_of([&] { gguf_model_config(g); });
+    const std::string err = tiny_llama_config_error(2147483648u);
     EXPECT_NE(err.find("block_count = 2147483648 is over opd's limit of 4096 layers"), std::string::npos) << err;
   }
   // Arrays of one-byte elements: ~100 bytes of parsed value per file byte. The header-wide
