@@ -111,7 +111,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-std::vector<const void*> model_weight_addresses(const Transformer& model) {
+[[maybe_unused]] std::vector<const void*> model_weight_addresses(const Transformer& model) {
   std::vector<const void*> out;
   model.weights().for_each([&](const std::string&, const Tensor& t) {
     out.push_back(t.defined() ? t.raw() : nullptr);
@@ -196,7 +196,7 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   // buckets write there (rollout/engine_cuda.h).
   auto t_phase = std::chrono::steady_clock::now();
   KvCache cache(cfg, bs, num_blocks + (on_cuda ? 1 : 0), dtype, model_->weights().embed_tokens.device());
-  const int32_t scratch_block = on_cuda ? cache.allocate() : -1;
+  [[maybe_unused]] const int32_t scratch_block = on_cuda ? cache.allocate() : -1;
   stats_.kv_alloc_seconds = seconds_since(t_phase);
   std::optional<PagedForward> local_forward;  // CPU models, and CUDA without a kept state
   const PagedForward* forward_ptr = nullptr;
