@@ -483,25 +483,29 @@ TEST_P(CudaAttentionWgmma, MatchesReferenceAndMmaKernel) {
 
 const std::vector<int32_t> kWgmmaMixed = {0, 1, 17, 0, 63, 65, 127, 129, 0, 768, 0};
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttentionWgmma,
-    ::testing::Values(AttnCase{"len1_g16_8", {1}, 16, 8, 128},
-                      AttnCase{"len17_g16_16", {17}, 16, 16, 128},
-                      AttnCase{"len63_g32_8", {63}, 32, 8, 128},
-                      AttnCase{"len65_g16_8", {65}, 16, 8, 128},
-                      AttnCase{"len127_g16_16", {127}, 16, 16, 128},
-                      AttnCase{"len129_g32_8", {129}, 32, 8, 128},
-                      AttnCase{"len768_g16_8", {768}, 16, 8, 128},
-                      // 24 key tiles of 64: the ping-pong ring (4 slots) wraps six times.
-                      AttnCase{"len1500_g4_2", {1500}, 4, 2, 128},
-                      AttnCase{"len300_g2_1", {300}, 2, 1, 128},
-                      AttnCase{"mixed_g16_8", kWgmmaMixed, 16, 8, 128},
-                      AttnCase{"mixed_g16_16", kWgmmaMixed, 16, 16, 128},
-                      AttnCase{"mixed_g32_8", kWgmmaMixed, 32, 8, 128},
-                      AttnCase{"exact_tiles_g4_2", {128, 256, 64, 192}, 4, 2, 128},
-                      AttnCase{"peaky_g4_2", {65, 300, 129}, 4, 2, 128, 8.0},
-                      AttnCase{"only_empty", {0, 0}, 4, 2, 128}),
-    [](const auto& info) { return std::string(info.param.name); });
+// The wgmma kernels' shape sweep (forward and backward): odd lengths around the 64/128 tiles,
+// GQA 16/8, 16/16, 32/8, 4/2, 2/1, varlen batches with empty sequences.
+const std::vector<AttnCase> kWgmmaShapes = {
+    AttnCase{"len1_g16_8", {1}, 16, 8, 128},
+    AttnCase{"len17_g16_16", {17}, 16, 16, 128},
+    AttnCase{"len63_g32_8", {63}, 32, 8, 128},
+    AttnCase{"len65_g16_8", {65}, 16, 8, 128},
+    AttnCase{"len127_g16_16", {127}, 16, 16, 128},
+    AttnCase{"len129_g32_8", {129}, 32, 8, 128},
+    AttnCase{"len768_g16_8", {768}, 16, 8, 128},
+    // 24 key tiles of 64: the forward's ping-pong ring (4 slots) wraps six times.
+    AttnCase{"len1500_g4_2", {1500}, 4, 2, 128},
+    AttnCase{"len300_g2_1", {300}, 2, 1, 128},
+    AttnCase{"mixed_g16_8", kWgmmaMixed, 16, 8, 128},
+    AttnCase{"mixed_g16_16", kWgmmaMixed, 16, 16, 128},
+    AttnCase{"mixed_g32_8", kWgmmaMixed, 32, 8, 128},
+    AttnCase{"mixed_g2_1", kWgmmaMixed, 2, 1, 128},
+    AttnCase{"exact_tiles_g4_2", {128, 256, 64, 192}, 4, 2, 128},
+    AttnCase{"peaky_g4_2", {65, 300, 129}, 4, 2, 128, 8.0},
+    AttnCase{"only_empty", {0, 0}, 4, 2, 128}};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionWgmma, ::testing::ValuesIn(kWgmmaShapes),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // No atomics: two runs of every variant give bit-identical out and lse (different poisons).
 TEST(CudaAttentionWgmma, DeterministicBitIdentical) {
@@ -692,25 +696,8 @@ TEST_P(CudaAttentionWgmmaBwd, FiveProductMatchesReferenceAndMmaKernel) {
                       tol.atol_rel_rms, tol.rel_l2));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttentionWgmmaBwd,
-    ::testing::Values(AttnCase{"len1_g16_8", {1}, 16, 8, 128},
-                      AttnCase{"len17_g16_16", {17}, 16, 16, 128},
-                      AttnCase{"len63_g32_8", {63}, 32, 8, 128},
-                      AttnCase{"len65_g16_8", {65}, 16, 8, 128},
-                      AttnCase{"len127_g16_16", {127}, 16, 16, 128},
-                      AttnCase{"len129_g32_8", {129}, 32, 8, 128},
-                      AttnCase{"len300_g2_1", {300}, 2, 1, 128},
-                      AttnCase{"len768_g16_8", {768}, 16, 8, 128},
-                      AttnCase{"len1500_g4_2", {1500}, 4, 2, 128},
-                      AttnCase{"mixed_g16_8", kWgmmaMixed, 16, 8, 128},
-                      AttnCase{"mixed_g16_16", kWgmmaMixed, 16, 16, 128},
-                      AttnCase{"mixed_g32_8", kWgmmaMixed, 32, 8, 128},
-                      AttnCase{"mixed_g2_1", kWgmmaMixed, 2, 1, 128},
-                      AttnCase{"exact_tiles_g4_2", {128, 256, 64, 192}, 4, 2, 128},
-                      AttnCase{"peaky_g4_2", {65, 300, 129}, 4, 2, 128, 8.0},
-                      AttnCase{"only_empty", {0, 0}, 4, 2, 128}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionWgmmaBwd, ::testing::ValuesIn(kWgmmaShapes),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // No atomics: two runs (one into zeros, one into NaN poison) are bit-identical.
 TEST(CudaAttentionWgmmaBwd, DeterministicBitIdentical) {
