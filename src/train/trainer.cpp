@@ -1294,12 +1294,14 @@ TrainResult Trainer::run_steps() {
       // slower by itself from a slowdown every rank shares (e.g. W2's 2-rank rollout gap).
       const std::vector<double> mine = {rollout_s, score_s, train_s, step_s,
                                         rollout_stats_.sync_wait_seconds};
-      const auto most = store_->all_reduce(mine, dist::HostReduce::Max, "phase times (max)");
-      const auto least = store_->all_reduce(mine, dist::HostReduce::Min, "phase times (min)");
+      // One round trip: the max of (t, -t) gives the slowest rank's t and the fastest one's.
+      std::vector<double> both = mine;
+      for (double t : mine) both.push_back(-t);
+      both = store_->all_reduce(std::move(both), dist::HostReduce::Max, "phase times");
       const char* names[] = {"rollout_s", "score_s", "train_s", "step_s", "rollout/sync_wait_s"};
       for (size_t i = 0; i < mine.size(); ++i) {
-        m[std::string("time/ranks_max/") + names[i]] = most[i];
-        m[std::string("time/ranks_min/") + names[i]] = least[i];
+        m[std::string("time/ranks_max/") + names[i]] = both[i];
+        m[std::string("time/ranks_min/") + names[i]] = -both[mine.size() + i];
       }
     }
     m["memory/peak_rss_bytes"] = peak_rss_bytes();
