@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context|dg3|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -499,6 +499,27 @@ if [[ "$what" == attn-bwd ]]; then
   run bench_attn 120 $B/opd bench attention --iters 30 --warmup 5
   run torch_attn 120 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
   grep -h "summary" -A4 "$OUT/bench_attn.log" 2>/dev/null
+fi
+if [[ "$what" == s7b ]]; then
+  # Session 7, one call (nvidia-h200, <= 570 s): the wgmma dK/dV + dQ backward as the new
+  # default (auto = wgmma-all): the suite minus the slow forward-only sweeps (the whole suite
+  # passed in next6a under the old default), memcheck and racecheck of its small cases, W1
+  # with its HF anchor, then the training bench with its PyTorch twin while time is left.
+  run cuda 200 $B/test_cuda --gtest_filter='-*FiveProduct*:Shapes/CudaAttentionWgmma.*:CudaTopKLmHead.*:CudaPagedAttention.*'
+  SMALL='*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/mixed_g16_8:CudaAttentionWgmmaBwd.DeterministicBitIdentical:CudaAttentionWgmmaBwd.Selection*'
+  run memcheck_bwd 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda --gtest_filter="$SMALL"
+  run racecheck_bwd 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=attention_bwd $B/test_cuda --gtest_filter="$SMALL"
+  run w1 120 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run torch_w1 150 python3 tools/bench_w1_torch.py
+  if (( SECONDS < 400 )); then run bench_train 150 $B/opd bench train --with-torch; fi
+  for k in qkv_norm_rope swiglu_packed; do
+    if (( SECONDS < 520 )); then
+      run "racecheck_$k" 40 compute-sanitizer --tool racecheck --error-exitcode 9 \
+          --kernel-name "kns=$k" $B/test_cuda --gtest_filter="$(race_filter $k)"
+    fi
+  done
+  grep -h "whole step\|rollout \|scoring\|train \|peak\|HF\|anchor\|MFU\|ratio" "$OUT/w1.log" "$OUT/torch_w1.log" "$OUT/bench_train.log" 2>/dev/null | grep -v '^{' | head -40
 fi
 if [[ "$what" == attn-bwd5 ]]; then
   # Time limits add up to < 600 s (one device call); the new tests go first.

@@ -791,7 +791,7 @@ TEST(CudaAttentionWgmmaBwd, SettingRoundTrip) {
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Auto), "auto");
 }
 
-// The selection: wgmma only for bf16 / head_dim 128, auto = mma (not yet measured), and the
+// The selection: wgmma only for bf16 / head_dim 128, auto = wgmma-all (the fastest), and the
 // Tensor op routed through either kernel matches the f64 gradients.
 TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
   REQUIRE_WGMMA();
@@ -806,7 +806,8 @@ TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
   cuda::set_attention_bwd_kernel(K::Mma);
   EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::Mma);
   cuda::set_attention_bwd_kernel(K::Auto);
-  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::Mma);
+  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), K::WgmmaAll);
+  EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 64), K::Mma);
   AttnCase c{"selection", {5, 130, 700}, 16, 8, 128};
   Problem p = make_problem(c, DType::BF16, 1200);
   const Tol tol = tol_for(DType::BF16);

@@ -548,7 +548,14 @@ TEST(CudaRollout, FreshPrefillGreedyIsTheFullForwardArgmax) {
 // kContextPrefillMinRows: paged), a decode token (paged), chunks of 17 and 64 over contexts 40
 // and 30 and fresh prompts of 1, 7 and 130 (the tensor-core tail, a context plan); its final
 // hidden rows (step_hidden, the scorer's path) and its logits; (3) one decode token each.
-// Logits and hidden rows within bf16 rounding of the off run; step 2's bits differ somewhere.
+// Logits within bf16 rounding of the off run; step 2's bits differ somewhere. The hidden rows
+// of step 2 are judged row by row against the rounding itself: an f32 model on the paged
+// kernel is the reference, and each row's distance between the on and off runs must stay within
+// 4x the off run's own distance from it (the tensor-core kernel rounds P to bf16, the paged
+// kernel keeps it in f32, so on-off is up to about 2.5x off-f32). An elementwise bound is no
+// judge here: the first H200 run (session 7) failed one at |diff| 0.037 of 0.146 with a relative
+// L2 of 0.0058 overall, a bf16 outlier, while a chunk attending over the wrong context moves its
+// whole row.
 TEST(CudaRollout, ContextChunksOnTensorCoresMatchThePagedKernel) {
   REQUIRE_GPU();
   Transformer gpu = fresh_prefill_model();
@@ -561,14 +568,18 @@ TEST(CudaRollout, ContextChunksOnTensorCoresMatchThePagedKernel) {
   const std::vector<int64_t> second = {5, 1, 17, 64, 1, 7, 130};
   std::vector<std::vector<int32_t>> toks;
   for (size_t i = 0; i < first.size(); ++i) toks.push_back(seeded_prompt(90 + i, first[i] + second[i] + 1, V));
+  // The reference: the same weights in f32, paged kernel only (run 2 below).
+  const Transformer f32 = Transformer(gpu.config(), init_weights(gpu.config(), 7, 0.1))
+                              .to(Device::CUDA, DType::F32);
   for (bool fused : {false, true}) {
-    std::vector<Tensor> logits[2], hidden(2);
-    for (int ctx = 0; ctx < 2; ++ctx) {
-      PagedForward f(gpu, fused);
-      f.set_fresh_prefill(true);
+    std::vector<Tensor> logits[3], hidden(3);
+    for (int ctx = 0; ctx < 3; ++ctx) {
+      const Transformer& model = ctx == 2 ? f32 : gpu;
+      PagedForward f(model, fused);
+      f.set_fresh_prefill(ctx < 2);
       f.set_context_prefill(ctx == 1);
       EXPECT_EQ(f.context_prefill(), ctx == 1);
-      KvCache cache(gpu.config(), bs, blocks, DType::BF16, Device::CUDA);
+      KvCache cache(model.config(), bs, blocks, ctx == 2 ? DType::F32 : DType::BF16, Device::CUDA);
       StepFeeder feed(toks, bs, blocks);
       auto add = [&](PagedStep& ps, size_t i, int64_t n) { feed.add(ps, i, n); };
       PagedStep s1;
@@ -589,8 +600,30 @@ TEST(CudaRollout, ContextChunksOnTensorCoresMatchThePagedKernel) {
       EXPECT_TRUE(close(logits[1][k], logits[0][k], 3e-2, 3e-2, 2e-2))
           << label << " step " << k + 1 << ": " << diff_summary(logits[1][k], logits[0][k]);
     }
-    EXPECT_TRUE(close(hidden[1], hidden[0], 3e-2, 3e-2, 2e-2))
-        << label << " step 2 hidden rows: " << diff_summary(hidden[1], hidden[0]);
+    // Row by row: ||on - off|| <= 4 ||off - f32|| + 1e-3 ||f32||.
+    const Tensor h_on = host(hidden[1]).to_dtype(DType::F32), h_off = host(hidden[0]).to_dtype(DType::F32);
+    const Tensor h_ref = host(hidden[2]).to_dtype(DType::F32);
+    ASSERT_EQ(h_on.shape(), h_ref.shape());
+    const int64_t cols = h_ref.shape().back(), rows = h_ref.numel() / cols;
+    double worst = 0;
+    int64_t worst_row = -1;
+    for (int64_t r = 0; r < rows; ++r) {
+      double on_off = 0, off_ref = 0, ref = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float a = h_on.data<float>()[r * cols + c], b = h_off.data<float>()[r * cols + c];
+        const float e = h_ref.data<float>()[r * cols + c];
+        on_off += (double(a) - b) * (double(a) - b);
+        off_ref += (double(b) - e) * (double(b) - e);
+        ref += double(e) * e;
+      }
+      const double ratio = std::sqrt(on_off) / (4 * std::sqrt(off_ref) + 1e-3 * std::sqrt(ref));
+      if (ratio > worst) worst = ratio, worst_row = r;
+    }
+    std::printf("%s step 2 hidden rows: worst row %lld at %.3f of its bound; on vs off: %s; off vs f32: %s\n",
+                label, static_cast<long long>(worst_row), worst, diff_summary(h_on, h_off).c_str(),
+                diff_summary(h_off, h_ref).c_str());
+    EXPECT_LE(worst, 1.0) << label << ": row " << worst_row
+                          << " of step 2 moved further between the paths than bf16 rounding moves it";
     EXPECT_FALSE(same_bits(logits[1][1], logits[0][1]))
         << label << ": step 2 gave the off run's bits: the context path did not run";
   }

@@ -91,8 +91,9 @@ const char* attention_fwd_kernel_name(AttentionFwdKernel kernel);
 // Wgmma = attention_backward_dkdv_wgmma below + the mma.sync dQ kernel (so dq is bit-identical
 // to Mma's); WgmmaAll = attention_backward_dkdv_wgmma + attention_backward_dq_wgmma; WgmmaDq =
 // attention_backward_wgmma_dq (5 products in one kernel, dQ accumulated in order under a
-// per-block counter, + a convert kernel). Auto = mma: the wgmma kernels have not been measured
-// (nor run) on a GPU yet (docs/perf.md "Attention — wgmma backward", "... 5-product").
+// per-block counter, + a convert kernel). Auto = WgmmaAll where the device runs sm_90a code
+// (the fastest on the H200, docs/perf.md "Attention backward — the wgmma kernels measured"),
+// else Mma.
 enum class AttentionBwdKernel { Auto, Mma, Wgmma, WgmmaAll, WgmmaDq };
 
 // The process-wide setting: initially from OPD_ATTENTION_BWD (`mma`, `wgmma`, `wgmma-all`,
