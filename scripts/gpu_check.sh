@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context|dg3|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -520,6 +520,40 @@ if [[ "$what" == s7b ]]; then
     fi
   done
   grep -h "whole step\|rollout \|scoring\|train \|peak\|HF\|anchor\|MFU\|ratio" "$OUT/w1.log" "$OUT/torch_w1.log" "$OUT/bench_train.log" 2>/dev/null | grep -v '^{' | head -40
+fi
+if [[ "$what" == s7c ]]; then
+  # Session 7 (nvidia-h200, <= 570 s): context prefill where it should pay. The scorer with
+  # long shared prompts (32 x (2048 + 64), 8 per prompt): never, always on the paged kernel,
+  # always with --context-prefill; W1's scoring shape with 4 per prompt again (cost fit); the
+  # rollout with prompts longer than a step (--max-step-tokens 128 on W1; 16 prompts of 4096)
+  # with and without it; then the context tests.
+  LONG=(--sequences 32 --prompt 2048 --completion 64 --num-generations 8)
+  for m in "never" "always" "always --context-prefill"; do
+    timeout 75 $B/opd bench score --no-server "${LONG[@]}" --shared-prompt $m >>"$OUT/score_long.log" 2>&1
+  done
+  for m in "never" "always --context-prefill"; do
+    timeout 75 $B/opd bench score --no-server --num-generations 4 --shared-prompt $m >>"$OUT/score_w1.log" 2>&1
+  done
+  for c in "" "--context-prefill"; do
+    timeout 60 $B/opd bench rollout --runs 3 --max-step-tokens 128 $c >>"$OUT/rollout_ctx.log" 2>&1
+    timeout 60 $B/opd bench rollout --runs 2 --prompts 16 --prompt-len 4096 --new-tokens 128 --kv-cache-gb 12 $c >>"$OUT/rollout_long.log" 2>&1
+  done
+  run ctx_tests 60 $B/test_cuda --gtest_filter='CudaRollout.Context*:CudaScorer*:CudaAttentionContext.*'
+  grep -h "opd bench score\|in-process:" "$OUT/score_long.log" "$OUT/score_w1.log"
+  grep -h "^Qwen3\|^opd:\|split:" "$OUT/rollout_ctx.log" "$OUT/rollout_long.log"
+fi
+if [[ "$what" == s7d ]]; then
+  # Session 7 (nvidia-h200, <= 400 s): context prefill on by default (engine and scorer) and
+  # Auto's new cost factor: the engine/scorer/trainer suites under the defaults, memcheck of the
+  # context tests, then Auto end to end at the two measured shapes (expected: dense at W1's
+  # 4 per prompt ~0.34 s; shared at 2048 + 8 x 64 ~0.09 s).
+  run cuda_ctx 200 $B/test_cuda --gtest_filter='*CudaRollout*:*CudaScorer*:*CudaTrainer*:*CudaDecode*:CudaAttentionContext.*'
+  run memcheck_ctx 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaRollout.Context*:CudaScorerShared.*'
+  timeout 70 $B/opd bench score --no-server --num-generations 4 >"$OUT/score_auto.log" 2>&1
+  timeout 70 $B/opd bench score --no-server --sequences 32 --prompt 2048 --completion 64 \
+      --num-generations 8 >>"$OUT/score_auto.log" 2>&1
+  grep -h "opd bench score\|in-process:" "$OUT/score_auto.log"
 fi
 if [[ "$what" == attn-bwd5 ]]; then
   # Time limits add up to < 600 s (one device call); the new tests go first.

@@ -77,7 +77,7 @@ struct BenchScoreOptions {
   int64_t max_batch_tokens = 16384, vocab_tile = 16384, row_chunk = 2048;
   int warmup = 1, iters = 3;
   bool no_server = false, json = false, keep = false;
-  bool context_prefill = false;  // in-process CUDA scorer only
+  bool context_prefill = true;  // in-process CUDA scorer only (CudaScorer::Options' default)
   bool lmhead_overlap = false;   // also time the in-process scorer with the tile overlap on
   std::string work_dir, opd_binary;
   double server_timeout_s = 600;
@@ -443,12 +443,14 @@ void run_bench_score(const BenchScoreOptions& o) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("opd bench score: %s %s (%lld layers, hidden %lld, vocab %lld), %lld x (%lld prompt "
-                "+ %lld scored), %lld generations per prompt, shared prompt %s, K %lld, T %g\n",
+                "+ %lld scored), %lld generations per prompt, shared prompt %s%s, K %lld, T %g\n",
                 o.device.c_str(), o.preset.c_str(), static_cast<long long>(c.num_hidden_layers),
                 static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size),
                 static_cast<long long>(o.sequences), static_cast<long long>(o.prompt),
                 static_cast<long long>(o.completion), static_cast<long long>(o.num_generations),
-                o.shared_prompt.c_str(), static_cast<long long>(o.k), o.temperature);
+                o.shared_prompt.c_str(),
+                o.device == "cuda" ? (o.context_prefill ? " (context prefill)" : " (paged kernel)") : "",
+                static_cast<long long>(o.k), o.temperature);
     std::printf("  in-process: %.4f s  %.0f scored tok/s  %.0f forwarded tok/s  %.1f TFLOP/s "
                 "(%.1f%% of 776)  peak %.2f GiB\n",
                 s_in, scored / s_in, forwarded / s_in, flops / s_in / 1e12,
@@ -499,9 +501,10 @@ void register_bench_score(CLI::App& bench) {
                   "scorer's shared-prompt mode, in process and in the server: auto | always | never")
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "always", "never"}));
-  cmd->add_flag("--context-prefill", o->context_prefill,
+  cmd->add_flag("--context-prefill,!--no-context-prefill", o->context_prefill,
                 "in-process CUDA scorer: shared-prompt completions attend over the cached prompt "
-                "on the tensor-core kernel instead of the paged kernel (default off)");
+                "on the tensor-core kernel instead of the paged kernel (default on; "
+                "--no-context-prefill: the paged kernel)");
   cmd->add_option("--chunks", o->chunks,
                   "client chunks for the second served run (the first sends one request)")
       ->default_val(8)

@@ -154,8 +154,9 @@ class PagedForward {
   // context + new K/V rows from the cache by slot into contiguous scratch and runs
   // cuda::attention_forward over a context plan (query rows = the last rows of the keys)
   // instead of the paged kernel's CUDA-core loop. Extra memory per step: 2 x (sum of those
-  // sequences' lengths) x Hkv x D x dtype. Needs fresh_prefill on. Off by default (not yet
-  // run on a GPU). CPU models ignore it.
+  // sequences' lengths) x Hkv x D x dtype. Needs fresh_prefill on. Off by default here; the
+  // rollout engine and the CUDA scorer turn it on (measured on the H200, docs/perf.md session 7).
+  // CPU models ignore it.
   void set_context_prefill(bool on) { context_prefill_ = on; }
   bool context_prefill() const { return context_prefill_; }
   // Shorter chunks stay on the paged kernel, which reads the context once per 8 query rows:

@@ -107,8 +107,9 @@ struct EngineOptions {
   // CUDA bf16 models (head_dim 64/128), with cuda_fresh_prefill: prompt chunks over cached
   // context (later chunks of a prompt longer than max_step_tokens) also attend on the
   // tensor-core kernel, over their context K/V gathered from the cache
-  // (PagedForward::set_context_prefill). Off: not yet measured on a GPU.
-  bool cuda_context_prefill = false;
+  // (PagedForward::set_context_prefill). On: the H200 (session 7, docs/perf.md) gave 16 prompts
+  // of 4096 tokens x 128 new 3.467 -> 0.795 s, W1 with --max-step-tokens 128 1.906 -> 1.648 s.
+  bool cuda_context_prefill = true;
   // CUDA fused decode steps: prefetch each layer's o, gate|up, down and the next layer's q|k|v
   // weights into L2 before the attention (PagedForward::set_l2_prefetch). Off: measured slower
   // on the H200 (W1 rollout 1.281 -> 1.406 s, docs/perf.md session 5).

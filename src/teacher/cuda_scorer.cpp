@@ -13,6 +13,9 @@
 #include "model/transformer.h"
 #include "teacher/score_plan.h"
 #include "teacher/topk_lm_head.h"  // topk_lm_head_device
+#if defined(OPD_WITH_CUDA)
+#include "kernels/cuda/cuda_ops.h"  // attention_has_fast_path
+#endif
 
 namespace opd {
 
@@ -70,11 +73,22 @@ void CudaScorer::check_setup() const {
             model_->config().vocab_size);
 }
 
+SharedPromptOptions CudaScorer::shared_prompt_options() const {
+  SharedPromptOptions s = opts_.shared_prompt;
+#if defined(OPD_WITH_CUDA)
+  if (opts_.context_prefill &&
+      cuda::attention_has_fast_path(model_->dtype(), model_->config().head_dim)) {
+    s.paged_attention_cost = opts_.context_attention_cost;
+  }
+#endif
+  return s;
+}
+
 ScoreResponse CudaScorer::score(const ScoreRequest& req) {
   check_request_for(req, info_, opts_.limits);
   ScoreResponse out = response_skeleton(req, info_.vocab_size);
   const ScorePlan plan =
-      plan_score_request(req, opts_.max_batch_tokens, model_->config(), opts_.shared_prompt);
+      plan_score_request(req, opts_.max_batch_tokens, model_->config(), shared_prompt_options());
   if (plan.rows == 0) return out;
 
   const std::lock_guard<std::mutex> lock(mutex_);

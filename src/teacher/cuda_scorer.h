@@ -52,9 +52,15 @@ class CudaScorer : public Scorer {
     SharedPromptOptions shared_prompt = {SharedPromptMode::Auto, 64, 16, 63.0};
     // Shared-prompt steps: completions attend over their cached prompt with the tensor-core
     // kernel (PagedForward::set_context_prefill; bf16 head_dim 64/128) instead of the paged
-    // kernel. Off by default: not yet measured (docs/perf.md); paged_attention_cost above is
-    // the paged kernel's and is not lowered when this is on.
-    bool context_prefill = false;
+    // kernel. Where it applies, Auto's cost model uses context_attention_cost instead of
+    // shared_prompt.paged_attention_cost.
+    bool context_prefill = true;
+    // Auto's cost factor with context prefill (H200, session 7, `opd bench score --no-server
+    // --shared-prompt always --context-prefill` vs never): the cost model solved for the
+    // measured times gives 11 (64 x (256 + 512), 4 per prompt: shared 0.3505 s vs dense
+    // 0.3400 s) and 7 (32 x (2048 + 64), 8 per prompt: 0.0922 vs 0.3887 s). 11, the larger, so
+    // that Auto shares the second shape and not the first.
+    double context_attention_cost = 11.0;
   };
   // Loads the model directory (f32 on the host), converts it to CUDA `options.dtype`. Throws
   // Unsupported in builds without CUDA or without a usable device.
@@ -68,6 +74,9 @@ class CudaScorer : public Scorer {
   const TeacherInfo& info() const override { return info_; }
   ScoreResponse score(const ScoreRequest& request) override;
   const Options& options() const { return opts_; }
+  // What Auto plans with: options().shared_prompt, its cost factor replaced by
+  // context_attention_cost where context prefill applies (bf16, head_dim 64/128).
+  SharedPromptOptions shared_prompt_options() const;
   const Transformer& model() const { return *model_; }
 
  private:

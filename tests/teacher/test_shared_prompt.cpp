@@ -12,7 +12,9 @@
 #include "common/test_util.h"
 #include "common/shared_prompt_request.h"
 #include "model/config.h"
+#include "model/presets.h"
 #include "model/transformer.h"
+#include "teacher/cuda_scorer.h"
 #include "teacher/score_plan.h"
 #include "teacher/scorer.h"
 
@@ -148,6 +150,24 @@ TEST(SharedPrompt, CostModelByHand) {
                         2.0 * 48.0 * (10 * 11 / 2 + (5 * 10 + 5 * 6 / 2) + (7 * 10 + 7 * 8 / 2));
   EXPECT_DOUBLE_EQ(cost.dense, dense);
   EXPECT_DOUBLE_EQ(cost.shared, shared);
+}
+
+// The CUDA scorer's Auto decisions at the two shapes its cost factors were measured on (H200,
+// docs/teacher.md): with context prefill (factor 11) a 2048-token prompt with 8 completions of
+// 64 is shared (measured 0.092 vs 0.389 s) and W1's 256 + 4 x 512 is not (0.3505 vs 0.3400 s);
+// on the paged kernel (63) neither is (0.218 s shared for the first: sharing would have won there
+// too, but Auto was fitted on W1's loss; that is the cost of one factor for all shapes).
+TEST(SharedPrompt, CudaContextCostSharesLongPromptsOnly) {
+  const ModelConfig c = model_preset("qwen3-1.7b");
+  const CudaScorer::Options o;
+  EXPECT_TRUE(o.context_prefill);
+  const std::vector<int64_t> long_group(8, 64), w1_group(4, 512);
+  SharedPromptCost x = shared_prompt_cost(c, 2048, long_group, o.context_attention_cost);
+  EXPECT_LT(x.shared, 0.5 * x.dense) << "long prompts must be shared with context prefill";
+  x = shared_prompt_cost(c, 256, w1_group, o.context_attention_cost);
+  EXPECT_GT(x.shared, x.dense) << "W1's scoring shape must stay dense";
+  x = shared_prompt_cost(c, 256, w1_group, o.shared_prompt.paged_attention_cost);
+  EXPECT_GT(x.shared, x.dense);
 }
 
 TEST(SharedPrompt, ModeNames) {
