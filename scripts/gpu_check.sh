@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context|dg3|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -554,6 +554,14 @@ if [[ "$what" == s7d ]]; then
   timeout 70 $B/opd bench score --no-server --sequences 32 --prompt 2048 --completion 64 \
       --num-generations 8 >>"$OUT/score_auto.log" 2>&1
   grep -h "opd bench score\|in-process:" "$OUT/score_auto.log"
+fi
+if [[ "$what" == s7e ]]; then
+  # Session 7's last call (nvidia-h200, <= 300 s): the suite with every new default (wgmma
+  # backward, context prefill) minus the forward wgmma sweep (98 s, unchanged since call 1),
+  # then memcheck of the model and attention tests under the default backward.
+  run cuda 200 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  run memcheck_model 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*CudaModel*:CudaAttention.*:CudaAttentionBackward.*'
 fi
 if [[ "$what" == attn-bwd5 ]]; then
   # Time limits add up to < 600 s (one device call); the new tests go first.
