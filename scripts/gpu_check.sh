@@ -1,3 +1,9 @@
+  # Session 7's first call (nvidia-h200-x2, ~9-10 min; edited since: the decode GEMMs and the
+  # 5-product backward it also ran were removed). GPU 0: the whole suite. GPU 1 meanwhile: the
+  # rollout, scoring with shared prompts (+- context prefill) and with the lm_head overlap, the
+  # loss head with the overlap. Then W2 (ZeRO-2, then ZeRO-1) with the ranks' spread
+  # (time/ranks_*) and the rollout split. The attention benches: `bench`; W1 with its HF
+  # anchor: s7b.
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: the test binaries built on a CPU machine (carried in
 # .carry/bundle.txz (scripts/gpu_bundle.sh): bin/ and lib/ with the OpenBLAS runtime, which that machine lacks), the
@@ -6,17 +12,12 @@
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
 #        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|gemm-prof|anchor|product|memory|pdl|
-#        attn-bwd|attn-bwd5|context|dg3|overlap|overlap-tests|overlap-bench]
+#        attn-bwd|attn-bwd5|context|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
 # tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
 # the new kernels' small cases, then `opd bench attention` (rows bwd-wgmma/<k>, bwd-wgmma-all)
 # with its PyTorch twin in the same call.
-# attn-bwd5 (~5 min, issue 4): the 5-product backward (OPD_ATTENTION_BWD=wgmma-dq: dQ added
-# inside the wgmma dK/dV kernel under per-block counters; never run before): the attention
-# tests, the model tests under wgmma-dq, memcheck and racecheck (opd's attention_bwd kernels
-# only; these tests run no GEMM) of its small cases, then `opd bench attention` (row
-# bwd-wgmma-dq) with its PyTorch twin in the same call.
 # rollout: the CUDA rollout engine's tests (plain and a memcheck subset), `opd bench rollout`
 # (graphs, --no-graphs, --no-fused), the paged-attention and sampling kernels alone, and the
 # transformers twin (eager, then compiled): ~5-7 minutes, one 10-minute device call.
@@ -39,11 +40,6 @@
 # PagedForward's context prefill: their tests plain and under memcheck, then the A/B benches
 # (`opd bench rollout --max-step-tokens 128` and `opd bench score --no-server --shared-prompt
 # always|never` with --context-prefill off/on; the option is off by default).
-# dg3 (~5 min, at most 570 s, issue 6): decode GEMM v3 (never run on a GPU before): the decode GEMM tests (v2
-# and v3), memcheck on them, racecheck of the decode GEMM kernels, `opd bench kernels --filter
-# decode_gemm` (v3 and v2 rows beside cuBLASLt, then the split/row sweeps), `opd bench rollout
-# --runs 3` with cuBLASLt and with the decode GEMM (OPD_DECODE_GEMM=v3), and gemm-prof's ncu
-# metrics on the decode_gemm.* cases.
 # overlap (~4-6 min, at most 570 s, issues 7/8; = overlap-tests then overlap-bench): the lm_head
 # tile GEMMs overlapping the row kernels on a second stream (OPD_LMHEAD_OVERLAP, off by
 # default; never run on a GPU before): the top-K and fused-loss tests (on == off bit for bit),
@@ -420,8 +416,7 @@ if [[ "$what" == next6a ]]; then
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
   ( export CUDA_VISIBLE_DEVICES=1
     timeout 40 $B/opd bench rollout --runs 3 >"$OUT/rollout.log" 2>&1
-    timeout 50 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm >>"$OUT/rollout.log" 2>&1
-    timeout 80 stdbuf -oL $B/opd bench kernels --filter decode_gemm. >"$OUT/dg_bench.log" 2>&1
+    # (here session 7 also ran the rollout and the rows of opd's decode GEMM v3, since removed)
     for c in "" "--context-prefill"; do  # off (the default), then on
       timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt always $c >>"$OUT/score.log" 2>&1
     done
@@ -429,9 +424,9 @@ if [[ "$what" == next6a ]]; then
     timeout 60 $B/opd bench score --no-server --lmhead-overlap >>"$OUT/score.log" 2>&1
     timeout 80 $B/opd bench loss --lmhead-overlap >"$OUT/loss.log" 2>&1
   ) &
-  run cuda 330 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda --gtest_filter='-*FiveProduct*'
+  run cuda 330 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda
   wait
-  grep -h "^opd:\|decode step" "$OUT/rollout.log"; grep -h "v3\|v2" "$OUT/dg_bench.log" | head -24
+  grep -h "^opd:\|decode step" "$OUT/rollout.log"
   grep -h "in process\|scored tok\|overlap" "$OUT/score.log" | head -20
   # ZeRO-2 (the thinner margin of issue 9); ZeRO-1 only while the 10-minute call has room.
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
@@ -454,8 +449,8 @@ if [[ "$what" == next6b ]]; then
 fi
 gemm_prof() {  # limit_s [extra metrics, comma-separated]
   # Issue 6 (~3 min): why the 64-row decode GEMMs run at 0.6-1.6 TB/s. ncu (serialized, clocks
-  # not locked) on the decode_gemm.* cases: opd's decode GEMMs (v3 and v2) and the cuBLASLt call
-  # the rollout makes, same operands; DRAM and L2 traffic, occupancy, the main stall reasons.
+  # not locked) on the decode_linear.* cases (the cuBLASLt calls the rollout makes): DRAM and L2
+  # traffic, occupancy, the main stall reasons.
   local m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
   m=$m,lts__t_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size
   m=$m,launch__registers_per_thread,launch__cluster_dim_x,sm__throughput.avg.pct_of_peak_sustained_elapsed
@@ -465,28 +460,11 @@ gemm_prof() {  # limit_s [extra metrics, comma-separated]
   m=$m,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
   if [[ -n "${2:-}" ]]; then m=$m,$2; fi  # extra metrics
   run ncu_gemm "$1" ncu --csv --page raw --clock-control none --metrics "$m" \
-      $B/opd bench kernels --filter decode_gemm. --iters 3 --warmup 1
+      $B/opd bench kernels --filter decode_linear. --iters 3 --warmup 1
   python3 tools/ncu_summary.py "$OUT/ncu_gemm.log" | tee "$OUT/ncu_gemm_summary.txt"
 }
 if [[ "$what" == gemm-prof ]]; then
   gemm_prof 240
-fi
-if [[ "$what" == dg3 ]]; then
-  DG3_SAN='V/CudaDecodeGemm.OddShapesAgainstCpu/*:V/CudaDecodeGemm.BiasStridesAndSplits/*:V/CudaDecodeGemm.DeterministicBitIdentical/*:V/CudaDecodeGemm.RefusesBadArguments/*:V/CudaDecodeGemm.PdlLaunch*'
-  run dg3_tests 90 $B/test_cuda --gtest_filter='*CudaDecodeGemm*'
-  run dg3_memcheck 80 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter="$DG3_SAN"
-  # kns=decode_gemm: both kernels (decode_gemm_kernel, decode_gemm_v3_kernel), not gather_rows.
-  run dg3_racecheck 80 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name kns=decode_gemm $B/test_cuda \
-      --gtest_filter='V/CudaDecodeGemm.OddShapesAgainstCpu/*:V/CudaDecodeGemm.PdlLaunch*'
-  run dg3_bench 80 $B/opd bench kernels --filter decode_gemm
-  run dg3_rollout_lt 60 $B/opd bench rollout --runs 3 --no-decode-gemm
-  run dg3_rollout_v3 60 env OPD_DECODE_GEMM=v3 $B/opd bench rollout --runs 3 --decode-gemm
-  grep -h "decode_gemm\|^opd: \|decode step" "$OUT"/dg3_bench.log "$OUT"/dg3_rollout_*.log 2>/dev/null | head -80
-  # + v3's suspects: shared-memory (ldmatrix) pressure and the mbarrier waits.
-  gemm_prof 120 smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
-  # (the step limits add up to 570 s: one 10-minute device call)
 fi
 if [[ "$what" == attn-bwd ]]; then
   run attn_tests 200 $B/test_cuda --gtest_filter='*CudaAttention*'
@@ -505,7 +483,7 @@ if [[ "$what" == s7b ]]; then
   # default (auto = wgmma-all): the suite minus the slow forward-only sweeps (the whole suite
   # passed in next6a under the old default), memcheck and racecheck of its small cases, W1
   # with its HF anchor, then the training bench with its PyTorch twin while time is left.
-  run cuda 200 $B/test_cuda --gtest_filter='-*FiveProduct*:Shapes/CudaAttentionWgmma.*:CudaTopKLmHead.*:CudaPagedAttention.*'
+  run cuda 200 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*:CudaTopKLmHead.*:CudaPagedAttention.*'
   SMALL='*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.MatchesReferenceAndMmaKernel/mixed_g16_8:CudaAttentionWgmmaBwd.DeterministicBitIdentical:CudaAttentionWgmmaBwd.Selection*'
   run memcheck_bwd 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda --gtest_filter="$SMALL"
   run racecheck_bwd 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
@@ -562,22 +540,6 @@ if [[ "$what" == s7e ]]; then
   run cuda 200 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
   run memcheck_model 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='*CudaModel*:CudaAttention.*:CudaAttentionBackward.*'
-fi
-if [[ "$what" == attn-bwd5 ]]; then
-  # Time limits add up to < 600 s (one device call); the new tests go first.
-  FIVE='*CudaAttentionWgmmaBwd.FiveProduct*'
-  SMALL5='*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/len1_*:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/len129_*:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/mixed_g16_8:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/mixed_g2_1:*CudaAttentionWgmmaBwd.FiveProductMatchesReferenceAndMmaKernel/exact_tiles_*'
-  run attn5_new 90 $B/test_cuda --gtest_filter="$FIVE:CudaAttentionWgmmaBwd.Setting*:CudaAttentionWgmmaBwd.Selection*:CudaAttentionWgmmaBwd.Rejects*"
-  run attn5_tests 120 $B/test_cuda --gtest_filter='*CudaAttention*:-*CudaAttentionWgmmaBwd.FiveProduct*'
-  run attn5_model 90 env OPD_ATTENTION_BWD=wgmma-dq $B/test_cuda \
-      --gtest_filter='*CudaModel*:CudaAttention.*'
-  run memcheck_attn5 70 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter="$SMALL5"
-  run racecheck_attn5 70 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name kns=attention_bwd $B/test_cuda --gtest_filter="$SMALL5"
-  run bench_attn 75 $B/opd bench attention --iters 30 --warmup 5
-  run torch_attn 75 python3 tools/bench_attention_torch.py --iters 30 --warmup 5
-  grep -h "bwd-wgmma\|summary" -A4 "$OUT/bench_attn.log" 2>/dev/null | head -40
 fi
 if [[ "$what" == overlap || "$what" == overlap-tests ]]; then
   run ovl_tests 140 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaFusedLoss.*'

@@ -4,8 +4,8 @@
 One row per run of consecutive launches of one kernel family (name without template arguments
 and parameters; cuBLAS's nvjet kernels keep their full tile name), in launch order: the number
 of launches and the mean of each metric over them (a bench case's timed repeats become one
-row), so a profile of `opd bench kernels --filter decode_gemm` shows opd's decode GEMM beside
-the cuBLASLt kernels the same cases run (issue 6: why the 64-row GEMMs are latency-bound).
+row), so a profile of `opd bench kernels --filter decode_linear` shows the cuBLASLt kernels of
+the 64-row decode GEMMs (issue 6: why they are latency-bound) and their metrics side by side.
 Usage: tools/ncu_summary.py ncu.csv
 """
 import csv

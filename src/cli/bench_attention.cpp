@@ -6,8 +6,8 @@
 // fwd = what attention_forward
 // picks by default) and the backward (bwd<q>/<k> = mma.sync dK/dV with q queries per step +
 // mma.sync dQ with k keys per step; bwd-wgmma/<k> = the wgmma dK/dV kernel of
-// attention_bwd_wgmma.cu + the same dQ kernel; bwd-wgmma-all = its wgmma dK/dV and dQ kernels;
-// bwd-wgmma-dq = the 5-product kernel: dQ accumulated inside the dK/dV kernel, + its convert)
+// attention_bwd_wgmma.cu + the same dQ kernel; bwd-wgmma-all = its wgmma dK/dV and dQ kernels,
+// the default on sm_90a)
 // on the BENCHMARKS.md attention shapes
 // (causal, head_dim 128, bf16: 8 x 768 and 4 x 4096 tokens, 16 query heads, 8 and 16 kv heads)
 // with CUDA events, median of N after warm-up. Reports TFLOP/s with causal FLOPs
@@ -210,8 +210,7 @@ void run_bench_attention(const BenchAttentionOptions& o) {
                                  dq.raw(), dk.raw(), dv.raw(), nullptr);
       };
       const std::pair<cuda::AttentionBwdKernel, const char*> variants[] = {
-          {cuda::AttentionBwdKernel::WgmmaAll, "bwd-wgmma-all"},
-          {cuda::AttentionBwdKernel::WgmmaDq, "bwd-wgmma-dq"}};
+          {cuda::AttentionBwdKernel::WgmmaAll, "bwd-wgmma-all"}};
       for (const auto& [kernel, name] : variants) {
         cuda::set_attention_bwd_kernel(kernel);
         try {
@@ -271,8 +270,8 @@ void run_bench_attention(const BenchAttentionOptions& o) {
     std::printf("%s\n", top.dump().c_str());
   } else {
     std::printf("summary (TFLOP/s; fwd = default kernel, wgmma = best wgmma variant, bwd = best "
-                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel, alone, with the "
-                "wgmma dQ kernel or with dQ inside it):\n");
+                "mma.sync tile variant, bwd-wgmma = best with the wgmma dK/dV kernel, alone or with the "
+                "wgmma dQ kernel):\n");
     for (const auto& j : results) {
       std::printf("  B %lld L %lld Hq %lld Hkv %lld: fwd %.1f (%s)  mma %.1f", static_cast<long long>(j["batch"]),
                   static_cast<long long>(j["seqlen"]), static_cast<long long>(j["hq"]),

@@ -1,5 +1,5 @@
 // `opd bench kernels [--json] [--iters N] [--warmup N] [--filter S] [--lmhead-overlap]`: times opd's CUDA kernels
-// at the W1 student shapes (decode_gemm.*: the 64-row GEMMs of a W1 decode step) (BENCHMARKS.md: Qwen3-0.6B, micro-batch 8 x 768 = 6144 tokens)
+// at the W1 student shapes (decode_linear.*: the 64-row GEMMs of a W1 decode step) (BENCHMARKS.md: Qwen3-0.6B, micro-batch 8 x 768 = 6144 tokens)
 // against their ceilings: GEMMs in TFLOP/s against the measured bf16 GEMM rate (776 TFLOP/s)
 // and against the plain cuBLAS call (cublasGemmEx) on the same operands; memory-bound ops in
 // GB/s (fewest bytes: each input read once, each output written once) against the measured
@@ -193,85 +193,42 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
                    [sets, call](int s) { call((*sets)[s]); }, nullptr, syncs});
 }
 
-// The decode GEMMs of one W1 decode step (64 sequences: y[64, n] = x[64, k] W[n, k]^T, bf16)
-// on opd's weight-streaming kernels (kernels/cuda/gemm.h decode_gemm), one row per kernel
-// version (`<name>.v3`, `<name>.v2`, on the same operands), in GB/s of the fewest bytes (W + x +
-// y) against the copy rate; the "vs cuBLAS" column is the cuBLASLt call the rollout makes
-// otherwise (linear_forward, the heuristic's algorithm) on the same operands, in the same run.
-// `splits` / `rows` > 0 force the kernel's k splits / v3's W rows per CTA (the sweeps).
-void add_decode_gemm_case(std::vector<Case>& cases, const std::string& name, int64_t m, int64_t n,
-                          int64_t k, DType out, const std::vector<int>& versions, int splits = 0,
-                          int rows = 0, bool with_ref = true) {
+// The GEMMs of one W1 decode step (64 sequences: y[64, n] = x[64, k] W[n, k]^T, bf16) on
+// cuBLASLt (linear_forward, the heuristic's algorithm: what the rollout runs), in GB/s of the
+// fewest bytes (W + x + y) against the copy rate. (opd's own weight-streaming decode GEMMs were
+// slower three times and were removed: docs/rollout.md "opd's decode GEMM".)
+void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, int64_t m,
+                            int64_t n, int64_t k, DType out) {
   struct Bufs {
     Tensors x, w, y;
   };
   auto b = std::make_shared<Bufs>();
   const double bytes = 2.0 * n * k + 2.0 * m * k + static_cast<double>(dtype_size(out)) * m * n;
-  for (int version : versions) {
-    const std::string full = versions.size() > 1 ? cat(name, ".v", version) : name;
-    auto args = [=](int s) {
-      cuda::DecodeGemmArgs a;
-      a.x = b->x[s].raw(), a.ldx = k, a.w = b->w[s].raw(), a.y = b->y[s].raw(), a.ldy = n;
-      a.m = m, a.n = n, a.k = k, a.y_dtype = out;
-      a.force_splits = splits;
-      a.force_rows = rows;
-      a.version = version;
-      return a;
-    };
-    cases.push_back(
-        {full, cat(shape3(m, k, n), " bf16->", dtype_name(out)), false, bytes, bytes,
-         [=](int sets) {
-           if (b->x.empty()) {
-             for (int s = 0; s < sets; ++s) {
-               b->x.push_back(dev_rand({m, k}, DType::BF16, 1000 + s));
-               b->w.push_back(dev_rand({n, k}, DType::BF16, 1100 + s, -0.05f, 0.05f));
-               b->y.push_back(Tensor::empty({m, n}, out, Device::CUDA));
-             }
-           }
-           const cuda::DecodeGemmPlan p = cuda::decode_gemm_plan(n, k, splits, 0, version, rows);
-           std::fprintf(stderr, "  %s: v%d, %lld x %d CTAs of %d W rows, %s%d, %lld B smem\n",
-                        full.c_str(), p.version, static_cast<long long>(p.row_blocks), p.splits,
-                        p.rows, p.version == 3 ? "stages " : "k tiles of chunks ",
-                        p.version == 3 ? p.stages : 2 * p.chunks_per_warp,
-                        static_cast<long long>(p.smem_bytes));
-         },
-         [=](int s) { cuda::decode_gemm(args(s), g_stream); },
-         with_ref ? std::function<void(int)>([=](int s) {
-           cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
-                                b->y[s].raw(), g_stream);
-         })
-                  : std::function<void(int)>()});
-  }
+  cases.push_back(
+      {name, cat(shape3(m, k, n), " bf16->", dtype_name(out)), false, bytes, bytes,
+       [=](int sets) {
+         if (!b->x.empty()) return;
+         for (int s = 0; s < sets; ++s) {
+           b->x.push_back(dev_rand({m, k}, DType::BF16, 1000 + s));
+           b->w.push_back(dev_rand({n, k}, DType::BF16, 1100 + s, -0.05f, 0.05f));
+           b->y.push_back(Tensor::empty({m, n}, out, Device::CUDA));
+         }
+       },
+       [=](int s) {
+         cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
+                              b->y[s].raw(), g_stream);
+       },
+       nullptr});
 }
 
-void add_decode_gemm_cases(std::vector<Case>& cases) {
+void add_decode_linear_cases(std::vector<Case>& cases) {
   const int64_t H = kHidden, I = kInter, V = kVocab, qkv = (kHeads + 2 * kKvHeads) * kHeadDim;
   const DType bf = DType::BF16;
-  const std::vector<int> both = {3, 2};
-  struct Shape2 {
-    const char* name;
-    int64_t n, k;
-  };
-  const Shape2 shapes[] = {{"qkv", qkv, H}, {"o", H, kHeads * kHeadDim}, {"gate_up", 2 * I, H},
-                           {"down", H, I}};
-  for (const Shape2& s : shapes)
-    add_decode_gemm_case(cases, cat("decode_gemm.", s.name, "_m64"), 64, s.n, s.k, bf, both);
-  add_decode_gemm_case(cases, "decode_gemm.lm_head_m64", 64, V, H, DType::F32, both);
-  // Smaller buckets of the same step (the last decode steps of a rollout run at them).
-  add_decode_gemm_case(cases, "decode_gemm.gate_up_m16", 16, 2 * I, H, bf, both);
-  add_decode_gemm_case(cases, "decode_gemm.down_m1", 1, H, I, bf, both);
-  // k-split sweeps (cluster sizes; no cuBLASLt twin): v2, then v3 at 64 and 128 W rows per CTA
-  // (only the combinations whose slices fit in shared memory, so that no row is v2 in disguise).
-  for (const Shape2& s : shapes)
-    for (int sp : {1, 2, 3, 4, 6, 8})
-      add_decode_gemm_case(cases, cat("decode_gemm_splits.", s.name, "_m64_splits", sp), 64, s.n,
-                           s.k, bf, {2}, sp, 0, false);
-  for (const Shape2& s : shapes)
-    for (int rows : {64, 128})
-      for (int sp : {1, 2, 4, 8})
-        if (cuda::decode_gemm_plan(s.n, s.k, sp, 132, 3, rows).version == 3)
-          add_decode_gemm_case(cases, cat("decode_gemm_v3_sweep.", s.name, "_m64_r", rows, "_s", sp),
-                               64, s.n, s.k, bf, {3}, sp, rows, false);
+  add_decode_linear_case(cases, "decode_linear.qkv_m64", 64, qkv, H, bf);
+  add_decode_linear_case(cases, "decode_linear.o_m64", 64, H, kHeads * kHeadDim, bf);
+  add_decode_linear_case(cases, "decode_linear.gate_up_m64", 64, 2 * I, H, bf);
+  add_decode_linear_case(cases, "decode_linear.down_m64", 64, H, I, bf);
+  add_decode_linear_case(cases, "decode_linear.lm_head_m64", 64, V, H, DType::F32);
 }
 
 // Rollout and scoring kernels (issues 6 and 7) at the W1 shapes:
@@ -635,7 +592,7 @@ std::vector<Case> build_cases() {
                    34.0 * numel, 34.0 * numel, adamw_setup,
                    [=](int) { (*opt)->step(1e-5, 1.0); }, nullptr, true});
   add_generation_cases(cases);
-  add_decode_gemm_cases(cases);
+  add_decode_linear_cases(cases);
   return cases;
 }
 

@@ -82,9 +82,6 @@ struct Switch {
   const char* help;
 };
 const Switch kSwitches[] = {
-    {"decode-gemm", "decode_gemm", &EngineOptions::cuda_decode_gemm,
-     "decode steps (<= 64 tokens) run q|k|v, o, gate|up and down on opd's weight-streaming "
-     "decode GEMM instead of cuBLASLt"},
     {"cluster-sampler", "cluster_sampler", &EngineOptions::cuda_cluster_sampler,
      "sampling splits each row over a cluster of up to 8 CTAs; --no-cluster-sampler: one CTA "
      "per row, the kernel before"},
@@ -185,11 +182,11 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, decode GEMM %s, fresh prefill %s, context prefill %s, L2 prefetch %s, PDL %s, sampler %s\n",
+                "graphs %s, fused layers %s, fresh prefill %s, context prefill %s, L2 prefetch %s, PDL %s, sampler %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
-                o.no_fused ? "off" : "on", eo.cuda_decode_gemm ? "opd" : "cuBLASLt",
+                o.no_fused ? "off" : "on",
                 eo.cuda_fresh_prefill ? "tensor-core attention" : "paged kernel",
                 eo.cuda_context_prefill ? "tensor-core attention" : "paged kernel",
                 eo.cuda_l2_prefetch ? "on" : "off", eo.cuda_pdl ? "on" : "off",

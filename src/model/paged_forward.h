@@ -174,11 +174,6 @@ class PagedForward {
   // Decode-shaped GEMMs (steps of <= 256 tokens) pick their cuBLASLt algorithm by timing
   // (kernels/cuda/gemm.h GemmArgs::tune) instead of the heuristic's first choice.
   void set_tuned_gemm(bool on) { tuned_gemm_ = on; }
-  // Steps of <= 64 tokens of bf16 models run the fused path's q|k|v, o, gate|up and down GEMMs
-  // on opd's weight-streaming decode GEMM (kernels/cuda/gemm.h decode_gemm) instead of
-  // cuBLASLt; shapes it cannot take (k % 8 != 0) fall back. The lm_head stays on cuBLASLt
-  // (at the copy rate already: docs/rollout.md).
-  void set_decode_gemm(bool on) { decode_gemm_ = on; }
   // Decode steps (max_q_len <= 1) launch opd's kernels that follow another kernel (RMSNorms,
   // q/k norm + RoPE + K/V store, the decode attention, SwiGLU) with programmatic dependent
   // launch (kernels/cuda/pdl.cuh): each may start while its predecessor finishes, loads what
@@ -251,7 +246,6 @@ class PagedForward {
   Tensor inv_freq_device_;  // f32 on the device (CUDA models)
   bool fused_ = false;      // CUDA models with packed weights below
   bool tuned_gemm_ = false;
-  bool decode_gemm_ = false;
   bool pdl_ = false;
   bool fresh_prefill_ = true;
   bool context_prefill_ = false;

@@ -27,7 +27,7 @@
 #include "core/cuda/allocator.h"    // current_stream, DeviceBuffer
 #include "core/cuda/stream.h"       // OPD_CUDA_CHECK
 #include "kernels/cuda/cuda_ops.h"  // raw kernels: embedding, rmsnorm, rope, paged ops, rows
-#include "kernels/cuda/gemm.h"      // linear_forward (cuBLASLt), decode_gemm (decode steps)
+#include "kernels/cuda/gemm.h"      // linear_forward (cuBLASLt)
 
 namespace opd {
 
@@ -223,21 +223,10 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   // steps only (prefill steps are long enough that the gaps do not matter, and run the general
   // attention kernel, which is never launched early).
   const bool pdl = pdl_ && s.max_q_len <= 1;
-  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): decode_gemm for decode-sized bf16 steps
-  // when enabled and the shape allows it, else cuBLASLt.
-  const bool decode_gemm = decode_gemm_ && dt == DType::BF16 && T <= cuda::kDecodeGemmMaxRows;
+  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias) on cuBLASLt. (opd's own 64-row decode GEMMs
+  // were slower on the H200 three times and were removed: docs/rollout.md "opd's decode GEMM".)
   auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
                     int64_t n, DType out_dt, void* out, bool tuned) {
-    if (decode_gemm) {
-      cuda::DecodeGemmArgs a;
-      a.x = in, a.ldx = k, a.w = w, a.bias = b, a.y = out, a.ldy = n;
-      a.m = rows, a.n = n, a.k = k, a.y_dtype = out_dt;
-      a.pdl = pdl;  // v3 streams W before its griddepcontrol.wait (v2 ignores it)
-      if (cuda::decode_gemm_unsupported(a) == nullptr) {
-        cuda::decode_gemm(a, stream);
-        return;
-      }
-    }
     cuda::linear_forward(in, w, b, rows, k, n, dt, out_dt, out, stream, tuned);
   };
   void* x = ws.x.raw();
@@ -415,8 +404,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
     rows = ws.last.raw();
   }
-  // cuBLASLt also with the decode GEMM: at W1 it reads the lm_head at the copy rate already
-  // (97 us event-timed vs 163 us for decode_gemm's first version, docs/rollout.md).
+  // The lm_head at W1 runs at ~3.7 TB/s on cuBLASLt (docs/rollout.md).
   cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
                        tuned_gemm_ && B <= kTunedRows);
 }

@@ -229,7 +229,6 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
       device_->forward->refresh_packed(cuda::current_stream());
     }
     device_->forward->set_tuned_gemm(options_.cuda_tuned_gemm);
-    device_->forward->set_decode_gemm(options_.cuda_decode_gemm);
     device_->forward->set_pdl(options_.cuda_pdl);
     device_->forward->set_fresh_prefill(options_.cuda_fresh_prefill);
     device_->forward->set_context_prefill(options_.cuda_context_prefill);

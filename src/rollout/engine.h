@@ -86,10 +86,6 @@ struct EngineOptions {
   // default: on the H200 at W1 only the lm_head gained (~6 us of ~100 per step), the rollout
   // did not measurably (docs/rollout.md), and a timed choice can differ between processes.
   bool cuda_tuned_gemm = false;
-  // CUDA bf16 models, fused path: steps of <= 64 tokens (the decode buckets) run their dense
-  // GEMMs (q|k|v, o, gate|up, down; the lm_head stays on cuBLASLt) on opd's weight-streaming decode GEMM
-  // (kernels/cuda/gemm.h decode_gemm) instead of cuBLASLt; false: cuBLASLt everywhere.
-  bool cuda_decode_gemm = false;
   // CUDA models: decode steps launch opd's kernels that follow a kernel with programmatic
   // dependent launch (PagedForward::set_pdl, kernels/cuda/pdl.cuh): same results, shorter gaps
   // between kernels. On: W1 decode forward 1.096 -> 1.080 s per rollout on the H200

@@ -670,32 +670,6 @@ TEST_P(CudaAttentionWgmmaBwd, MatchesReferenceAndMmaKernel) {
   EXPECT_TRUE(same_bytes(wg.dq, mma.dq));
 }
 
-// The 5-product kernel (wgmma-dq: dQ accumulated inside the dK/dV kernel under the per-block
-// counters, then converted): dq, dk, dv against the f64 reference and against the mma.sync
-// kernels. dk, dv sum the same products as `wgmma` in another order (last query block first,
-// heads inner), so they are compared within tolerance, not bit for bit.
-TEST_P(CudaAttentionWgmmaBwd, FiveProductMatchesReferenceAndMmaKernel) {
-  REQUIRE_WGMMA();
-  const AttnCase& c = GetParam();
-  SCOPED_TRACE(cat(c.name, " hq ", c.hq, " hkv ", c.hkv));
-  const Tol tol = tol_for(DType::BF16);
-  Problem p = make_problem(c, DType::BF16, 1000);
-  using K = cuda::AttentionBwdKernel;
-  const int64_t timeouts = cuda::attention_bwd_dq_lock_timeouts();
-  const BwdOut mma = run_backward(p, c, K::Mma), five = run_backward(p, c, K::WgmmaDq);
-  EXPECT_EQ(cuda::attention_bwd_dq_lock_timeouts(), timeouts) << "a CTA waited 2 s for its turn";
-  const Tensor dq = from_device(five.dq), dk = from_device(five.dk), dv = from_device(five.dv);
-  EXPECT_TRUE(matches("dq", dq, p.dq_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
-  EXPECT_TRUE(matches("dk", dk, p.dk_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
-  EXPECT_TRUE(matches("dv", dv, p.dv_ref, c.lengths, tol.rtol, tol.atol_rel_rms, tol.rel_l2));
-  EXPECT_TRUE(matches("dq vs mma", dq, from_device(mma.dq), c.lengths, tol.rtol,
-                      tol.atol_rel_rms, tol.rel_l2));
-  EXPECT_TRUE(matches("dk vs mma", dk, from_device(mma.dk), c.lengths, tol.rtol,
-                      tol.atol_rel_rms, tol.rel_l2));
-  EXPECT_TRUE(matches("dv vs mma", dv, from_device(mma.dv), c.lengths, tol.rtol,
-                      tol.atol_rel_rms, tol.rel_l2));
-}
-
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionWgmmaBwd, ::testing::ValuesIn(kWgmmaShapes),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -714,80 +688,17 @@ TEST(CudaAttentionWgmmaBwd, DeterministicBitIdentical) {
   }
 }
 
-// The 5-product kernel orders its dQ adds with counters, not by ownership: three runs (into
-// zeros, into NaN poison, and again) are bit-identical, on the mixed batch and on long
-// sequences (16 key tiles: chains of up to 16 adds per (block, head), many CTAs contending).
-// out / lse come from the GPU forward (no f64 reference needed for a determinism check).
-TEST(CudaAttentionWgmmaBwd, FiveProductDeterministicBitIdentical) {
-  REQUIRE_WGMMA();
-  const std::vector<AttnCase> cases = {AttnCase{"mixed", kWgmmaMixed, 16, 8, 128},
-                                       AttnCase{"long_g16_8", {2048, 1999, 33}, 16, 8, 128},
-                                       AttnCase{"long_g32_8", {2048, 700}, 32, 8, 128},
-                                       AttnCase{"long_g16_16", {1537, 2048}, 16, 16, 128}};
-  const DType dt = DType::BF16;
-  const int64_t timeouts = cuda::attention_bwd_dq_lock_timeouts();
-  for (const AttnCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    std::vector<int32_t> cu{0};
-    for (int32_t len : c.lengths) cu.push_back(cu.back() + len);
-    Problem p;
-    p.n = cu.back();
-    p.cu = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-    p.scale = 1.0 / std::sqrt(128.0);
-    p.q = round_to(test::random_uniform({p.n, c.hq, c.d}, DType::F32, 1300, -2, 2), dt);
-    p.k = round_to(test::random_uniform({p.n, c.hkv, c.d}, DType::F32, 1301, -2, 2), dt);
-    p.v = round_to(test::random_uniform({p.n, c.hkv, c.d}, DType::F32, 1302), dt);
-    p.dout = round_to(test::random_uniform({p.n, c.hq, c.d}, DType::F32, 1303), dt);
-    Tensor out = poisoned_device({p.n, c.hq, c.d}, dt), lse = poisoned_device({p.n, c.hq}, DType::F32);
-    ops::attention_forward(to_device(p.q, dt), to_device(p.k, dt), to_device(p.v, dt),
-                           p.cu.to(Device::CUDA), p.scale, out, lse);
-    p.out_in = from_device(out);
-    p.lse_in = from_device(lse);
-    const BwdOut a = run_backward(p, c, cuda::AttentionBwdKernel::WgmmaDq, /*zero_init=*/true);
-    const BwdOut b = run_backward(p, c, cuda::AttentionBwdKernel::WgmmaDq);
-    const BwdOut r = run_backward(p, c, cuda::AttentionBwdKernel::WgmmaDq);
-    for (const BwdOut* x : {&b, &r}) {
-      EXPECT_TRUE(same_bytes(a.dq, x->dq));
-      EXPECT_TRUE(same_bytes(a.dk, x->dk));
-      EXPECT_TRUE(same_bytes(a.dv, x->dv));
-    }
-    // Sanity: the result is the backward (against the mma.sync kernels, bf16 tolerance).
-    const BwdOut mma = run_backward(p, c, cuda::AttentionBwdKernel::Mma);
-    const Tol tol = tol_for(dt);
-    EXPECT_TRUE(matches("dq vs mma", from_device(a.dq), from_device(mma.dq), c.lengths, tol.rtol,
-                        tol.atol_rel_rms, tol.rel_l2));
-    EXPECT_TRUE(matches("dk vs mma", from_device(a.dk), from_device(mma.dk), c.lengths, tol.rtol,
-                        tol.atol_rel_rms, tol.rel_l2));
-  }
-  EXPECT_EQ(cuda::attention_bwd_dq_lock_timeouts(), timeouts) << "a CTA waited 2 s for its turn";
-}
-
-// The dQ chain's deadlock freedom rests on the plan listing each sequence's key tiles in block
-// order (checked when the plan is built); attention_backward_wgmma_dq refuses other plans.
-TEST(CudaAttentionWgmmaBwd, PlanKeyTilesInSequenceOrder) {
-  REQUIRE_GPU();
-  for (const std::vector<int32_t>& lengths :
-       {kWgmmaMixed, std::vector<int32_t>{4096, 4096, 4096, 4096}, std::vector<int32_t>{1, 0, 5000, 129, 3000},
-        std::vector<int32_t>{0}, std::vector<int32_t>{}}) {
-    std::vector<int32_t> cu{0};
-    for (int32_t len : lengths) cu.push_back(cu.back() + len);
-    cuda::AttentionPlan plan(cu.data(), static_cast<int64_t>(lengths.size()), cu.back(), nullptr);
-    EXPECT_TRUE(plan.k_tiles_in_sequence_order()) << lengths.size() << " sequences";
-  }
-}
-
 // The setting itself needs no device: names, the setter, and auto staying a setting of its own.
 TEST(CudaAttentionWgmmaBwd, SettingRoundTrip) {
   BwdKernelGuard guard;
   using K = cuda::AttentionBwdKernel;
-  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll, K::WgmmaDq, K::Auto}) {
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll, K::Auto}) {
     cuda::set_attention_bwd_kernel(kernel);
     EXPECT_EQ(cuda::attention_bwd_kernel_setting(), kernel);
   }
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Mma), "mma");
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Wgmma), "wgmma");
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::WgmmaAll), "wgmma-all");
-  EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::WgmmaDq), "wgmma-dq");
   EXPECT_STREQ(cuda::attention_bwd_kernel_name(K::Auto), "auto");
 }
 
@@ -797,7 +708,7 @@ TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
   REQUIRE_WGMMA();
   BwdKernelGuard guard;
   using K = cuda::AttentionBwdKernel;
-  for (K wg : {K::Wgmma, K::WgmmaAll, K::WgmmaDq}) {
+  for (K wg : {K::Wgmma, K::WgmmaAll}) {
     cuda::set_attention_bwd_kernel(wg);
     EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 128), wg);
     EXPECT_EQ(cuda::resolve_attention_bwd_kernel(DType::BF16, 64), K::Mma);
@@ -816,7 +727,7 @@ TEST(CudaAttentionWgmmaBwd, SelectionRoutesTheTensorOp) {
   Tensor qd = to_device(p.q, dt), kd = to_device(p.k, dt), vd = to_device(p.v, dt);
   Tensor dout_d = to_device(p.dout, dt), out_d = to_device(p.out_in, dt);
   Tensor lse_d = to_device(p.lse_in, DType::F32);
-  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll, K::WgmmaDq}) {
+  for (K kernel : {K::Mma, K::Wgmma, K::WgmmaAll}) {
     SCOPED_TRACE(cuda::attention_bwd_kernel_name(kernel));
     cuda::set_attention_bwd_kernel(kernel);
     Tensor dq = poisoned_device({p.n, c.hq, c.d}, dt), dk = poisoned_device({p.n, c.hkv, c.d}, dt);
@@ -841,10 +752,6 @@ TEST(CudaAttentionWgmmaBwd, RejectsBadHeads) {
   EXPECT_THROW(cuda::attention_backward_dq_wgmma(plan, q.raw(), q.raw(), k.raw(), k.raw(),
                                                  lse.data<float>(), lse.data<float>(), 4, 3,
                                                  0.1, q.raw(), nullptr),
-               Error);
-  EXPECT_THROW(cuda::attention_backward_wgmma_dq(plan, q.raw(), q.raw(), k.raw(), k.raw(),
-                                                 lse.data<float>(), lse.data<float>(), 4, 3,
-                                                 0.1, q.raw(), k.raw(), k.raw(), nullptr),
                Error);
 }
 

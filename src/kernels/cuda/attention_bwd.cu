@@ -430,11 +430,6 @@ void launch_bwd_bf16(const AttentionPlan& plan, const void* dout, const void* q,
                      const void* v, const float* lse, const float* delta, int hq, int hkv,
                      double scale, void* dq, void* dk, void* dv, const AttentionBwdTiles& tiles,
                      AttentionBwdKernel kernel, cudaStream_t stream) {
-  if (kernel == AttentionBwdKernel::WgmmaDq) {  // one kernel for all three (+ dq's convert)
-    attention_backward_wgmma_dq(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dq, dk, dv,
-                                stream);
-    return;
-  }
   if (kernel != AttentionBwdKernel::Mma) {  // 64 queries per step: tiles.dkdv_queries unused
     attention_backward_dkdv_wgmma(plan, dout, q, k, v, lse, delta, hq, hkv, scale, dk, dv,
                                   stream);

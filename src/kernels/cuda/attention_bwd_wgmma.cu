@@ -1,9 +1,8 @@
 // dK and dV of the causal grouped-query attention backward on Hopper (bf16, head_dim 128) with
 // warpgroup MMA: FlashAttention-2 algorithm 2 (Dao 2023) in FlashAttention-3's form (Shah et
-// al. 2024, section 3.3), a wgmma dQ kernel (second kernel below), the 5-product variant of the
-// dK/dV kernel that also adds dQ = dS K into an f32 accumulator in a fixed order (kDq; FA3's
-// backward made deterministic with per-block counters) with its convert kernel, and the
-// OPD_ATTENTION_BWD selection. With P = exp(scale q k^T - lse),
+// al. 2024, section 3.3), a wgmma dQ kernel (second kernel below), and the OPD_ATTENTION_BWD
+// selection. (A 5-product variant that added dQ inside this kernel under per-block counters,
+// `wgmma-dq`, was slower on the H200 on every shape and was removed in session 7: docs/perf.md.) With P = exp(scale q k^T - lse),
 // dP = dout v^T, D = rowsum(dout * out), dS = P * (dP - D):  dV = P^T dout, dK = scale dS^T q.
 //
 // One CTA = one 128-key tile of one sequence (the AttentionPlan's k_tiles) x one kv head =
@@ -32,7 +31,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/cuda/allocator.h"  // DeviceBuffer: the dq_accum workspace
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/stream.h"
 #include "core/env_choice.h"
@@ -58,71 +56,16 @@ constexpr int kKVBytes = kBK * kD * 2;  // one K or V tile: 2 panels of 16 KiB
 constexpr int kQBytes = kBQ * kD * 2;   // one Q or dO stage: 2 panels of 8 KiB
 // Alignment slack + K + V + 2 stages x (Q, dO) + 2 stages x (lse, D) f32.
 constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 4 * kQBytes + 4 * kBQ * 4;
-// The 5-product variant adds dS^T of the step as one swizzled [128 keys][64 queries] panel.
-constexpr int kDsBytes = kBK * kBQ * 2;
-constexpr int kSmemBytesDq = kSmemBytes + kDsBytes;
-static_assert((2 * kKVBytes + 4 * kQBytes + 4 * kBQ * 4) % 1024 == 0, "dS^T panel 1024-aligned");
-
-// ---- the dQ chain of the 5-product variant (one int32 counter per (64-query block, head)) ----
-// Key tile t of a sequence adds its dQ contribution to a (block, head) only when the counter
-// equals t, and sets it to t + 1 afterwards: the adds into dq_accum happen in key-tile order,
-// so the f32 sums are the same every run. acquire / release at GPU scope (PTX memory model):
-// the counter store happens after this CTA's adds are visible, and the next tile's adds after
-// it saw the counter.
-__device__ int g_dq_lock_timeouts = 0;  // see wait_turn
-#if OPD_WGMMA_ENABLED                    // used by the kernel body only
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-// Waits until *lock == want. Never hangs: past kLockTimeoutNs (far beyond any legitimate
-// wait: a whole backward takes milliseconds) it gives up and the caller adds anyway. The adds
-// are atomic (red.global.add), so dQ stays correct; only its bit-reproducibility is lost, and
-// that is counted in g_dq_lock_timeouts (attention_bwd_dq_lock_timeouts() reads it; the
-// tests expect 0).
-constexpr uint64_t kLockTimeoutNs = 2'000'000'000ull;
-__device__ __forceinline__ void wait_turn(const int* lock, int want) {
-  if (ld_acquire_gpu(lock) == want) return;
-  const uint64_t t0 = global_timer_ns();
-  while (ld_acquire_gpu(lock) != want) {
-    __nanosleep(64);
-    if (global_timer_ns() - t0 > kLockTimeoutNs) {
-      atomicAdd(&g_dq_lock_timeouts, 1);
-      return;
-    }
-  }
-}
-#endif  // OPD_WGMMA_ENABLED
 
 // grid.x = num_tiles * hkv (the plan's k_tiles: key tiles with the most queries after them
 // first, kv head fastest); 256 threads.
-// kDq = the 5-product variant (OPD_ATTENTION_BWD=wgmma-dq): per step it also stages dS^T in
-// shared memory, computes dQ_blk = dS K for the step's 64 queries over the CTA's 128 keys
-// (wgmma m64n64k16, each warpgroup 64 of the 128 d columns) and adds it into dq_accum
-// [rows, hq, 128] f32 under the (block, head) counter in dq_lock [rows, hq] int32 (entries of
-// a block's first row used; zeroed, like dq_accum, before the launch). It visits the
-// (query head, block) pairs last block first, heads inner, so that every key tile of a
-// sequence meets the pairs in the same order and tile t trails tile t - 1 by one add instead
-// of by the 2 x group blocks tile t - 1 has in front of it. dk, dv: the same products as
-// kDq = false, summed in this other order (so not bit-identical to it).
-template <bool kDq>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_wgmma_kernel(const Tile* __restrict__ tiles, int hq, int hkv, float scale,
                                     float scale_log2, const bf16* __restrict__ q,
                                     const bf16* __restrict__ k, const bf16* __restrict__ v,
                                     const bf16* __restrict__ dout, const float* __restrict__ lse,
                                     const float* __restrict__ delta, bf16* __restrict__ dk,
-                                    bf16* __restrict__ dv, float* __restrict__ dq_accum,
-                                    int* __restrict__ dq_lock) {
+                                    bf16* __restrict__ dv) {
 #if OPD_WGMMA_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The 128-byte swizzle is a function of address bits [4:9]: tiles start 1024-byte aligned.
@@ -135,7 +78,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sdO = sQ + 2 * kQBytes;  // [2][64][128]
   float* sLse = reinterpret_cast<float*>(smem + 2 * kKVBytes + 4 * kQBytes);  // [2][64], log2
   float* sDelta = sLse + 2 * kBQ;                                              // [2][64]
-  const uint32_t sdS = sQ + 4 * kQBytes + 4 * kBQ * 4;  // kDq: [128 keys][64 queries] dS^T
 
   const Tile tile = tiles[blockIdx.x / hkv];
   const int g = static_cast<int>(blockIdx.x % hkv);
@@ -153,11 +95,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t kv_off = (static_cast<int64_t>(tile.start + k0) * hkv + g) * kD;
 
   // Step `it`'s query head and first (sequence-relative) query row: heads outer, blocks in
-  // order; kDq: blocks from the last, heads inner (see above).
-  auto step_head = [&](int it) { return g * group + (kDq ? it % group : it / n_qb); };
-  auto step_row0 = [&](int it) {
-    return (i0 + (kDq ? n_qb - 1 - it / group : it % n_qb)) * kBQ;
-  };
+  // order.
+  auto step_head = [&](int it) { return g * group + it / n_qb; };
+  auto step_row0 = [&](int it) { return (i0 + it % n_qb) * kBQ; };
   // Stage `it` into buffer `buf`:
   // cp.async for Q and dO (rows past the sequence zero-filled), plain stores for lse, D.
   auto load_stage = [&](int it, int buf) {
@@ -185,7 +125,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_key0 = k0 + wgi * 64 + warp * 16;  // sequence-relative
   const int key_lo = warp_key0 + lane / 4;          // key of st[4i + 0..1]; +8 for [4i + 2..3]
   const int wg_row0 = wgi * 64;                     // this warpgroup's rows of the K, V tiles
-  int* held_lock = nullptr;                         // kDq: the counter of the previous step
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
@@ -280,82 +219,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kBQ / 16; ++kk) wg::wgmma_m64n128k16_rs_tb(dk_acc, dsa[kk], qd_n[kk]);
     wg::wgmma_commit();
     // Everything of this step done before the barrier that lets buffer `buf` be refilled (and
-    // before pa / dsa are rewritten); kDq waits once its dQ product is issued too.
-    if constexpr (kDq) {
-      // dS^T (the bf16 dsa fragments, 16 keys x 64 queries of this warp) into the shared
-      // [128 keys][64 queries] panel: dsa[kk][r] = dS^T[key_lo + 8 (r & 1)][16kk + 8 (r >> 1)
-      // + 2 (lane % 4) ..+1], the epilogue's 4-byte staging pattern (conflict-free).
-      unsigned char* sds_ptr = smem + (sdS - base);
-#pragma unroll
-      for (int kk = 0; kk < kBQ / 16; ++kk) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = wg_row0 + warp * 16 + lane / 4 + 8 * (r & 1);
-          *reinterpret_cast<uint32_t*>(sds_ptr + wg::swz128_offset(kBK, row, 2 * kk + (r >> 1)) +
-                                       (lane % 4) * 4) = dsa[kk][r];
-        }
-      }
-      wg::fence_proxy_async();
-      // The previous step's adds were issued a whole step ago (S^T, dP^T, P, dV, dS ran since),
-      // so this fence costs little: they are performed before the barrier, after which the
-      // previous (block, head) passes to the next key tile. Holding it this long instead of
-      // fencing right after the adds keeps the L2 round trip out of the step; tile t + 1 then
-      // trails tile t by about one step (a constant lag, not one that grows per step).
-      __threadfence();
-      __syncthreads();  // both warpgroups' 64 keys of dS^T in place (dV, dK may still run)
-      if (tid == 0 && held_lock != nullptr) st_release_gpu(held_lock, tile.block + 1);
-      __syncwarp();  // warp 0 converged before the .aligned wgmma instructions
-      // dQ_blk[64 queries][this warpgroup's 64 d] = dS (A: [keys][queries], MN-major) x
-      // K[128 keys][64 d] (B: panel wgi of the K tile, N-major), 8 k-steps of 16 keys.
-      uint64_t dsd[kBK / 16], kbd[kBK / 16];
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        dsd[kk] = wg::desc_n_major(sdS, kBK, kk * 16);
-        kbd[kk] = wg::desc_n_major(sK + wgi * (kBK * 128), kBK, kk * 16);
-      }
-      float dq_acc[kD / 4];  // 16 queries x 64 d of this warp
-      wg::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wg::wgmma_m64n64k16_ss<1, 1>(dq_acc, dsd[kk], kbd[kk], kk > 0 ? 1 : 0);
-      }
-      wg::wgmma_commit();
-      const int h = step_head(it);
-      int* lock = dq_lock + static_cast<int64_t>(tile.start + qr0) * hq + h;
-      // Key tile `block` of the sequence is the block-th to add into this (block, head).
-      if (tid == 0) wait_turn(lock, tile.block);
-      __syncwarp();  // warp 0 converged again before the .aligned wgmma wait
-      wg::wgmma_wait<0>();
-      wg::fence_regs(dv_acc);
-      wg::fence_regs(dk_acc);
-      wg::fence_regs(dq_acc);
-      __syncthreads();  // thread 0's acquire covers the whole CTA's adds
-      // dq_acc[4i + e]: query qr0 + 16 warp + lane / 4 + 8 (e >> 1), d column 64 wgi + 8i +
-      // 2 (lane % 4) + (e & 1). Rows past the sequence (other sequences' rows) are skipped.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int qrow = qr0 + warp * 16 + lane / 4 + 8 * half;
-        if (qrow < tile.len) {
-          float* dst = dq_accum + (static_cast<int64_t>(tile.start + qrow) * hq + h) * kD +
-                       wgi * 64 + (lane % 4) * 2;
-#pragma unroll
-          for (int i = 0; i < kD / 16; ++i) {
-            atomicAdd(reinterpret_cast<float2*>(dst + 8 * i),
-                      make_float2(dq_acc[4 * i + 2 * half], dq_acc[4 * i + 2 * half + 1]));
-          }
-        }
-      }
-      held_lock = lock;  // released in the next step (or after the loop) once fenced
-    } else {
-      wg::wgmma_wait<0>();
-      wg::fence_regs(dv_acc);
-      wg::fence_regs(dk_acc);
-    }
-  }
-  if constexpr (kDq) {
-    __threadfence();
-    __syncthreads();
-    if (tid == 0 && held_lock != nullptr) st_release_gpu(held_lock, tile.block + 1);
+    // before pa / dsa are rewritten).
+    wg::wgmma_wait<0>();
+    wg::fence_regs(dv_acc);
+    wg::fence_regs(dk_acc);
   }
 
   // Epilogue of one warp: stage its 16 rows of dK (scaled) and dV in its own rows of the K and
@@ -556,32 +423,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // OPD_WGMMA_ENABLED
 }
 
-// dq = bf16(scale * dq_accum), 4 elements per thread (the 5-product variant's second kernel).
-__global__ void attention_bwd_dq_convert_kernel(const float4* __restrict__ accum, int64_t n4,
-                                                float scale, uint2* __restrict__ dq) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float4 a = accum[i];
-    dq[i] = make_uint2(attn::pack_bf16(a.x * scale, a.y * scale),
-                       attn::pack_bf16(a.z * scale, a.w * scale));
-  }
-}
-
 // The setting: set_*_kernel's value, else OPD_ATTENTION_BWD (read once), else Auto
 // (core/env_choice.h).
 EnvChoice g_setting{"OPD_ATTENTION_BWD",
                      {{"auto", static_cast<int>(AttentionBwdKernel::Auto)},
                       {"mma", static_cast<int>(AttentionBwdKernel::Mma)},
                       {"wgmma", static_cast<int>(AttentionBwdKernel::Wgmma)},
-                      {"wgmma-all", static_cast<int>(AttentionBwdKernel::WgmmaAll)},
-                      {"wgmma-dq", static_cast<int>(AttentionBwdKernel::WgmmaDq)}},
+                      {"wgmma-all", static_cast<int>(AttentionBwdKernel::WgmmaAll)}},
                      static_cast<int>(AttentionBwdKernel::Auto)};
 
 AttentionBwdKernel setting_or_throw() { return static_cast<AttentionBwdKernel>(g_setting.get()); }
 
 // What Auto means where the device runs sm_90a code: the wgmma dK/dV and dQ kernels, the
 // fastest measured (H200, session 7, docs/perf.md "Attention backward — the wgmma kernels
-// measured"): 4 x 4096 GQA 16/8 2.10 ms vs mma 3.47, wgmma 2.54, wgmma-dq 2.83.
+// measured"): 4 x 4096 GQA 16/8 2.10 ms vs mma 3.47, wgmma 2.54.
 constexpr AttentionBwdKernel kAutoChoice = AttentionBwdKernel::WgmmaAll;
 
 }  // namespace
@@ -598,7 +453,6 @@ const char* attention_bwd_kernel_name(AttentionBwdKernel kernel) {
     case AttentionBwdKernel::Mma: return "mma";
     case AttentionBwdKernel::Wgmma: return "wgmma";
     case AttentionBwdKernel::WgmmaAll: return "wgmma-all";
-    case AttentionBwdKernel::WgmmaDq: return "wgmma-dq";
   }
   return "?";
 }
@@ -609,8 +463,7 @@ AttentionBwdKernel resolve_attention_bwd_kernel(DType dtype, int64_t head_dim,
   if (dtype != DType::BF16 || head_dim != kD || s == AttentionBwdKernel::Mma) {
     return AttentionBwdKernel::Mma;
   }
-  if (s == AttentionBwdKernel::Wgmma || s == AttentionBwdKernel::WgmmaAll ||
-      s == AttentionBwdKernel::WgmmaDq) {
+  if (s == AttentionBwdKernel::Wgmma || s == AttentionBwdKernel::WgmmaAll) {
     OPD_CHECK(attention_wgmma_available_on(stream), Unsupported, "attention backward: the ",
               attention_bwd_kernel_name(s), " kernels were requested (OPD_ATTENTION_BWD or "
               "set_attention_bwd_kernel) but this device does not run sm_90a code");
@@ -643,14 +496,14 @@ void attention_backward_dkdv_wgmma(const AttentionPlan& plan, const void* dout, 
                                    const float* delta, int64_t hq, int64_t hkv, double scale,
                                    void* dk, void* dv, cudaStream_t stream) {
   if (!check_args("attention_backward_dkdv_wgmma", plan, hq, hkv, scale, stream)) return;
-  auto kernel = attention_bwd_dkdv_wgmma_kernel<false>;
+  auto kernel = attention_bwd_dkdv_wgmma_kernel;
   OPD_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<static_cast<unsigned>(plan.num_tiles() * hkv), kThreads, kSmemBytes, stream>>>(
       reinterpret_cast<const Tile*>(plan.k_tiles()), static_cast<int>(hq), static_cast<int>(hkv),
       static_cast<float>(scale), static_cast<float>(scale) * kLog2e, static_cast<const bf16*>(q),
       static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<const bf16*>(dout),
-      lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv), nullptr, nullptr);
+      lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
   check_launch("attention_bwd_dkdv_wgmma_kernel");
 }
 
@@ -668,57 +521,6 @@ void attention_backward_dq_wgmma(const AttentionPlan& plan, const void* dout, co
       static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<const bf16*>(dout),
       lse, delta, static_cast<bf16*>(dq));
   check_launch("attention_bwd_dq_wgmma_kernel");
-}
-
-void attention_backward_wgmma_dq(const AttentionPlan& plan, const void* dout, const void* q,
-                                 const void* k, const void* v, const float* lse,
-                                 const float* delta, int64_t hq, int64_t hkv, double scale,
-                                 void* dq, void* dk, void* dv, cudaStream_t stream) {
-  if (!check_args("attention_backward_wgmma_dq", plan, hq, hkv, scale, stream)) return;
-  // Deadlock freedom of the dQ chain: a CTA waits only for the CTAs of the same sequence and
-  // kv head with a smaller key tile index, and those must have a smaller blockIdx (CTAs are
-  // dispatched in blockIdx order, so an earlier one is running or done whenever a later one
-  // runs: the assumption FlashAttention-3's deterministic backward makes too). The plan lists
-  // each sequence's key tiles in block order (most queries after them first); a plan that did
-  // not could hang here (or, after the kernel's timeout, lose reproducibility), so it is refused.
-  OPD_CHECK(plan.k_tiles_in_sequence_order(), Internal,
-            "attention_backward_wgmma_dq: the plan's key tiles are not in sequence order");
-  OPD_CHECK(reinterpret_cast<uintptr_t>(dq) % 8 == 0, InvalidArgument,
-            "attention_backward_wgmma_dq: dq must be 8-byte aligned");
-  const int64_t rows = plan.total_rows();
-  const int64_t accum_floats = rows * hq * kD;
-  // dq_accum f32 [rows, hq, 128], then the counters int32 [rows, hq] (one per (64-query block,
-  // head) at the block's first row; the others stay 0): both zeroed stream-ordered.
-  const size_t accum_bytes = static_cast<size_t>(accum_floats) * sizeof(float);
-  const size_t lock_bytes = static_cast<size_t>(rows * hq) * sizeof(int32_t);
-  DeviceBuffer work(accum_bytes + lock_bytes, stream);
-  float* accum = work.as<float>();
-  int* locks = reinterpret_cast<int*>(work.as<unsigned char>() + accum_bytes);
-  OPD_CUDA_CHECK(cudaMemsetAsync(work.get(), 0, accum_bytes + lock_bytes, stream));
-
-  auto kernel = attention_bwd_dkdv_wgmma_kernel<true>;
-  OPD_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesDq));
-  kernel<<<static_cast<unsigned>(plan.num_tiles() * hkv), kThreads, kSmemBytesDq, stream>>>(
-      reinterpret_cast<const Tile*>(plan.k_tiles()), static_cast<int>(hq), static_cast<int>(hkv),
-      static_cast<float>(scale), static_cast<float>(scale) * kLog2e, static_cast<const bf16*>(q),
-      static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<const bf16*>(dout),
-      lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv), accum, locks);
-  check_launch("attention_bwd_dkdv_wgmma_kernel<dq>");
-
-  const int64_t n4 = accum_floats / 4;
-  constexpr int kConvThreads = 256;
-  const int64_t blocks = std::min<int64_t>((n4 + kConvThreads - 1) / kConvThreads, int64_t{1} << 20);
-  attention_bwd_dq_convert_kernel<<<static_cast<unsigned>(blocks), kConvThreads, 0, stream>>>(
-      reinterpret_cast<const float4*>(accum), n4, static_cast<float>(scale),
-      static_cast<uint2*>(dq));
-  check_launch("attention_bwd_dq_convert_kernel");
-}
-
-int64_t attention_bwd_dq_lock_timeouts() {
-  int value = 0;
-  OPD_CUDA_CHECK(cudaMemcpyFromSymbol(&value, g_dq_lock_timeouts, sizeof(int)));
-  return value;
 }
 
 }  // namespace opd::cuda

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
 #include <vector>
 
 #include "core/cuda/stream.h"
@@ -86,19 +85,6 @@ void AttentionPlan::build(const int32_t* cu_q, const int32_t* cu_k, int64_t batc
   };
   fill(0, [](const Entry& e) { return e.work_q; }, cu_k != nullptr);
   fill(4 * num_tiles_, [](const Entry& e) { return e.work_k; }, false);
-  // The k_tiles order within each sequence (block 0, 1, 2, ...): work_k = len - 128 block
-  // falls with the block, so the sort gives it; checked here because
-  // attention_backward_wgmma_dq's dQ chain would deadlock without it.
-  {
-    std::unordered_map<int32_t, int32_t> next_block;  // sequence start -> next block expected
-    k_tiles_in_sequence_order_ = true;
-    for (int64_t i = 0; i < num_tiles_; ++i) {
-      const int32_t* t = host.data() + 4 * num_tiles_ + 4 * i;
-      int32_t& want = next_block[t[0]];
-      if (t[2] != want) k_tiles_in_sequence_order_ = false;
-      want = t[2] + 1;
-    }
-  }
   std::copy(cu_q, cu_q + batch + 1, host.data() + 8 * num_tiles_);
   if (cu_k) std::copy(cu_k, cu_k + batch + 1, host.data() + 10 * num_tiles_ + batch + 1);
 

@@ -89,20 +89,18 @@ const char* attention_fwd_kernel_name(AttentionFwdKernel kernel);
 // Which kernels attention_backward (cuda_ops.h) runs for bf16, head_dim 128 (every other case
 // always runs the kernels of attention_bwd.cu). Mma = the mma.sync dK/dV and dQ kernels;
 // Wgmma = attention_backward_dkdv_wgmma below + the mma.sync dQ kernel (so dq is bit-identical
-// to Mma's); WgmmaAll = attention_backward_dkdv_wgmma + attention_backward_dq_wgmma; WgmmaDq =
-// attention_backward_wgmma_dq (5 products in one kernel, dQ accumulated in order under a
-// per-block counter, + a convert kernel). Auto = WgmmaAll where the device runs sm_90a code
+// to Mma's); WgmmaAll = attention_backward_dkdv_wgmma + attention_backward_dq_wgmma. Auto = WgmmaAll where the device runs sm_90a code
 // (the fastest on the H200, docs/perf.md "Attention backward — the wgmma kernels measured"),
 // else Mma.
-enum class AttentionBwdKernel { Auto, Mma, Wgmma, WgmmaAll, WgmmaDq };
+enum class AttentionBwdKernel { Auto, Mma, Wgmma, WgmmaAll };
 
-// The process-wide setting: initially from OPD_ATTENTION_BWD (`mma`, `wgmma`, `wgmma-all`,
-// `wgmma-dq` or `auto`; unset = auto; anything else is an InvalidArgument error at the first backward call);
+// The process-wide setting: initially from OPD_ATTENTION_BWD (`mma`, `wgmma`, `wgmma-all`
+// or `auto`; unset = auto; anything else is an InvalidArgument error at the first backward call);
 // set_attention_bwd_kernel overrides it (tests, benchmarks).
 void set_attention_bwd_kernel(AttentionBwdKernel kernel);
 AttentionBwdKernel attention_bwd_kernel_setting();
-// What attention_backward runs for (dtype, head_dim) on the device of `stream`: Mma, Wgmma,
-// WgmmaAll or WgmmaDq (Auto resolved; a forced wgmma setting on a device without sm_90a code is an
+// What attention_backward runs for (dtype, head_dim) on the device of `stream`: Mma, Wgmma or
+// WgmmaAll (Auto resolved; a forced wgmma setting on a device without sm_90a code is an
 // Unsupported error).
 AttentionBwdKernel resolve_attention_bwd_kernel(DType dtype, int64_t head_dim,
                                                 cudaStream_t stream = nullptr);
@@ -130,24 +128,5 @@ void attention_backward_dq_wgmma(const AttentionPlan& plan, const void* dout, co
                                  const float* delta, int64_t hq, int64_t hkv, double scale,
                                  void* dq, cudaStream_t stream);
 
-// dQ, dK and dV of the same backward with 5 products in one kernel (FlashAttention-3's
-// backward, section 3.3, deterministic): the dK/dV kernel above, which per (query head,
-// 64-query block) step also writes dS^T to shared memory and computes dQ_blk = dS K over its
-// 128 keys (wgmma, dS^T as the MN-major A operand), added into an f32 dq_accum [T, hq, 128]
-// (red.global.add) in key-tile order: an int32 counter per (block, head) admits key tile t of
-// the sequence only after tiles 0 .. t-1 (ld.acquire / st.release at GPU scope), so dq is
-// bit-identical run to run. Then dq = bf16(scale * dq_accum). Requires the plan's key tiles in
-// sequence order (Internal error otherwise: see the launcher) and dq 8-byte aligned.
-// Device memory: T x hq x (128 x 4 + 4) bytes of workspace from the caching allocator, zeroed
-// with cudaMemsetAsync. Shared memory per CTA: the dK/dV kernel's 130 KiB + 16 KiB (dS^T).
-// Throws as the dK/dV kernel does.
-void attention_backward_wgmma_dq(const AttentionPlan& plan, const void* dout, const void* q,
-                                 const void* k, const void* v, const float* lse,
-                                 const float* delta, int64_t hq, int64_t hkv, double scale,
-                                 void* dq, void* dk, void* dv, cudaStream_t stream);
-// How often (since the process started, on the current device) a CTA of that kernel gave up
-// waiting for its turn after 2 s and added out of order (dq still correct, not reproducible).
-// A synchronizing read; 0 unless CTAs were not dispatched in blockIdx order.
-int64_t attention_bwd_dq_lock_timeouts();
 
 }  // namespace opd::cuda

@@ -160,10 +160,6 @@ class AttentionPlan {
   const int32_t* key_ranges() const { return key_ranges_; }
   const int32_t* device_cu_seqlens_k() const { return cu_k_ ? cu_k_ : cu_; }
   int64_t total_k_rows() const { return total_k_rows_; }
-  // True when k_tiles() lists every sequence's key tiles in block order (0, 1, 2, ...), which
-  // the deterministic dQ chain of attention_backward_wgmma_dq (attention_wgmma.h) needs for
-  // deadlock freedom. Checked on the host when the plan is built.
-  bool k_tiles_in_sequence_order() const { return k_tiles_in_sequence_order_; }
 
  private:
   void build(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
@@ -176,7 +172,6 @@ class AttentionPlan {
   const int32_t* k_tiles_ = nullptr;
   const int32_t* cu_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  bool k_tiles_in_sequence_order_ = false;
 };
 
 // True when (dtype, head_dim) runs the tensor-core kernels (bf16, head_dim 64 or 128); other
