@@ -347,9 +347,9 @@ if [[ "$what" == final5 ]]; then
   # kernels on GPU 0; then the 2-GPU trainer test and W2 with ZeRO-2 (reduce once per step).
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
   ( export CUDA_VISIBLE_DEVICES=1
-    for v in "base:--no-pdl --no-cluster-sampler --no-l2-prefetch" "nofresh:--no-fresh-prefill" \
-             "pdl:--pdl" "sampler:--cluster-sampler" "l2:--l2-prefetch" \
-             "all3:--pdl --cluster-sampler --l2-prefetch"; do
+    # (session 5 also ran "l2:--l2-prefetch"; the L2 prefetch was removed in session 7)
+    for v in "base:--no-pdl --no-cluster-sampler" "nofresh:--no-fresh-prefill" \
+             "pdl:--pdl" "sampler:--cluster-sampler" "all2:--pdl --cluster-sampler"; do
       timeout 60 $B/opd bench rollout --runs 3 ${v#*:} >"$OUT/rollout_${v%%:*}.log" 2>&1
     done
     timeout 120 $B/opd bench attention --fwd-only --iters 30 --warmup 5 >"$OUT/bench_attn.log" 2>&1

@@ -95,9 +95,6 @@ const Switch kSwitches[] = {
      "with --fresh-prefill: prompt chunks over cached context (prompts longer than "
      "--max-step-tokens) of >= 16 rows also attend on the tensor-core kernel, over their context "
      "K/V gathered from the cache"},
-    {"l2-prefetch", "l2_prefetch", &EngineOptions::cuda_l2_prefetch,
-     "decode steps prefetch each layer's o, gate|up, down and the next q|k|v weights into L2 "
-     "before the attention"},
 };
 
 #if defined(OPD_WITH_CUDA)
@@ -182,14 +179,14 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, fresh prefill %s, context prefill %s, L2 prefetch %s, PDL %s, sampler %s\n",
+                "graphs %s, fused layers %s, fresh prefill %s, context prefill %s, PDL %s, sampler %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
                 o.no_fused ? "off" : "on",
                 eo.cuda_fresh_prefill ? "tensor-core attention" : "paged kernel",
                 eo.cuda_context_prefill ? "tensor-core attention" : "paged kernel",
-                eo.cuda_l2_prefetch ? "on" : "off", eo.cuda_pdl ? "on" : "off",
+                eo.cuda_pdl ? "on" : "off",
                 eo.cuda_cluster_sampler ? "cluster" : "one CTA per row");
   }
   std::vector<RequestOutput> last;

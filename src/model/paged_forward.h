@@ -185,11 +185,6 @@ class PagedForward {
   // paged kernel, whose CUDA-core loop reads a chunk's K/V once per 8 rows (W1 prefill: 0.136 s
   // of a 1.33 s rollout). On by default; off runs every row through the paged kernel.
   void set_fresh_prefill(bool on) { fresh_prefill_ = on; }
-  // Decode-sized steps (<= 64 tokens) of the fused layer issue an L2 prefetch (evict_last) of
-  // the layer's o, gate|up and down weights and the next layer's q|k|v just before the paged
-  // attention (kernels/cuda/cuda_ops.h l2_prefetch), so the latency-bound 64-row GEMMs read them
-  // from L2 and their DRAM reads overlap the attention's K/V stream. A hint: results unchanged.
-  void set_l2_prefetch(bool on) { l2_prefetch_ = on; }
   bool fresh_prefill() const { return fresh_prefill_; }
   // The fresh tail of an eager step from its host cu_seqlens [batch + 1] and seq_lens [batch]
   // (a sequence is fresh when its new rows are all of it): batch 0 when there is none, when
@@ -249,7 +244,6 @@ class PagedForward {
   bool pdl_ = false;
   bool fresh_prefill_ = true;
   bool context_prefill_ = false;
-  bool l2_prefetch_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]
   // What the fused layers read: the packed tensors above, or the model's own q_proj / gate_proj
   // when the parts are contiguous (then the packed tensor is empty).

@@ -180,9 +180,6 @@ std::vector<const void*> PagedForward::weight_addresses() const {
   return out;
 }
 
-// Steps up to this many tokens prefetch their weights into L2 when enabled (decode buckets).
-constexpr int64_t kL2PrefetchRows = 64;
-
 void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws,
                                float* logits, cudaStream_t stream) const {
   const ModelConfig& c = model_->config();
@@ -331,14 +328,6 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.error_flag = s.error_flag;
       f.pdl = pdl;
       cuda::qkv_norm_rope_store(f, stream);
-      if (l2_prefetch_ && T <= kL2PrefetchRows) {
-        cuda::L2PrefetchRanges pf;
-        pf.add(L.o_proj.raw(), L.o_proj.nbytes());
-        pf.add(gu_ptr_[li], 2 * I * H * static_cast<int64_t>(es));
-        pf.add(L.down_proj.raw(), L.down_proj.nbytes());
-        if (li + 1 < W.layers.size()) pf.add(qkv_ptr_[li + 1], R * H * static_cast<int64_t>(es));
-        cuda::l2_prefetch(pf, stream);
-      }
       attend(li, ws.qn.raw(), nullptr, nullptr);
       linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,

@@ -232,7 +232,6 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     device_->forward->set_pdl(options_.cuda_pdl);
     device_->forward->set_fresh_prefill(options_.cuda_fresh_prefill);
     device_->forward->set_context_prefill(options_.cuda_context_prefill);
-    device_->forward->set_l2_prefetch(options_.cuda_l2_prefetch);
     OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
     stats_.pack_seconds = seconds_since(t_phase);
     stats_.reused_device_state = reuse && device_->runner != nullptr;

@@ -106,10 +106,6 @@ struct EngineOptions {
   // (PagedForward::set_context_prefill). On: the H200 (session 7, docs/perf.md) gave 16 prompts
   // of 4096 tokens x 128 new 3.467 -> 0.795 s, W1 with --max-step-tokens 128 1.906 -> 1.648 s.
   bool cuda_context_prefill = true;
-  // CUDA fused decode steps: prefetch each layer's o, gate|up, down and the next layer's q|k|v
-  // weights into L2 before the attention (PagedForward::set_l2_prefetch). Off: measured slower
-  // on the H200 (W1 rollout 1.281 -> 1.406 s, docs/perf.md session 5).
-  bool cuda_l2_prefetch = false;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).

@@ -647,27 +647,6 @@ TEST(CudaRollout, ContextPrefillGreedyIsTheFullForwardArgmax) {
   expect_greedy_is_full_forward_argmax(gpu, reqs, out, 20, "context prefill bf16");
 }
 
-// The L2 prefetch of decode weights is a hint: rollouts with and without it give the same ids
-// and log-probabilities bit for bit (f32 fixture model and the bf16 head_dim-64 model; decode
-// steps from graphs, so the prefetch kernel is captured too).
-TEST(CudaRollout, L2PrefetchGivesTheSameTokensBitForBit) {
-  REQUIRE_GPU();
-  Transformer f32 = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::F32);
-  Transformer bf16 = fresh_prefill_model();
-  for (const Transformer* m : {&f32, &bf16}) {
-    const int64_t V = m->config().vocab_size;
-    std::vector<GenerationRequest> reqs;
-    for (int i = 0; i < 6; ++i) reqs.push_back(sampled_req(seeded_prompt(80 + i, 3 + 5 * i, V), 2, 11 + i));
-    EngineOptions off, on;
-    on.cuda_l2_prefetch = true;
-    RolloutEngine with(*m, on, {});
-    auto got = with.generate(reqs);
-    EXPECT_GT(with.stats().graph_steps, 0);
-    expect_bit_identical(got, RolloutEngine(*m, off, {}).generate(reqs),
-                         dtype_label(m->dtype()) + " L2 prefetch on vs off");
-  }
-}
-
 // The graph replay runs the same kernels with the same arguments as the eager decode step:
 // bit-identical ids and log-probabilities, f32 and bf16; graphs are captured and replayed.
 TEST(CudaRollout, GraphsGiveTheEagerPathsTokensBitForBit) {

@@ -74,20 +74,6 @@ void swiglu_backward(const void* dout, const void* gate, const void* up, int64_t
 // ---- elementwise.cu ---- all [n] in dtype; out may alias a or b.
 void add(const void* a, const void* b, int64_t n, DType dtype, void* out, cudaStream_t stream);
 
-// ---- l2_prefetch.cu ---- a hint, no result: asks L2 to fetch up to kMax device byte ranges
-// (evict_last priority) without waiting for them; null pointers and empty ranges are skipped.
-// Graph-capturable (no sync, no allocation).
-struct L2PrefetchRanges {
-  static constexpr int kMax = 6;
-  const void* ptr[kMax] = {};
-  int64_t bytes[kMax] = {};
-  int count = 0;
-  void add(const void* p, int64_t n) {
-    if (count < kMax) ptr[count] = p, bytes[count] = n, ++count;
-  }
-};
-void l2_prefetch(const L2PrefetchRanges& ranges, cudaStream_t stream);
-
 // ---- rows.cu ---- in [n_in, h] -> out [n_out, h], each in f32 or bf16 (may differ):
 // out[i, :] = rows[i] == -1 ? 0 : in[rows[i], :] (rows validated; others read as -1).
 void gather_rows(const void* in, DType in_dtype, int64_t n_in, const int32_t* rows, int64_t n_out,
