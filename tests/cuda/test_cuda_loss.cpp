@@ -349,42 +349,50 @@ const std::vector<OddShape> kOddShapes{
     {5, 16, 11, 10, 3, 2, -1},       {300, 128, 3001, 64, 1000, 128, -1},
     {4, 32, 20000, 8, 16384, 0, -1}, {6, 24, 300, 4, 128, 4, 313}};
 
+// fn(problem, teacher, cfg, opt, label) for every (shape of kOddShapes, mode) in dt: the problem
+// seeded seed_base + N, teacher at T = 1.3, beta 0.5, sft_alpha 0.3, the shape's tile and chunk
+// (clip-to-student where the teacher's vocabulary is larger; then full mode only).
+template <typename Fn>
+void for_each_odd_case(DType dt, uint64_t seed_base, Fn&& fn) {
+  for (const OddShape& s : kOddShapes) {
+    const Problem p = make_problem(s.n, s.h, s.v, s.k, dt, seed_base + s.n, s.vt);
+    const TeacherTopK teacher = validated_teacher(p, 1.3, DType::F32);
+    for (SupportMode m : kModes) {
+      if (s.vt > s.v && m != SupportMode::Full) continue;
+      LossConfig cfg;
+      cfg.mode = m;
+      cfg.beta = 0.5;
+      cfg.temperature = 1.3;
+      cfg.sft_alpha = 0.3;
+      cfg.vocab_tile = s.tile;
+      if (s.vt > s.v) cfg.vocab_policy = VocabPolicy::ClipToStudent;
+      cuda::CudaLossOptions opt;
+      opt.row_chunk = s.chunk;
+      fn(p, teacher, cfg, opt,
+         cat(mode_str(m), " N=", s.n, " H=", s.h, " V=", s.v, " K=", s.k, " tile=", s.tile,
+             " chunk=", s.chunk, " Vt=", p.vt, " ", dtype_name(dt)));
+    }
+  }
+}
+
 // kOddShapes against the CPU. (Not K = V: there the student tail is 0 up to rounding, and
 // whether it clamps is decided by rounding.)
 TEST(CudaFusedLoss, OddShapes) {
   REQUIRE_GPU();
-  const std::vector<OddShape>& shapes = kOddShapes;
   for (DType dt : {DType::F32, DType::BF16}) {
     Worst worst;
     const Tol tol = dt == DType::F32 ? Tol{1e-5, 1e-4, 1e-4} : Tol{1e-4, 8e-3, 2e-2};
-    for (const OddShape& s : shapes) {
-      const Problem p = make_problem(s.n, s.h, s.v, s.k, dt, 30 + s.n, s.vt);
-      const TeacherTopK teacher = validated_teacher(p, 1.3, DType::F32);
-      for (SupportMode m : kModes) {
-        if (s.vt > s.v && m != SupportMode::Full) continue;
-        LossConfig cfg;
-        cfg.mode = m;
-        cfg.beta = 0.5;
-        cfg.temperature = 1.3;
-        cfg.sft_alpha = 0.3;
-        cfg.vocab_tile = s.tile;
-        if (s.vt > s.v) cfg.vocab_policy = VocabPolicy::ClipToStudent;
-        cuda::CudaLossOptions opt;
-        opt.row_chunk = s.chunk;
-        char what[160];
-        std::snprintf(what, sizeof what, "%s N=%lld H=%lld V=%lld K=%lld tile=%lld chunk=%lld Vt=%lld %s",
-                      mode_str(m).c_str(), (long long)s.n, (long long)s.h, (long long)s.v,
-                      (long long)s.k, (long long)s.tile, (long long)s.chunk, (long long)p.vt,
-                      std::string(dtype_name(dt)).c_str());
-        expect_match(run_gpu(p, cfg, &teacher, opt), run_cpu(p, cfg, &teacher), tol, true, what,
-                     &worst);
-        // Forward only gives the same loss and touches no gradient.
-        DeviceInputs d = to_device(p, cfg, &teacher);
-        const LossResult fwd = cuda::fused_lm_head_loss_cuda(cfg, device_args(p, cfg, d), nullptr,
-                                                             nullptr, opt);
-        EXPECT_LE(rel(fwd.loss, run_cpu(p, cfg, &teacher).res.loss), tol.loss) << what << " (forward only)";
-      }
-    }
+    for_each_odd_case(dt, 30, [&](const Problem& p, const TeacherTopK& teacher,
+                                  const LossConfig& cfg, const cuda::CudaLossOptions& opt,
+                                  const std::string& what) {
+      expect_match(run_gpu(p, cfg, &teacher, opt), run_cpu(p, cfg, &teacher), tol, true,
+                   what, &worst);
+      // Forward only gives the same loss and touches no gradient.
+      DeviceInputs d = to_device(p, cfg, &teacher);
+      const LossResult fwd = cuda::fused_lm_head_loss_cuda(cfg, device_args(p, cfg, d), nullptr,
+                                                           nullptr, opt);
+      EXPECT_LE(rel(fwd.loss, run_cpu(p, cfg, &teacher).res.loss), tol.loss) << what << " (forward only)";
+    });
     worst.print(dt == DType::F32 ? "odd shapes f32" : "odd shapes bf16");
   }
 }
@@ -486,28 +494,12 @@ TEST(CudaFusedLoss, OverlapOnEqualsOffBitForBit) {
 // Every shape of kOddShapes with the overlap on equals off.
 TEST(CudaFusedLoss, OverlapOnEqualsOffOnOddShapes) {
   REQUIRE_GPU();
-  const std::vector<OddShape>& shapes = kOddShapes;
   for (DType dt : {DType::F32, DType::BF16}) {
-    for (const OddShape& s : shapes) {
-      const Problem p = make_problem(s.n, s.h, s.v, s.k, dt, 60 + s.n, s.vt);
-      const TeacherTopK teacher = validated_teacher(p, 1.3, DType::F32);
-      for (SupportMode m : kModes) {
-        if (s.vt > s.v && m != SupportMode::Full) continue;
-        LossConfig cfg;
-        cfg.mode = m;
-        cfg.beta = 0.5;
-        cfg.temperature = 1.3;
-        cfg.sft_alpha = 0.3;
-        cfg.vocab_tile = s.tile;
-        if (s.vt > s.v) cfg.vocab_policy = VocabPolicy::ClipToStudent;
-        cuda::CudaLossOptions opt;
-        opt.row_chunk = s.chunk;
-        expect_overlap_bit_identical(p, cfg, teacher, opt,
-                                     cat(mode_str(m), " N=", s.n, " H=", s.h, " V=", s.v, " K=", s.k,
-                                         " tile=", s.tile, " chunk=", s.chunk, " Vt=", p.vt, " ",
-                                         dtype_name(dt)));
-      }
-    }
+    for_each_odd_case(dt, 60, [&](const Problem& p, const TeacherTopK& teacher,
+                                  const LossConfig& cfg, const cuda::CudaLossOptions& opt,
+                                  const std::string& what) {
+      expect_overlap_bit_identical(p, cfg, teacher, opt, what);
+    });
   }
 }
 

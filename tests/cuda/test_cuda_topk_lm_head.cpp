@@ -123,12 +123,38 @@ std::vector<int32_t> make_actual(int64_t n, int64_t v, uint64_t seed) {
   return a;
 }
 
-void run_case(const TopKCase& c, DType dt, uint64_t seed, int64_t* swaps, int64_t* entries) {
-  // Logits with a spread like a real lm_head: |z| up to ~10 (rows in [-1, 1), weights scaled).
+// The host inputs of a case: logits with a spread like a real lm_head, |z| up to ~10 (rows in
+// [-1, 1), weights scaled), and actual ids (every 5th row -1).
+struct TopKInputs {
+  Tensor hid, w;
+  std::vector<int32_t> actual;
+};
+TopKInputs make_inputs(const TopKCase& c, DType dt, uint64_t seed) {
   const double wscale = 3.0 / std::sqrt(static_cast<double>(c.h));
-  Tensor hid = rand_in({c.n, c.h}, dt, seed, -1, 1);
-  Tensor w = rand_in({c.v, c.h}, dt, seed + 1, -wscale, wscale);
-  std::vector<int32_t> actual = make_actual(c.n, c.v, seed + 2);
+  return {rand_in({c.n, c.h}, dt, seed, -1, 1), rand_in({c.v, c.h}, dt, seed + 1, -wscale, wscale),
+          make_actual(c.n, c.v, seed + 2)};
+}
+
+// The shapes both the CPU comparison and the overlap test run: one tile, vocabularies not a
+// multiple of the tile, row counts not a multiple of the chunk, K from 0 to 4096.
+std::vector<TopKCase> common_cases() {
+  return {
+      {"one_row", 1, 64, 1000, 5, 4096, 512, 1.0, true},
+      {"odd_tiles", 7, 100, 5003, 64, 1000, 3, 0.7, true},
+      {"many_rows", 300, 256, 32785, 64, 4096, 128, 1.0, false},
+      {"k300_merges", 33, 128, 5003, 300, 512, 16, 2.0, true},
+      {"k0", 20, 64, 3000, 0, 700, 8, 1.3, true},
+      {"k_equals_v_tiny_tiles", 5, 64, 96, 96, 7, 2, 1.0, true},
+      {"k1", 9, 32, 2000, 1, 333, 4, 1.0, true},
+      {"k1000_one_tile", 64, 64, 20000, 1000, 20000, 64, 1.0, false},
+      {"k4096", 4, 64, 9000, 4096, 4096, 4, 1.0, false},
+  };
+}
+
+void run_case(const TopKCase& c, DType dt, uint64_t seed, int64_t* swaps, int64_t* entries) {
+  const TopKInputs in = make_inputs(c, dt, seed);
+  const Tensor &hid = in.hid, &w = in.w;
+  const std::vector<int32_t>& actual = in.actual;
   TopKLmHeadArgs args;
   args.hidden = hid;
   args.lm_head = w;
@@ -149,18 +175,8 @@ void run_case(const TopKCase& c, DType dt, uint64_t seed, int64_t* swaps, int64_
 
 TEST(CudaTopKLmHead, MatchesCpuReference) {
   REQUIRE_GPU();
-  const std::vector<TopKCase> cases = {
-      {"one_row", 1, 64, 1000, 5, 4096, 512, 1.0, true},
-      {"odd_tiles", 7, 100, 5003, 64, 1000, 3, 0.7, true},
-      {"many_rows", 300, 256, 32785, 64, 4096, 128, 1.0, false},
-      {"k300_merges", 33, 128, 5003, 300, 512, 16, 2.0, true},
-      {"k0", 20, 64, 3000, 0, 700, 8, 1.3, true},
-      {"k_equals_v_tiny_tiles", 5, 64, 96, 96, 7, 2, 1.0, true},
-      {"k1", 9, 32, 2000, 1, 333, 4, 1.0, true},
-      {"k1000_one_tile", 64, 64, 20000, 1000, 20000, 64, 1.0, false},
-      {"k4096", 4, 64, 9000, 4096, 4096, 4, 1.0, false},
-      {"qwen_vocab", 64, 2048, 151936, 64, 16384, 2048, 1.0, true},
-  };
+  std::vector<TopKCase> cases = common_cases();
+  cases.push_back({"qwen_vocab", 64, 2048, 151936, 64, 16384, 2048, 1.0, true});
   for (DType dt : {DType::BF16, DType::F32}) {
     int64_t swaps = 0, entries = 0;
     uint64_t seed = 10;
@@ -432,30 +448,19 @@ RawOutputs run_gemm_overlap(const TopKCase& c, DType dt, const Tensor& hid, cons
 
 TEST(CudaTopKLmHead, OverlapOnEqualsOffBitForBit) {
   REQUIRE_GPU();
-  const std::vector<TopKCase> cases = {
-      {"one_row", 1, 64, 1000, 5, 4096, 512, 1.0, true},
-      {"odd_tiles", 7, 100, 5003, 64, 1000, 3, 0.7, true},
-      {"many_rows", 300, 256, 32785, 64, 4096, 128, 1.0, false},
-      {"k300_merges", 33, 128, 5003, 300, 512, 16, 2.0, true},
-      {"k0", 20, 64, 3000, 0, 700, 8, 1.3, true},
-      {"k_equals_v_tiny_tiles", 5, 64, 96, 96, 7, 2, 1.0, true},
-      {"k1", 9, 32, 2000, 1, 333, 4, 1.0, true},
-      {"k1000_one_tile", 64, 64, 20000, 1000, 20000, 64, 1.0, false},
-      {"one_tile_rows_not_multiple_of_chunk", 70, 64, 3000, 64, 4096, 32, 1.0, true},
-      {"k4096", 4, 64, 9000, 4096, 4096, 4, 1.0, false},
-      // The W1 vocabulary (H smaller than the teacher's 2048: host fills of V x H dominate).
-      {"qwen_vocab", 64, 1024, 151936, 64, 16384, 2048, 1.0, true},
-      {"qwen_vocab_chunks", 200, 256, 151936, 64, 16384, 64, 1.0, true},
-  };
+  std::vector<TopKCase> cases = common_cases();
+  cases.push_back({"one_tile_rows_not_multiple_of_chunk", 70, 64, 3000, 64, 4096, 32, 1.0, true});
+  // The W1 vocabulary (H smaller than the teacher's 2048: host fills of V x H dominate).
+  cases.push_back({"qwen_vocab", 64, 1024, 151936, 64, 16384, 2048, 1.0, true});
+  cases.push_back({"qwen_vocab_chunks", 200, 256, 151936, 64, 16384, 64, 1.0, true});
   for (DType dt : {DType::BF16, DType::F32}) {
     uint64_t seed = 700;
     for (const TopKCase& c : cases) {
       SCOPED_TRACE(std::string(c.name) + " " + dtype_label(dt));
       seed += 5;
-      const double wscale = 3.0 / std::sqrt(static_cast<double>(c.h));
-      const Tensor hid = dev(rand_in({c.n, c.h}, dt, seed, -1, 1), dt);
-      const Tensor w = dev(rand_in({c.v, c.h}, dt, seed + 1, -wscale, wscale), dt);
-      const Tensor actual = dev_i32(Tensor::from_vector(make_actual(c.n, c.v, seed + 2), {c.n}));
+      const TopKInputs in = make_inputs(c, dt, seed);
+      const Tensor hid = dev(in.hid, dt), w = dev(in.w, dt);
+      const Tensor actual = dev_i32(Tensor::from_vector(in.actual, {c.n}));
       const RawOutputs off = run_gemm_overlap(c, dt, hid, w, actual, cuda::TileOverlap::Off);
       const RawOutputs on = run_gemm_overlap(c, dt, hid, w, actual, cuda::TileOverlap::On);
       expect_same_outputs(off, on);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/test_util.h"
+#include "data/dataset_test_util.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "tokenizer/chat_template.h"
@@ -20,20 +21,8 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-class ByteEncoder : public TextEncoder {
- public:
-  explicit ByteEncoder(std::optional<int32_t> eos = 300) : eos_(eos) {}
-  std::vector<int32_t> encode(std::string_view text) const override {
-    std::vector<int32_t> ids;
-    for (unsigned char c : text) ids.push_back(c);
-    return ids;
-  }
-  int32_t vocab_size() const override { return 301; }
-  std::optional<int32_t> eos_id() const override { return eos_; }
-
- private:
-  std::optional<int32_t> eos_;
-};
+using test::ByteEncoder;
+using test::TemplateChat;
 
 // An encoder that returns an id outside its vocabulary (invariant 1 must catch it).
 class BrokenEncoder : public ByteEncoder {
@@ -60,20 +49,6 @@ class TinyChat : public ChatRenderer {
     if (agp) out += "[assistant]";
     return out;
   }
-};
-
-class TemplateChat : public ChatRenderer {
- public:
-  explicit TemplateChat(ChatTemplate t) : t_(std::move(t)) {}
-  std::string render(const ojson& messages, const ojson& tools, bool agp) const override {
-    ChatTemplateOptions o;
-    o.add_generation_prompt = agp;
-    o.tools = tools;
-    return t_.render(messages, o);
-  }
-
- private:
-  ChatTemplate t_;
 };
 
 std::string text_of(const std::vector<int32_t>& ids) {

@@ -13,6 +13,7 @@
 
 #include "common/fuzz_util.h"
 #include "common/test_util.h"
+#include "data/dataset_test_util.h"
 #include "data/dataset.h"
 #include "tokenizer/chat_template.h"
 
@@ -21,34 +22,15 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-class ByteEncoder : public TextEncoder {
- public:
-  std::vector<int32_t> encode(std::string_view text) const override {
-    std::vector<int32_t> ids;
-    for (unsigned char c : text) ids.push_back(c);
-    return ids;
-  }
-  int32_t vocab_size() const override { return 301; }
-  std::optional<int32_t> eos_id() const override { return 300; }
-};
+using test::ByteEncoder;
 
-class TemplateChat : public ChatRenderer {
- public:
-  TemplateChat()
-      : t_(ChatTemplate::from_string(
-            "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if m.tool_calls %}{{ m.tool_calls|tojson }}{% endif %}"
-            "</s>{% endfor %}{% if tools %}{{ tools|tojson }}{% endif %}{% if add_generation_prompt %}<assistant>{% endif %}",
-            "fuzz.jinja")) {}
-  std::string render(const ojson& messages, const ojson& tools, bool agp) const override {
-    ChatTemplateOptions o;
-    o.add_generation_prompt = agp;
-    o.tools = tools;
-    return t_.render(messages, o);
-  }
-
- private:
-  ChatTemplate t_;
-};
+// A renderer over a real template that uses tool calls, tools and the generation prompt.
+test::TemplateChat fuzz_chat() {
+  return test::TemplateChat(ChatTemplate::from_string(
+      "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if m.tool_calls %}{{ m.tool_calls|tojson }}{% endif %}"
+      "</s>{% endfor %}{% if tools %}{{ tools|tojson }}{% endif %}{% if add_generation_prompt %}<assistant>{% endif %}",
+      "fuzz.jinja"));
+}
 
 std::vector<std::string> base_lines() {
   std::vector<std::string> lines;
@@ -68,7 +50,7 @@ TEST(DatasetFuzz, RandomMutations) {
   const std::string path = dir + "/d.jsonl";
   const auto lines = base_lines();
   ByteEncoder enc;
-  TemplateChat chat;
+  const test::TemplateChat chat = fuzz_chat();
   const std::vector<std::string> dict = {"{", "}", "[", "]", ",", ":", "\"", "null", "-1", "1e999", "\\ud800", "\n",
                                          "\xff", "\xc0\x80", "\xed\xa0\x80", "99999999999999999999", "\"role\"",
                                          "\"content\"", "\"messages\"", "\"prompt_ids\"", "[[[[[[[[[[[[[["};
@@ -120,7 +102,7 @@ TEST(DatasetFuzz, Regressions) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       << "{\"prompt\": \"a\", \"completion\": \"b\", \"x\": 1e999}\n{\"prompt\": \"a\", \"completion\": \"b\"}\n";
   ByteEncoder enc;
-  TemplateChat chat;
+  const test::TemplateChat chat = fuzz_chat();
   DatasetOptions o;
   o.skip_bad_lines = true;
   std::optional<Dataset> ds;

@@ -27,35 +27,10 @@ namespace opd {
 namespace {
 
 using test::GgufBuilder;
+using test::byte_tokens;
 using test::TempDirPath;
 
 constexpr int64_t kH = 32, kHeads = 4, kKv = 2, kD = 8, kI = 48, kLayers = 3;
-
-// GPT-2's byte -> printable code point table (the byte-level alphabet), as UTF-8 strings.
-std::vector<std::string> byte_tokens() {
-  std::vector<int> bs;
-  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
-  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
-  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
-  std::vector<int> cp(256, -1);
-  for (int b : bs) cp[b] = b;
-  int n = 0;
-  for (int b = 0; b < 256; ++b)
-    if (cp[b] < 0) cp[b] = 256 + n++;
-  std::vector<std::string> out;
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    const int c = cp[b];
-    if (c < 0x80) {
-      s += static_cast<char>(c);
-    } else {
-      s += static_cast<char>(0xC0 | (c >> 6));
-      s += static_cast<char>(0x80 | (c & 0x3F));
-    }
-    out.push_back(s);
-  }
-  return out;
-}
 
 struct Tiny {
   std::vector<std::string> tokens;

@@ -18,30 +18,9 @@ namespace opd {
 namespace {
 
 using test::GgufBuilder;
+using test::byte_tokens;
 
 constexpr int64_t kH = 32, kHeads = 2, kKv = 1, kD = 16, kI = 32;
-
-std::vector<std::string> byte_tokens() {  // GPT-2's byte-level alphabet as UTF-8 strings
-  std::vector<int> cp(256, -1);
-  for (int b = '!'; b <= '~'; ++b) cp[b] = b;
-  for (int b = 0xA1; b <= 0xAC; ++b) cp[b] = b;
-  for (int b = 0xAE; b <= 0xFF; ++b) cp[b] = b;
-  int n = 0;
-  for (int b = 0; b < 256; ++b)
-    if (cp[b] < 0) cp[b] = 256 + n++;
-  std::vector<std::string> out;
-  for (int c : cp) {
-    std::string s;
-    if (c < 0x80) {
-      s += static_cast<char>(c);
-    } else {
-      s += static_cast<char>(0xC0 | (c >> 6));
-      s += static_cast<char>(0x80 | (c & 0x3F));
-    }
-    out.push_back(s);
-  }
-  return out;
-}
 
 std::string tiny_gguf() {
   std::vector<std::string> tokens = byte_tokens();

@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/fuzz_util.h"
 #include "common/test_util.h"
 #include "core/philox.h"
 #include "common/python_oracle.h"
@@ -27,17 +28,9 @@ using nlohmann::json;
 // Cheap enough to run in full under ASan+UBSan too (about 3 s there, 1 s without).
 constexpr int kRandomCases = 6000;
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : seed_(seed) {}
-  uint32_t next() { return philox_u32(seed_, 0x5afe, i_++); }
-  uint64_t next64() { return (uint64_t{next()} << 32) | next(); }
-  size_t below(size_t n) { return n ? static_cast<size_t>(next64() % n) : 0; }
-  bool chance(unsigned percent) { return next() % 100 < percent; }
-
- private:
-  uint64_t seed_;
-  uint64_t i_ = 0;
+// The shared fuzz source on this test's own Philox stream.
+struct Rng : test::FuzzRng {
+  explicit Rng(uint64_t seed) : FuzzRng(seed, 0x5afe) {}
 };
 
 uint64_t header_len(const std::string& img) {
@@ -73,19 +66,6 @@ const char* kJunk[] = {
 
 const char* kDtypes[] = {"F32", "F64", "BF16", "F16", "I32", "I64", "U8", "BOOL", "F8_E4M3", "f32", ""};
 
-uint64_t interesting_number(Rng& rng, uint64_t near) {
-  switch (rng.below(8)) {
-    case 0: return 0;
-    case 1: return near + rng.below(3) - 1;
-    case 2: return near * 2;
-    case 3: return uint64_t{1} << rng.below(64);
-    case 4: return ~uint64_t{0} - rng.below(16);
-    case 5: return (uint64_t{1} << 63) + rng.below(4);
-    case 6: return rng.below(64);
-    default: return rng.next64();
-  }
-}
-
 // Edits the parsed header of a valid image: a tensor's shape, offsets or dtype, or metadata;
 // the result is re-serialized and framed correctly, so only the validator can catch it.
 bool structured_mutation(std::string& img, Rng& rng, std::string* what) {
@@ -107,15 +87,15 @@ bool structured_mutation(std::string& img, Rng& rng, std::string* what) {
     switch (rng.below(12)) {
       case 0:
         if (e["shape"].is_array() && !e["shape"].empty()) {
-          e["shape"][rng.below(e["shape"].size())] = interesting_number(rng, 2);
+          e["shape"][rng.below(e["shape"].size())] = test::interesting_u64(rng, 2);
         } else {
-          e["shape"] = json::array({interesting_number(rng, 1)});
+          e["shape"] = json::array({test::interesting_u64(rng, 1)});
         }
         *what = "shape dim";
         break;
       case 1:
         if (!e["shape"].is_array()) e["shape"] = json::array();
-        e["shape"].push_back(interesting_number(rng, 1));
+        e["shape"].push_back(test::interesting_u64(rng, 1));
         *what = "shape rank";
         break;
       case 2: {
@@ -124,7 +104,7 @@ bool structured_mutation(std::string& img, Rng& rng, std::string* what) {
           e["data_offsets"] = json::array({0, 0});
         }
         uint64_t v = e["data_offsets"][k].is_number_unsigned() ? e["data_offsets"][k].get<uint64_t>() : 0;
-        e["data_offsets"][k] = interesting_number(rng, v);
+        e["data_offsets"][k] = test::interesting_u64(rng, v);
         *what = "offset";
         break;
       }
@@ -159,7 +139,7 @@ bool structured_mutation(std::string& img, Rng& rng, std::string* what) {
         for (int k = 0; k < 2; ++k) {
           if (!e["data_offsets"][k].is_number_unsigned()) return false;
         }
-        const uint64_t shift = rng.chance(70) ? 1 + rng.below(16) : interesting_number(rng, 8);
+        const uint64_t shift = rng.chance(70) ? 1 + rng.below(16) : test::interesting_u64(rng, 8);
         const bool up = rng.chance(50);
         for (int k = 0; k < 2; ++k) {
           uint64_t v = e["data_offsets"][k].get<uint64_t>();
@@ -222,7 +202,7 @@ std::string mutate(const std::string& base, Rng& rng, std::string* log) {
         break;
       case 3: {  // lie in the length field
         uint64_t n = header_len(img);
-        set_header_len(img, rng.chance(50) ? interesting_number(rng, n) : n + rng.below(17) - 8);
+        set_header_len(img, rng.chance(50) ? test::interesting_u64(rng, n) : n + rng.below(17) - 8);
         what = "length";
         break;
       }
