@@ -77,7 +77,7 @@ struct BenchScoreOptions {
   int64_t max_batch_tokens = 16384, vocab_tile = 16384, row_chunk = 2048;
   int warmup = 1, iters = 3;
   bool no_server = false, json = false, keep = false;
-  bool context_prefill = true;  // in-process CUDA scorer only (CudaScorer::Options' default)
+  bool context_prefill = CudaScorer::Options{}.context_prefill;  // in-process CUDA scorer only
   bool lmhead_overlap = false;   // also time the in-process scorer with the tile overlap on
   std::string work_dir, opd_binary;
   double server_timeout_s = 600;
