@@ -768,6 +768,74 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
       expect_same(other[r].samples[k], want[r].samples[k], cat("one-CTA sampler, request ", r), 1e-5);
 }
 
+// Split decode (EngineOptions::cuda_split_decode): a decode step of >= 32 sequences runs as two
+// halves on two streams. Every mode, eager and from graphs. On an f32 fixture model the ids equal
+// the whole-batch rollout's and the log-probabilities agree to f32 rounding: the halves' GEMMs
+// run at 12-24 rows instead of 24-48, where cuBLASLt may choose a kernel that sums in another
+// order (~1e-6 relative; a sampled id could differ only for a draw that close to a CDF
+// boundary, which these seeds do not hit). Steps of fewer than 32 rows (the batch shrinks as
+// sequences finish) stay whole. On a 2-layer bf16 model of the W1 shape (head_dim 128, 16/8
+// heads, vocab 151936, 40 sequences) the greedy picks are the argmax of a full forward within
+// bf16 near-ties.
+TEST(CudaRollout, SplitDecodeMatchesTheWholeBatch) {
+  REQUIRE_GPU();
+  const SplitDecode modes[] = {SplitDecode::Free, SplitDecode::Offset, SplitDecode::Alternate};
+  {
+    Transformer gpu = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::F32);
+    const int64_t V = gpu.config().vocab_size;
+    std::vector<GenerationRequest> reqs;  // 40 samples, 8 to 27 new tokens each
+    for (int i = 0; i < 20; ++i)
+      reqs.push_back(sampled_req(seeded_prompt(200 + i, 3 + i % 7, V), 1 + i % 3, 90 + i, 8 + i));
+    for (bool graphs : {false, true}) {
+      EngineOptions whole;
+      whole.block_size = 8;
+      whole.cuda_graphs = graphs;
+      whole.cuda_split_decode = SplitDecode::Off;
+      RolloutEngine e_whole(gpu, whole, {});
+      const auto want = e_whole.generate(reqs);
+      EXPECT_EQ(e_whole.stats().split_steps, 0);
+      for (SplitDecode mode : modes) {
+        EngineOptions split = whole;
+        split.cuda_split_decode = mode;
+        RolloutEngine e(gpu, split, {});
+        const auto got = e.generate(reqs);
+        const std::string what = cat("f32 ", split_decode_name(mode), graphs ? " graphs" : " eager");
+        EXPECT_GT(e.stats().split_steps, 5) << what;
+        EXPECT_LT(e.stats().split_steps, e.stats().decode_steps) << what;
+        if (graphs) EXPECT_GT(e.stats().graph_steps, 10) << what;
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t r = 0; r < reqs.size(); ++r)
+          for (size_t k = 0; k < want[r].samples.size(); ++k)
+            expect_same(got[r].samples[k], want[r].samples[k], cat(what, " request ", r, " sample ", k),
+                        1e-4);
+      }
+    }
+  }
+  ModelConfig c = model_preset("qwen3-0.6b");
+  c.num_hidden_layers = 2;
+  ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
+  uint64_t seed = 1901;
+  w.for_each([&](const std::string&, Tensor& t) {
+    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 0.8f, 1.2f, nullptr);
+    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.05f, nullptr);
+  });
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Transformer gpu(c, std::move(w));
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 40; ++i) reqs.push_back(request(seeded_prompt(1700 + i, 30 + 3 * i, c.vocab_size), 12, 0.0));
+  for (SplitDecode mode : modes) {
+    EngineOptions opt;
+    opt.kv_cache_bytes = int64_t{256} << 20;
+    opt.cuda_split_decode = mode;
+    RolloutEngine e(gpu, opt, {});
+    const auto out = e.generate(reqs);
+    EXPECT_EQ(e.stats().split_steps, e.stats().decode_steps) << split_decode_name(mode);
+    EXPECT_GT(e.stats().graph_steps, 5) << split_decode_name(mode);
+    expect_greedy_is_full_forward_argmax(gpu, reqs, out, 12,
+                                         cat("W1 shape, 2 layers, bf16, split ", split_decode_name(mode)));
+  }
+}
+
 // EOS (and ignore_eos), a stop token id, max_new_tokens on the CUDA engine, with the CPU
 // engine's outputs as the reference (f32 model).
 TEST(CudaRollout, StopsOnEosStopTokenAndMaxTokens) {
