@@ -11,7 +11,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8a|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -540,35 +540,6 @@ if [[ "$what" == s7e ]]; then
   run cuda 200 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
   run memcheck_model 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='*CudaModel*:CudaAttention.*:CudaAttentionBackward.*'
-fi
-if [[ "$what" == s8a ]]; then
-  # Session 8 (nvidia-h200, <= 580 s): the split decode (two halves of a decode step on two
-  # streams; never run before). Its tests and the rollout suite; `opd bench rollout` in every
-  # mode (3 runs each); W1 with the fastest mode and without, same call; then the suite minus
-  # the forward wgmma sweep and the rollout tests (session 7's last refactors never ran on a
-  # GPU) and memcheck of the split test's f32 part while time is left.
-  run rollout_tests 150 $B/test_cuda --gtest_filter='CudaRollout.*'
-  best=off best_s=1e9
-  for m in off free offset alternate; do
-    timeout 60 $B/opd bench rollout --runs 3 --split-decode $m --json >"$OUT/split_$m.json" 2>"$OUT/split_$m.err"
-    s=$(python3 -c 'import json,sys; j=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(j["seconds"], j["decode_forward_s"], j["split_steps"], j["graph_steps"])' "$OUT/split_$m.json" 2>/dev/null)
-    summary+=("$(printf 'rollout %-10s %s' "$m" "${s:-failed}")")
-    t=${s%% *}
-    if [[ -n "$s" ]] && python3 -c "import sys; sys.exit(0 if float('$t') < float('$best_s') else 1)"; then best=$m best_s=$t; fi
-  done
-  cat "$OUT"/split_*.json > "$OUT/split_all.json"; cat "$OUT"/split_*.err > "$OUT/split_all.err"
-  rm -f "$OUT"/split_{off,free,offset,alternate}.{json,err}
-  summary+=("fastest split mode: $best")
-  if [[ $best != off ]]; then run w1_split 130 env OPD_SPLIT_DECODE=$best $B/opd bench w1 --work-dir /tmp/opd_w1; fi
-  run w1_off 130 env OPD_SPLIT_DECODE=off $B/opd bench w1 --work-dir /tmp/opd_w1
-  left=$(( 560 - SECONDS ))
-  if (( left > 60 )); then run cuda_rest $left $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*:CudaRollout.*'; fi
-  left=$(( 575 - SECONDS ))
-  if (( left > 20 )); then
-    run memcheck_split $left compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-        --gtest_filter='CudaRollout.SplitDecodeMatchesTheWholeBatch'
-  fi
-  grep -h "whole step\|rollout \|scoring\|train \|peak" "$OUT"/w1_*.log 2>/dev/null | grep -v '^{' | head -20
 fi
 if [[ "$what" == overlap || "$what" == overlap-tests ]]; then
   run ovl_tests 140 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaFusedLoss.*'

@@ -66,7 +66,6 @@ struct BenchRolloutOptions {
   bool tuned_gemm = false;
   EngineOptions switches;  // the on/off CUDA engine switches of kSwitches, at their defaults
   bool keep_state = false;
-  std::string split_decode = "auto";
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -158,8 +157,6 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_fused = !o.no_fused;
   eo.cuda_tuned_gemm = o.tuned_gemm;
   eo.keep_device_state = o.keep_state;
-  eo.cuda_split_decode = parse_split_decode(o.split_decode);
-  const SplitDecode split = resolve_split_decode(eo.cuda_split_decode);
   RolloutEngine engine(model, eo, {});
 
   // Floor bytes of the decode steps: every sequence in lockstep (EOS ignored, n samples share
@@ -174,7 +171,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
 
   struct Run {
     double s, prefill, decode_fwd, sample, host;
-    int64_t steps, decode_steps, graph_steps, captures, preemptions, split_steps;
+    int64_t steps, decode_steps, graph_steps, captures, preemptions;
   };
   std::vector<Run> runs;
   auto& alloc = cuda::device_allocator();
@@ -182,8 +179,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     std::printf("opd bench rollout on %s\n", device.c_str());
     std::printf("Qwen3-0.6B shape, %lld layers, bf16, %lld prompts x %lld tokens, n %lld, %lld new "
                 "tokens, T %g, EOS ignored; block %lld, max_step_tokens %lld, kv cache %.1f GiB, "
-                "graphs %s, fused layers %s, fresh prefill %s, context prefill %s, PDL %s, sampler %s, "
-                "split decode %s\n",
+                "graphs %s, fused layers %s, fresh prefill %s, context prefill %s, PDL %s, sampler %s\n",
                 (long long)o.layers, (long long)o.prompts, (long long)o.prompt_len, (long long)o.n,
                 (long long)o.new_tokens, o.temperature, (long long)o.block_size,
                 (long long)o.max_step_tokens, o.kv_cache_gb, o.no_graphs ? "off" : "on",
@@ -191,7 +187,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
                 eo.cuda_fresh_prefill ? "tensor-core attention" : "paged kernel",
                 eo.cuda_context_prefill ? "tensor-core attention" : "paged kernel",
                 eo.cuda_pdl ? "on" : "off",
-                eo.cuda_cluster_sampler ? "cluster" : "one CTA per row", split_decode_name(split));
+                eo.cuda_cluster_sampler ? "cluster" : "one CTA per row");
   }
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
@@ -203,15 +199,14 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
     const EngineStats& st = engine.stats();
     Run r{st.seconds, st.prefill_seconds, st.decode_forward_seconds, st.sample_seconds,
           st.host_seconds, st.steps, st.decode_steps, st.graph_steps, st.graph_captures,
-          st.preemptions, st.split_steps};
+          st.preemptions};
     if (!o.json) {
       std::printf("  run %d%s: %.3f s, %.0f tok/s (prefill %.3f s, decode forward %.3f s, sampling "
-                  "%.3f s, host %.3f s; %lld steps, %lld decode, %lld from graphs, %lld split, "
-                  "%lld captures, %lld preemptions)\n",
+                  "%.3f s, host %.3f s; %lld steps, %lld decode, %lld from graphs, %lld captures, "
+                  "%lld preemptions)\n",
                   i, i < o.warmup ? " (warm-up)" : "", r.s, generated / r.s, r.prefill,
                   r.decode_fwd, r.sample, r.host, (long long)r.steps, (long long)r.decode_steps,
-                  (long long)r.graph_steps, (long long)r.split_steps, (long long)r.captures,
-                  (long long)r.preemptions);
+                  (long long)r.graph_steps, (long long)r.captures, (long long)r.preemptions);
       std::printf("         fixed costs: sync wait %.2f ms, kv alloc %.2f ms, %s %.2f ms, runner %.2f "
                   "ms, captures %.2f ms (%lld in place), teardown %.2f ms\n",
                   st.sync_wait_seconds * 1e3, st.kv_alloc_seconds * 1e3,
@@ -255,8 +250,6 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["tuned_gemm"] = o.tuned_gemm;
   for (const Switch& w : kSwitches) j[w.key] = o.switches.*w.member;
   j["keep_state"] = o.keep_state;
-  j["split_decode"] = split_decode_name(split);
-  j["split_steps"] = runs.back().split_steps;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
   j["generated_tokens"] = generated;
@@ -369,12 +362,6 @@ void register_bench_rollout(CLI::App& bench) {
   for (const Switch& w : kSwitches)
     cmd->add_flag(cat("--", w.flag, ",!--no-", w.flag), o->switches.*w.member,
                   cat(w.help, " (default ", EngineOptions{}.*w.member ? "on" : "off", ")"));
-  cmd->add_option("--split-decode", o->split_decode,
-                  "decode steps of >= 32 sequences as two halves on two streams: off, free (fork "
-                  "and join only), offset (the second half's first attention after the first's), "
-                  "alternate (the halves' attentions take turns in every layer), auto (the "
-                  "environment's OPD_SPLIT_DECODE, else off)")
-      ->capture_default_str();
   cmd->add_flag("--keep-state", o->keep_state,
                 "keep packed weights, buffers and graphs between rollouts instead of rebuilding "
                 "them in every rollout (default off)");

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -128,9 +127,6 @@ class PagedWorkspace {
   // A device buffer of at least `bytes` for the split-KV attention (nullptr for 0). Never
   // allocates when the current one is large enough (the case inside a graph capture).
   void* split_workspace(size_t bytes);
-  // The normed hidden rows [max_tokens, H] (model dtype): after a step, its final-norm rows,
-  // which the lm_head reads (rows 0 .. tokens - 1, or the last rows gathered from them).
-  void* hidden() { return h.raw(); }
 
  private:
   friend class PagedForward;
@@ -227,38 +223,6 @@ class PagedForward {
   // through s.error_flag instead of faulting. Capturable in a CUDA graph.
   void step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws, float* logits,
                    cudaStream_t stream) const;
-
-  // The kernels of one step_device call issued part by part: step_device is begin(), layer(l)
-  // for every layer, end(). A caller running two steps at once on two streams (the rollout's
-  // split decode, rollout/engine_cuda.h) interleaves their layers on the host and orders the
-  // streams around each attention through the hooks. Same checks, kernels and results as
-  // step_device; s, cache, ws and logits must outlive the object.
-  class DeviceStep {
-   public:
-    DeviceStep(const PagedForward& forward, const PagedDeviceStep& s, KvCache& cache,
-               PagedWorkspace& ws, float* logits, cudaStream_t stream);
-    int64_t num_layers() const;
-    void begin();  // embedding and the first norm
-    // Layer li. before_attention / after_attention (when set) run on the host right before the
-    // layer's attention kernels are issued and right after (a cudaStreamWaitEvent, a
-    // cudaEventRecord); the attention is then launched without PDL, since its predecessor in
-    // the stream may be an event wait.
-    void layer(int64_t li, const std::function<void()>& before_attention = nullptr,
-               const std::function<void()>& after_attention = nullptr);
-    void end();  // the last rows and the lm_head into logits
-
-   private:
-    void linear(const void* in, const void* w, const void* b, int64_t rows, int64_t k, int64_t n,
-                DType out_dt, void* out) const;
-    void attend(int64_t li, const void* q, const void* k_rows, const void* v_rows, bool pdl) const;
-    const PagedForward& f_;
-    const PagedDeviceStep& s_;
-    KvCache& cache_;
-    PagedWorkspace& ws_;
-    float* logits_;
-    cudaStream_t stream_;
-    bool tune_ = false, pdl_ = false;
-  };
 #endif
 
   const Transformer& model() const { return *model_; }

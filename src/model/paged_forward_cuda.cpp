@@ -182,20 +182,14 @@ std::vector<const void*> PagedForward::weight_addresses() const {
 
 void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWorkspace& ws,
                                float* logits, cudaStream_t stream) const {
-  DeviceStep step(*this, s, cache, ws, logits, stream);
-  step.begin();
-  for (int64_t li = 0; li < step.num_layers(); ++li) step.layer(li);
-  step.end();
-}
-
-PagedForward::DeviceStep::DeviceStep(const PagedForward& forward, const PagedDeviceStep& s,
-                                     KvCache& cache, PagedWorkspace& ws, float* logits,
-                                     cudaStream_t stream)
-    : f_(forward), s_(s), cache_(cache), ws_(ws), logits_(logits), stream_(stream) {
-  const ModelConfig& c = f_.model_->config();
-  const int64_t T = s.tokens, B = s.batch;
-  const DType dt = f_.model_->dtype();
-  OPD_CHECK(f_.model_->device() == Device::CUDA && (dt == DType::BF16 || dt == DType::F32),
+  const ModelConfig& c = model_->config();
+  const ModelWeights& W = model_->weights();
+  const int64_t T = s.tokens, B = s.batch, H = c.hidden_size, D = c.head_dim;
+  const int64_t I = c.intermediate_size, V = c.vocab_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const DType dt = model_->dtype();
+  OPD_CHECK(model_->device() == Device::CUDA && (dt == DType::BF16 || dt == DType::F32),
             Unsupported, "PagedForward::step_device: the model must be bf16 or f32 on CUDA");
   OPD_CHECK(T >= 1 && B >= 1 && T <= ws.max_tokens() && (s.last_rows || T == B), InvalidArgument,
             "PagedForward::step_device: ", T, " tokens, ", B, " sequences, workspace for ",
@@ -219,232 +213,189 @@ PagedForward::DeviceStep::DeviceStep(const PagedForward& forward, const PagedDev
                         s.fresh_kv_slots != nullptr && s.fresh_k != nullptr && s.fresh_v != nullptr)),
             InvalidArgument, "PagedForward::step_device: the fresh tail's plan and its ",
             s.fresh_kv_rows, " gathered key rows do not match");
-  tune_ = f_.tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
+  const int64_t num_blocks = cache.num_blocks(), bs = cache.block_size();
+  const float* inv_freq = inv_freq_device_.data<float>();
+  const bool tune = tuned_gemm_ && T <= kTunedRows;  // decode-shaped GEMMs (gemm.h GemmArgs::tune)
   // Programmatic dependent launch of opd's kernels that follow a kernel (pdl.cuh): decode-sized
   // steps only (prefill steps are long enough that the gaps do not matter, and run the general
   // attention kernel, which is never launched early).
-  pdl_ = f_.pdl_ && s.max_q_len <= 1;
-}
-
-int64_t PagedForward::DeviceStep::num_layers() const {
-  return static_cast<int64_t>(f_.model_->weights().layers.size());
-}
-
-// y [rows, n] = in [rows, k] W [n, k]^T (+ bias) on cuBLASLt. (opd's own 64-row decode GEMMs
-// were slower on the H200 three times and were removed: docs/rollout.md "opd's decode GEMM".)
-void PagedForward::DeviceStep::linear(const void* in, const void* w, const void* b, int64_t rows,
-                                      int64_t k, int64_t n, DType out_dt, void* out) const {
-  cuda::linear_forward(in, w, b, rows, k, n, f_.model_->dtype(), out_dt, out, stream_, tune_);
-}
-
-// Attention of this step's queries q [T, Hq, D] over layer li's cache -> ws.attn. The fresh
-// tail (s.fresh_batch > 0) reads its keys/values as contiguous rows: k_rows/v_rows [T, Hkv D]
-// when the caller has them (the unfused path), else gathered from the cache by slot.
-void PagedForward::DeviceStep::attend(int64_t li, const void* q, const void* k_rows,
-                                      const void* v_rows, bool pdl) const {
-  const PagedDeviceStep& s = s_;
-  const ModelConfig& c = f_.model_->config();
-  const int64_t T = s.tokens, B = s.batch, D = c.head_dim;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const DType dt = f_.model_->dtype();
-  const size_t es = dtype_size(dt);
-  const int64_t num_blocks = cache_.num_blocks(), bs = cache_.block_size();
-  PagedWorkspace& ws = ws_;
-  cudaStream_t stream = stream_;
-  const int64_t paged_batch = B - s.fresh_batch, paged_rows = s.fresh_batch ? s.fresh_row0 : T;
-  if (s.fresh_batch > 0) {
-    const int64_t r0 = s.fresh_row0, n = T - r0, kvw = Hkv * D;
-    const char* kf = static_cast<const char*>(k_rows);
-    const char* vf = static_cast<const char*>(v_rows);
-    if (s.fresh_kv_rows > 0) {  // context tail: context + new rows of each sequence, by slot
-      // After this layer's K/V store (both paths store before attending), so the new rows
-      // are in the cache too; slots were computed from validated tables.
-      const int64_t num_slots = num_blocks * bs;
-      cuda::gather_rows(cache_.k(li).raw(), dt, num_slots, s.fresh_kv_slots, s.fresh_kv_rows, kvw,
-                        s.fresh_k, dt, stream);
-      cuda::gather_rows(cache_.v(li).raw(), dt, num_slots, s.fresh_kv_slots, s.fresh_kv_rows, kvw,
-                        s.fresh_v, dt, stream);
-      kf = static_cast<const char*>(s.fresh_k);
-      vf = static_cast<const char*>(s.fresh_v);
-    } else if (kf) {
-      kf += r0 * kvw * es;
-      vf += r0 * kvw * es;
-    } else {  // k(li), v(li) are [num_blocks * bs, Hkv D] rows; slots were validated
-      const int64_t num_slots = num_blocks * bs;
-      cuda::gather_rows(cache_.k(li).raw(), dt, num_slots, s.slots + r0, n, kvw, ws.k.raw(), dt,
-                        stream);
-      cuda::gather_rows(cache_.v(li).raw(), dt, num_slots, s.slots + r0, n, kvw, ws.v.raw(), dt,
-                        stream);
-      kf = static_cast<const char*>(ws.k.raw());
-      vf = static_cast<const char*>(ws.v.raw());
-    }
-    cuda::attention_forward(*s.fresh_plan, static_cast<const char*>(q) + r0 * Hq * D * es, kf,
-                            vf, Hq, Hkv, D, scale, dt,
-                            static_cast<char*>(ws.attn.raw()) + r0 * Hq * D * es,
-                            ws.rstd_q.data<float>(), stream);  // lse: scratch, unused
-  }
-  if (paged_batch == 0) return;
-  cuda::PagedAttentionArgs a;
-  a.q = q;
-  a.k_cache = cache_.k(li).raw();
-  a.v_cache = cache_.v(li).raw();
-  a.out = ws.attn.raw();
-  a.cu_seqlens_q = s.cu_seqlens;
-  a.seq_lens = s.seq_lens;
-  a.block_tables = s.block_tables;
-  a.batch = paged_batch;
-  a.total_q = paged_rows;
-  a.hq = Hq;
-  a.hkv = Hkv;
-  a.head_dim = D;
-  a.num_blocks = num_blocks;
-  a.block_size = bs;
-  a.max_blocks = s.width;
-  a.max_q_len = s.fresh_batch ? s.paged_max_q_len : s.max_q_len;
-  a.max_seq_len = s.max_seq_len;
-  a.scale = scale;
-  a.dtype = dt;
-  a.error_flag = s.error_flag;
-  a.pdl = pdl;
-  const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
-  cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
-}
-
-void PagedForward::DeviceStep::begin() {
-  const ModelConfig& c = f_.model_->config();
-  const ModelWeights& W = f_.model_->weights();
-  const int64_t T = s_.tokens, H = c.hidden_size, V = c.vocab_size;
-  const DType dt = f_.model_->dtype();
-  const double eps = c.rms_norm_eps;
-  cuda::embedding_forward(s_.ids, W.embed_tokens.raw(), T, V, H, dt, ws_.x.raw(), stream_);
-  const Tensor& nw = W.layers.empty() ? W.final_norm : W.layers[0].input_norm;
-  cuda::rmsnorm_forward(ws_.x.raw(), nw.raw(), eps, T, H, dt, ws_.h.raw(), ws_.rstd.data<float>(),
-                        stream_, pdl_);
-}
-
-void PagedForward::DeviceStep::layer(int64_t li, const std::function<void()>& before_attention,
-                                     const std::function<void()>& after_attention) {
-  const ModelConfig& c = f_.model_->config();
-  const ModelWeights& W = f_.model_->weights();
-  const int64_t T = s_.tokens, H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const double eps = c.rms_norm_eps;
-  const DType dt = f_.model_->dtype();
-  const PagedDeviceStep& s = s_;
-  PagedWorkspace& ws = ws_;
-  cudaStream_t stream = stream_;
-  const bool pdl = pdl_;
-  const int64_t num_blocks = cache_.num_blocks(), bs = cache_.block_size();
-  const float* inv_freq = f_.inv_freq_device_.data<float>();
+  const bool pdl = pdl_ && s.max_q_len <= 1;
+  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias) on cuBLASLt. (opd's own 64-row decode GEMMs
+  // were slower on the H200 three times and were removed: docs/rollout.md "opd's decode GEMM".)
+  auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
+                    int64_t n, DType out_dt, void* out, bool tuned) {
+    cuda::linear_forward(in, w, b, rows, k, n, dt, out_dt, out, stream, tuned);
+  };
   void* x = ws.x.raw();
   void* x2 = ws.x2.raw();
   void* h = ws.h.raw();
+
+  cuda::embedding_forward(s.ids, W.embed_tokens.raw(), T, V, H, dt, x, stream);
+  if (W.layers.empty()) {
+    cuda::rmsnorm_forward(x, W.final_norm.raw(), eps, T, H, dt, h, ws.rstd.data<float>(), stream,
+                          pdl);
+  } else {
+    cuda::rmsnorm_forward(x, W.layers[0].input_norm.raw(), eps, T, H, dt, h,
+                          ws.rstd.data<float>(), stream, pdl);
+  }
   auto bias = [](const Tensor& b) -> const void* { return b.defined() ? b.raw() : nullptr; };
-  auto attention = [&](const void* q, const void* k_rows, const void* v_rows) {
-    if (before_attention) before_attention();
-    attend(li, q, k_rows, v_rows, pdl && !before_attention);
-    if (after_attention) after_attention();
+  // Attention of this step's queries q [T, Hq, D] over layer li's cache -> ws.attn. The fresh
+  // tail (s.fresh_batch > 0) reads its keys/values as contiguous rows: k_rows/v_rows [T, Hkv D]
+  // when the caller has them (the unfused path), else gathered from the cache by slot.
+  const size_t es = dtype_size(dt);
+  auto attend = [&](size_t li, const void* q, const void* k_rows, const void* v_rows) {
+    const int64_t paged_batch = B - s.fresh_batch, paged_rows = s.fresh_batch ? s.fresh_row0 : T;
+    if (s.fresh_batch > 0) {
+      const int64_t r0 = s.fresh_row0, n = T - r0, kvw = Hkv * D;
+      const char* kf = static_cast<const char*>(k_rows);
+      const char* vf = static_cast<const char*>(v_rows);
+      if (s.fresh_kv_rows > 0) {  // context tail: context + new rows of each sequence, by slot
+        // After this layer's K/V store (both paths store before attending), so the new rows
+        // are in the cache too; slots were computed from validated tables.
+        const int64_t num_slots = num_blocks * bs;
+        cuda::gather_rows(cache.k(static_cast<int64_t>(li)).raw(), dt, num_slots,
+                          s.fresh_kv_slots, s.fresh_kv_rows, kvw, s.fresh_k, dt, stream);
+        cuda::gather_rows(cache.v(static_cast<int64_t>(li)).raw(), dt, num_slots,
+                          s.fresh_kv_slots, s.fresh_kv_rows, kvw, s.fresh_v, dt, stream);
+        kf = static_cast<const char*>(s.fresh_k);
+        vf = static_cast<const char*>(s.fresh_v);
+      } else if (kf) {
+        kf += r0 * kvw * es;
+        vf += r0 * kvw * es;
+      } else {  // k(li), v(li) are [num_blocks * bs, Hkv D] rows; slots were validated
+        const int64_t num_slots = num_blocks * bs;
+        cuda::gather_rows(cache.k(static_cast<int64_t>(li)).raw(), dt, num_slots, s.slots + r0, n,
+                          kvw, ws.k.raw(), dt, stream);
+        cuda::gather_rows(cache.v(static_cast<int64_t>(li)).raw(), dt, num_slots, s.slots + r0, n,
+                          kvw, ws.v.raw(), dt, stream);
+        kf = static_cast<const char*>(ws.k.raw());
+        vf = static_cast<const char*>(ws.v.raw());
+      }
+      cuda::attention_forward(*s.fresh_plan, static_cast<const char*>(q) + r0 * Hq * D * es, kf,
+                              vf, Hq, Hkv, D, scale, dt,
+                              static_cast<char*>(ws.attn.raw()) + r0 * Hq * D * es,
+                              ws.rstd_q.data<float>(), stream);  // lse: scratch, unused
+    }
+    if (paged_batch == 0) return;
+    cuda::PagedAttentionArgs a;
+    a.q = q;
+    a.k_cache = cache.k(static_cast<int64_t>(li)).raw();
+    a.v_cache = cache.v(static_cast<int64_t>(li)).raw();
+    a.out = ws.attn.raw();
+    a.cu_seqlens_q = s.cu_seqlens;
+    a.seq_lens = s.seq_lens;
+    a.block_tables = s.block_tables;
+    a.batch = paged_batch;
+    a.total_q = paged_rows;
+    a.hq = Hq;
+    a.hkv = Hkv;
+    a.head_dim = D;
+    a.num_blocks = num_blocks;
+    a.block_size = bs;
+    a.max_blocks = s.width;
+    a.max_q_len = s.fresh_batch ? s.paged_max_q_len : s.max_q_len;
+    a.max_seq_len = s.max_seq_len;
+    a.scale = scale;
+    a.dtype = dt;
+    a.error_flag = s.error_flag;
+    a.pdl = pdl;
+    const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
+    cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
   };
-  const size_t l = static_cast<size_t>(li);
-  const LayerWeights& L = W.layers[l];
-  // The next layer's input norm, or the final norm after the last layer.
-  const Tensor& next_w = l + 1 < W.layers.size() ? W.layers[l + 1].input_norm : W.final_norm;
-  if (f_.fused_) {  // 10 kernels per layer (decode_fused.cu)
-    const int64_t R = (Hq + 2 * Hkv) * D;
-    linear(h, f_.qkv_ptr_[l], bias(f_.qkv_b_[l]), T, H, R, dt, ws.qkv.raw());
-    cuda::QkvNormRopeStoreArgs f;
-    f.set_packed_qkv(ws.qkv.raw(), Hq, Hkv, D, dt);
-    f.q_norm = c.qk_norm ? L.q_norm.raw() : nullptr;
-    f.k_norm = c.qk_norm ? L.k_norm.raw() : nullptr;
-    f.eps = static_cast<float>(eps);
-    f.positions = s.positions;
-    f.inv_freq = inv_freq;
-    f.slot_mapping = s.slots;
-    f.n = T;
-    f.hq = Hq;
-    f.hkv = Hkv;
-    f.head_dim = D;
-    f.num_slots = num_blocks * bs;
-    f.dtype = dt;
-    f.q_out = ws.qn.raw();
-    f.k_cache = cache_.k(li).raw();
-    f.v_cache = cache_.v(li).raw();
-    f.error_flag = s.error_flag;
-    f.pdl = pdl;
-    cuda::qkv_norm_rope_store(f, stream);
-    attention(ws.qn.raw(), nullptr, nullptr);
-    linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw());
+
+  for (size_t li = 0; li < W.layers.size(); ++li) {
+    const LayerWeights& L = W.layers[li];
+    if (fused_) {  // 10 kernels per layer (decode_fused.cu)
+      const int64_t R = (Hq + 2 * Hkv) * D;
+      linear(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
+      cuda::QkvNormRopeStoreArgs f;
+      f.set_packed_qkv(ws.qkv.raw(), Hq, Hkv, D, dt);
+      f.q_norm = c.qk_norm ? L.q_norm.raw() : nullptr;
+      f.k_norm = c.qk_norm ? L.k_norm.raw() : nullptr;
+      f.eps = static_cast<float>(eps);
+      f.positions = s.positions;
+      f.inv_freq = inv_freq;
+      f.slot_mapping = s.slots;
+      f.n = T;
+      f.hq = Hq;
+      f.hkv = Hkv;
+      f.head_dim = D;
+      f.num_slots = num_blocks * bs;
+      f.dtype = dt;
+      f.q_out = ws.qn.raw();
+      f.k_cache = cache.k(static_cast<int64_t>(li)).raw();
+      f.v_cache = cache.v(static_cast<int64_t>(li)).raw();
+      f.error_flag = s.error_flag;
+      f.pdl = pdl;
+      cuda::qkv_norm_rope_store(f, stream);
+      attend(li, ws.qn.raw(), nullptr, nullptr);
+      linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
+      cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
+                                     ws.rstd.data<float>(), stream, pdl);
+      linear(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
+      cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream, pdl);
+      linear(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(), tune);
+      const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
+      cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
+                                     ws.rstd.data<float>(), stream, pdl);
+      continue;
+    }
+    cuda::linear_forward(h, L.q_proj.raw(), bias(L.q_bias), T, H, Hq * D, dt, dt, ws.q.raw(), stream);
+    cuda::linear_forward(h, L.k_proj.raw(), bias(L.k_bias), T, H, Hkv * D, dt, dt, ws.k.raw(), stream);
+    cuda::linear_forward(h, L.v_proj.raw(), bias(L.v_bias), T, H, Hkv * D, dt, dt, ws.v.raw(), stream);
+    void* q = ws.q.raw();
+    void* k = ws.k.raw();
+    if (c.qk_norm) {  // per-head RMSNorm (Qwen3), before RoPE
+      cuda::rmsnorm_forward(q, L.q_norm.raw(), eps, T * Hq, D, dt, ws.qn.raw(),
+                            ws.rstd_q.data<float>(), stream);
+      cuda::rmsnorm_forward(k, L.k_norm.raw(), eps, T * Hkv, D, dt, ws.kn.raw(),
+                            ws.rstd_k.data<float>(), stream);
+      q = ws.qn.raw();
+      k = ws.kn.raw();
+    }
+    cuda::rope(q, s.positions, inv_freq, T, Hq, D, dt, false, stream);
+    cuda::rope(k, s.positions, inv_freq, T, Hkv, D, dt, false, stream);
+
+    cuda::PagedStoreArgs st;
+    st.k = k;
+    st.v = ws.v.raw();
+    st.slot_mapping = s.slots;
+    st.n = T;
+    st.num_blocks = num_blocks;
+    st.block_size = bs;
+    st.hkv = Hkv;
+    st.head_dim = D;
+    st.dtype = dt;
+    st.k_cache = cache.k(static_cast<int64_t>(li)).raw();
+    st.v_cache = cache.v(static_cast<int64_t>(li)).raw();
+    st.error_flag = s.error_flag;
+    cuda::kv_cache_store(st, stream);
+
+    attend(li, q, k, ws.v.raw());
+
+    cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
+                         ws.o.raw(), stream);
+    // x2 = x + o, h = post_norm(x2)
     cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
                                    ws.rstd.data<float>(), stream, pdl);
-    linear(h, f_.gu_ptr_[l], nullptr, T, H, 2 * I, dt, ws.gu.raw());
-    cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream, pdl);
-    linear(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw());
+    cuda::linear_forward(h, L.gate_proj.raw(), nullptr, T, H, I, dt, dt, ws.gate.raw(), stream);
+    cuda::linear_forward(h, L.up_proj.raw(), nullptr, T, H, I, dt, dt, ws.up.raw(), stream);
+    cuda::swiglu_forward(ws.gate.raw(), ws.up.raw(), T * I, dt, ws.act.raw(), stream);
+    cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
+                         stream);
+    // x = x2 + m, h = the next layer's input norm (or the final norm) of it.
+    const Tensor& next_w = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
     cuda::rmsnorm_residual_forward(x2, ws.o.raw(), next_w.raw(), eps, T, H, dt, x, h,
                                    ws.rstd.data<float>(), stream, pdl);
-    return;
   }
-  cuda::linear_forward(h, L.q_proj.raw(), bias(L.q_bias), T, H, Hq * D, dt, dt, ws.q.raw(), stream);
-  cuda::linear_forward(h, L.k_proj.raw(), bias(L.k_bias), T, H, Hkv * D, dt, dt, ws.k.raw(), stream);
-  cuda::linear_forward(h, L.v_proj.raw(), bias(L.v_bias), T, H, Hkv * D, dt, dt, ws.v.raw(), stream);
-  void* q = ws.q.raw();
-  void* k = ws.k.raw();
-  if (c.qk_norm) {  // per-head RMSNorm (Qwen3), before RoPE
-    cuda::rmsnorm_forward(q, L.q_norm.raw(), eps, T * Hq, D, dt, ws.qn.raw(),
-                          ws.rstd_q.data<float>(), stream);
-    cuda::rmsnorm_forward(k, L.k_norm.raw(), eps, T * Hkv, D, dt, ws.kn.raw(),
-                          ws.rstd_k.data<float>(), stream);
-    q = ws.qn.raw();
-    k = ws.kn.raw();
-  }
-  cuda::rope(q, s.positions, inv_freq, T, Hq, D, dt, false, stream);
-  cuda::rope(k, s.positions, inv_freq, T, Hkv, D, dt, false, stream);
-
-  cuda::PagedStoreArgs st;
-  st.k = k;
-  st.v = ws.v.raw();
-  st.slot_mapping = s.slots;
-  st.n = T;
-  st.num_blocks = num_blocks;
-  st.block_size = bs;
-  st.hkv = Hkv;
-  st.head_dim = D;
-  st.dtype = dt;
-  st.k_cache = cache_.k(li).raw();
-  st.v_cache = cache_.v(li).raw();
-  st.error_flag = s.error_flag;
-  cuda::kv_cache_store(st, stream);
-
-  attention(q, k, ws.v.raw());
-
-  cuda::linear_forward(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, dt,
-                       ws.o.raw(), stream);
-  // x2 = x + o, h = post_norm(x2)
-  cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
-                                 ws.rstd.data<float>(), stream, pdl);
-  cuda::linear_forward(h, L.gate_proj.raw(), nullptr, T, H, I, dt, dt, ws.gate.raw(), stream);
-  cuda::linear_forward(h, L.up_proj.raw(), nullptr, T, H, I, dt, dt, ws.up.raw(), stream);
-  cuda::swiglu_forward(ws.gate.raw(), ws.up.raw(), T * I, dt, ws.act.raw(), stream);
-  cuda::linear_forward(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, dt, ws.o.raw(),
-                       stream);
-  // x = x2 + m, h = the next layer's input norm (or the final norm) of it.
-  cuda::rmsnorm_residual_forward(x2, ws.o.raw(), next_w.raw(), eps, T, H, dt, x, h,
-                                 ws.rstd.data<float>(), stream, pdl);
-}
-
-void PagedForward::DeviceStep::end() {
-  const ModelConfig& c = f_.model_->config();
-  const ModelWeights& W = f_.model_->weights();
-  const int64_t T = s_.tokens, B = s_.batch, H = c.hidden_size, V = c.vocab_size;
-  const DType dt = f_.model_->dtype();
-  const void* rows = ws_.h.raw();
-  if (s_.last_rows) {  // only each sequence's last new row needs logits
-    cuda::gather_rows(ws_.h.raw(), dt, T, s_.last_rows, B, H, ws_.last.raw(), dt, stream_);
-    rows = ws_.last.raw();
+  const void* rows = h;
+  if (s.last_rows) {  // only each sequence's last new row needs logits
+    cuda::gather_rows(h, dt, T, s.last_rows, B, H, ws.last.raw(), dt, stream);
+    rows = ws.last.raw();
   }
   // The lm_head at W1 runs at ~3.7 TB/s on cuBLASLt (docs/rollout.md).
-  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits_, stream_,
-                       f_.tuned_gemm_ && B <= kTunedRows);
+  cuda::linear_forward(rows, W.lm_head.raw(), nullptr, B, H, V, dt, DType::F32, logits, stream,
+                       tuned_gemm_ && B <= kTunedRows);
 }
 
 FreshPrefill::FreshPrefill() = default;

@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/env_choice.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "model/kv_cache.h"
@@ -35,36 +34,6 @@ const char* finish_reason_name(FinishReason reason) {
     case FinishReason::Length: return "length";
   }
   return "?";
-}
-
-const char* split_decode_name(SplitDecode mode) {
-  switch (mode) {
-    case SplitDecode::Auto: return "auto";
-    case SplitDecode::Off: return "off";
-    case SplitDecode::Free: return "free";
-    case SplitDecode::Offset: return "offset";
-    case SplitDecode::Alternate: return "alternate";
-  }
-  return "?";
-}
-
-SplitDecode parse_split_decode(const std::string& name) {
-  for (SplitDecode m : {SplitDecode::Auto, SplitDecode::Off, SplitDecode::Free,
-                        SplitDecode::Offset, SplitDecode::Alternate})
-    if (name == split_decode_name(m)) return m;
-  OPD_FAIL(InvalidArgument, "split decode '", name,
-           "' is not one of auto, off, free, offset, alternate");
-}
-
-SplitDecode resolve_split_decode(SplitDecode mode) {
-  if (mode != SplitDecode::Auto) return mode;
-  static EnvChoice env("OPD_SPLIT_DECODE",
-                       {{"off", static_cast<int>(SplitDecode::Off)},
-                        {"free", static_cast<int>(SplitDecode::Free)},
-                        {"offset", static_cast<int>(SplitDecode::Offset)},
-                        {"alternate", static_cast<int>(SplitDecode::Alternate)}},
-                       static_cast<int>(SplitDecode::Off));
-  return static_cast<SplitDecode>(env.get());
 }
 
 void EngineOptions::validate() const {
@@ -286,7 +255,6 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     lim.scratch_block = scratch_block;
     lim.use_graphs = options_.cuda_graphs;
     lim.cluster_sampler = options_.cuda_cluster_sampler;
-    lim.split_decode = resolve_split_decode(options_.cuda_split_decode);
     if (device_->runner)
       device_->runner->begin_rollout(cache, lim);
     else
@@ -549,7 +517,6 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     stats_.sample_seconds = t.sample_ms * 1e-3;
     stats_.decode_steps = t.decode_steps;
     stats_.graph_steps = t.graph_steps;
-    stats_.split_steps = t.split_steps;
     stats_.graph_captures = t.graph_captures;
     stats_.graph_updates = t.graph_updates;
     stats_.capture_seconds = t.capture_ms * 1e-3;

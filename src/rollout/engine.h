@@ -69,20 +69,6 @@ struct RequestOutput {
   std::vector<SampleOutput> samples;  // index = sample index
 };
 
-// How a CUDA decode step of >= kSplitDecodeMinRows sequences runs (rollout/engine_cuda.h): as
-// one forward over all rows, or as two halves on two streams, so that one half's GEMMs (at 64
-// rows launch-latency bound, on few SMs) can run beside the other half's attention (bandwidth
-// bound). Free: the halves only fork and join; Offset: the second half's first attention waits
-// for the first half's; Alternate: the halves' attentions take turns in every layer. Auto:
-// the environment's OPD_SPLIT_DECODE (off, free, offset, alternate) when set, else Off.
-enum class SplitDecode { Auto, Off, Free, Offset, Alternate };
-inline constexpr int64_t kSplitDecodeMinRows = 32;
-const char* split_decode_name(SplitDecode mode);
-// Auto resolved (an unknown OPD_SPLIT_DECODE is an InvalidArgument naming it); others as given.
-SplitDecode resolve_split_decode(SplitDecode mode);
-// "off", "free", "offset", "alternate" (or "auto"); anything else is an InvalidArgument.
-SplitDecode parse_split_decode(const std::string& name);
-
 struct EngineOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int64_t block_size = 16;        // tokens per KV block
@@ -120,9 +106,6 @@ struct EngineOptions {
   // (PagedForward::set_context_prefill). On: the H200 (session 7, docs/perf.md) gave 16 prompts
   // of 4096 tokens x 128 new 3.467 -> 0.795 s, W1 with --max-step-tokens 128 1.906 -> 1.648 s.
   bool cuda_context_prefill = true;
-  // CUDA models: decode steps of >= kSplitDecodeMinRows sequences as two halves on two streams
-  // (SplitDecode above; same tokens up to the GEMMs' rounding at 32 vs 64 rows).
-  SplitDecode cuda_split_decode = SplitDecode::Auto;
   // CUDA models: keep the packed decode weights, the step buffers (activations, logits, io)
   // and the CUDA graphs between generate() calls of this engine (W1: ~0.75 GB held between
   // rollouts: packed weights 577 MB, workspace ~120 MB at 2048 step tokens, logits 39 MB).
@@ -151,7 +134,6 @@ struct EngineStats {
   double sample_seconds = 0;          // decode steps: sampling (CUDA: and the id read-back)
   double host_seconds = 0;
   int64_t decode_steps = 0, graph_steps = 0, graph_captures = 0;  // graphs: CUDA only
-  int64_t split_steps = 0;  // CUDA decode steps run as two halves (EngineOptions::cuda_split_decode)
   // CUDA: the fixed costs of one generate() call (wall time; each phase synchronized).
   double sync_wait_seconds = 0;  // the device synchronization before the rollout
   double kv_alloc_seconds = 0;   // allocating the KV cache

@@ -72,7 +72,6 @@ struct CaptureKey {
   std::vector<const void*> kv;  // k(l), v(l) of every layer
   int64_t num_blocks = 0, block_size = 0, table_width = 0, max_seq_len = 0;
   bool cluster_sampler = true;  // which sampling kernel the sampling graph launches
-  SplitDecode split = SplitDecode::Off;  // the forward graph's streams and their order
   bool operator==(const CaptureKey&) const = default;
 };
 
@@ -87,7 +86,6 @@ CaptureKey capture_key(KvCache& cache, const CudaRunnerLimits& l) {
   k.table_width = l.table_width;
   k.max_seq_len = l.max_seq_len;
   k.cluster_sampler = l.cluster_sampler;
-  k.split = l.split_decode;
   return k;
 }
 
@@ -115,11 +113,6 @@ struct CudaStepRunner::Impl {
   cudaStream_t stream;
   int64_t vocab = 0, rows_cap = 0, tokens_cap = 0, draws_cap = 0;
   std::unique_ptr<PagedWorkspace> ws;
-  // Split decode: the second half's stream and workspace (decode rows only), the fork/join and
-  // turn-taking events.
-  cuda::Stream side;
-  std::unique_ptr<PagedWorkspace> ws_side;
-  cuda::Event ev_fork, ev_join, ev_a, ev_b;
   Tensor io;      // device copy of the layout (i64 storage)
   Tensor logits;  // f32 [rows_cap, V]
   void* host = nullptr;  // pinned staging, io.nbytes()
@@ -170,10 +163,7 @@ struct CudaStepRunner::Impl {
   // computed, grown (and every graph dropped: they hold the old addresses) if a step exceeds
   // them. Called between steps only (the previous step has been synchronized).
   void ensure(int64_t T, int64_t B, int64_t D) {
-    const bool need_side = limits.split_decode != SplitDecode::Off;
-    if (io.defined() && T <= tokens_cap && B <= rows_cap && D <= draws_cap &&
-        (!need_side || ws_side))
-      return;
+    if (io.defined() && T <= tokens_cap && B <= rows_cap && D <= draws_cap) return;
     OPD_CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing queued may still use the old buffers
     for (auto& [b, g] : graphs) g.reset();
     graphs.clear();
@@ -183,9 +173,6 @@ struct CudaStepRunner::Impl {
     if (!ws || ws->max_tokens() < tokens_cap)
       ws = std::make_unique<PagedWorkspace>(forward.model().config(), forward.model().dtype(),
                                             tokens_cap);
-    if (need_side && (!ws_side || ws_side->max_tokens() < rows_cap - rows_cap / 2))
-      ws_side = std::make_unique<PagedWorkspace>(forward.model().config(),
-                                                 forward.model().dtype(), rows_cap - rows_cap / 2);
     const Layout big = make_layout(tokens_cap, rows_cap, limits.table_width, draws_cap);
     io = Tensor();
     logits = Tensor();
@@ -194,60 +181,6 @@ struct CudaStepRunner::Impl {
     if (host) (void)cudaFreeHost(host);
     host = nullptr;
     OPD_CUDA_CHECK(cudaHostAlloc(&host, io.nbytes(), cudaHostAllocDefault));
-  }
-
-  // Moves of either workspace's split-KV buffer (graphs holding an old address are re-captured).
-  int64_t generation() const { return ws->generation() + (ws_side ? ws_side->generation() : 0); }
-
-  // A decode step as two halves (CudaRunnerLimits::split_decode): rows [0, half) on `stream`
-  // into ws, rows [half, Bn) on the side stream into ws_side, their kernels issued layer by
-  // layer in turn; after the join, the second half's final-norm rows are copied behind the
-  // first's and one lm_head runs over all Bn rows (two would read its 311 MB twice at W1).
-  void run_split_forward(const PagedDeviceStep& ds, KvCache& cache) {
-    const int64_t Bn = ds.batch, half = Bn / 2, W = ds.width;
-    const int64_t H = forward.model().config().hidden_size;
-    PagedDeviceStep d0 = ds, d1 = ds;
-    d0.batch = d0.tokens = half;
-    d1.batch = d1.tokens = Bn - half;
-    d1.ids += half;
-    d1.positions += half;
-    d1.slots += half;
-    d1.seq_lens += half;
-    d1.block_tables += half * W;
-    // A decode step's cu_seqlens are 0, 1, ..., Bn: their first Bn - half + 1 entries are the
-    // second half's too.
-    cudaStream_t s1 = side.get();
-    auto wait = [](cudaStream_t st, const cuda::Event& e) {
-      OPD_CUDA_CHECK(cudaStreamWaitEvent(st, e.get(), 0));
-    };
-    ev_fork.record(stream);
-    wait(s1, ev_fork);
-    PagedForward::DeviceStep a(forward, d0, cache, *ws, logits.data<float>(), stream);
-    PagedForward::DeviceStep b(forward, d1, cache, *ws_side, logits.data<float>(), s1);
-    a.begin();
-    b.begin();
-    const SplitDecode mode = limits.split_decode;
-    for (int64_t li = 0; li < a.num_layers(); ++li) {
-      std::function<void()> a_before, a_after, b_before, b_after;
-      if (mode == SplitDecode::Alternate || (mode == SplitDecode::Offset && li == 0)) {
-        // The second half's attention follows the first's; with Alternate the first's next
-        // attention follows the second's: the attentions take turns, each beside the other
-        // half's GEMMs.
-        if (li > 0) a_before = [&] { wait(stream, ev_b); };
-        a_after = [&] { ev_a.record(stream); };
-        b_before = [&] { wait(s1, ev_a); };
-        if (mode == SplitDecode::Alternate) b_after = [&] { ev_b.record(s1); };
-      }
-      a.layer(li, a_before, a_after);
-      b.layer(li, b_before, b_after);
-    }
-    ev_join.record(s1);
-    wait(stream, ev_join);
-    const size_t row_bytes = static_cast<size_t>(H) * dtype_size(forward.model().dtype());
-    OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ws->hidden()) + half * row_bytes,
-                                   ws_side->hidden(), static_cast<size_t>(Bn - half) * row_bytes,
-                                   cudaMemcpyDeviceToDevice, stream));
-    PagedForward::DeviceStep(forward, ds, cache, *ws, logits.data<float>(), stream).end();
   }
 
   template <typename T>
@@ -380,14 +313,7 @@ struct CudaStepRunner::Impl {
 
     ev_start.record(stream);
     OPD_CUDA_CHECK(cudaMemcpyAsync(io.raw(), host, L.upload_bytes(), cudaMemcpyHostToDevice, stream));
-    const bool split = decode && limits.split_decode != SplitDecode::Off &&
-                       Bn >= kSplitDecodeMinRows;
-    auto run_forward = [&] {
-      if (split)
-        run_split_forward(ds, cache);
-      else
-        forward.step_device(ds, cache, ws, logits.data<float>(), stream);
-    };
+    auto run_forward = [&] { forward.step_device(ds, cache, ws, logits.data<float>(), stream); };
     auto run_sample = [&] {
       if (Dn > 0) sample(L, Dn, !decode);  // a step of prefill chunks only draws nothing
     };
@@ -395,16 +321,16 @@ struct CudaStepRunner::Impl {
     if (decode && limits.use_graphs) {
       Graph& g = graphs[Bn];
       // Stale: the workspace moved, or the cache / bounds changed since the capture.
-      const bool stale = g.forward && (g.generation != generation() || g.key != key_id);
+      const bool stale = g.forward && (g.generation != ws.generation() || g.key != key_id);
       if ((!g.forward || stale) && !g.failed && g.eager_runs >= 1) {  // warm: GEMM plans, workspaces exist
-        const int64_t gen = generation();
+        const int64_t gen = ws.generation();
         const auto t0 = std::chrono::steady_clock::now();
         cudaGraphExec_t old_forward = std::exchange(g.forward, nullptr);
         cudaGraphExec_t old_sample = std::exchange(g.sample, nullptr);
         try {
           g.forward = capture(run_forward, old_forward);
           g.sample = capture(run_sample, old_sample);
-          OPD_CHECK(generation() == gen, Internal,
+          OPD_CHECK(ws.generation() == gen, Internal,
                     "CudaStepRunner: the workspace moved during a capture");
           g.generation = gen;
           g.key = key_id;
@@ -446,7 +372,6 @@ struct CudaStepRunner::Impl {
     OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (decode) {
       times.decode_steps += 1;
-      times.split_steps += split ? 1 : 0;
       times.decode_forward_ms += ev_mid.elapsed_ms_since(ev_start);
       times.sample_ms += ev_end.elapsed_ms_since(ev_mid);
     } else {

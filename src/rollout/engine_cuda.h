@@ -4,12 +4,6 @@
 // and one device-to-host copy of the ids, the two log-probabilities and the error flags after:
 // one host synchronization per step, never a [B, V] copy.
 //
-// Split decode (CudaRunnerLimits::split_decode): a decode bucket of >= kSplitDecodeMinRows rows
-// runs as two PagedForward::DeviceStep halves, the second on a side stream forked from the
-// runner's stream and joined back before the sampling (the fork and join are captured in the
-// same graph). The split exists because a 64-row decode forward leaves the GPU half idle: its
-// GEMMs are launch-latency bound on a few dozen SMs while its attention is bandwidth bound.
-//
 // Decode steps (one new token per sequence, every sequence draws once) are padded to a
 // batch-size bucket (decode_bucket) and, with use_graphs, captured in two CUDA graphs per bucket
 // (forward; sampling) after one eager warm-up step of that bucket, then replayed: one launch
@@ -36,7 +30,6 @@
 
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
-#include "rollout/engine.h"  // SplitDecode
 #include "rollout/sampler.h"
 #include "rollout/sampler_cuda.h"
 
@@ -53,10 +46,6 @@ struct CudaRunnerLimits {
   // Sampling: a row split over a thread-block cluster (cuda::sample_rows' default) or, false,
   // one CTA per row (the kernel before issue 6; same distribution, for A/B runs).
   bool cluster_sampler = true;
-  // Decode steps of >= kSplitDecodeMinRows rows as two halves on two streams (engine.h
-  // SplitDecode; resolved, never Auto): each half its own workspace, the halves' kernels
-  // interleaved layer by layer, joined before the sampling. Padding rows go to the second half.
-  SplitDecode split_decode = SplitDecode::Off;
 };
 
 // GPU time by kind of step (CUDA events around the device work of each step).
@@ -65,7 +54,6 @@ struct CudaStepTimes {
   double decode_forward_ms = 0;  // decode steps: upload + forward
   double sample_ms = 0;          // decode steps: sampling + read-back
   int64_t decode_steps = 0, graph_steps = 0, graph_captures = 0;
-  int64_t split_steps = 0;       // decode steps run as two halves (CudaRunnerLimits::split_decode)
   int64_t graph_updates = 0;     // captures that updated an existing executable graph in place
   double capture_ms = 0;         // host time of captures + instantiation/update
 };

@@ -404,26 +404,6 @@ TEST(Engine, BudgetTooSmallForOneSequenceIsANamedError) {
   }
 }
 
-// The split-decode modes by name (opd bench rollout --split-decode, OPD_SPLIT_DECODE): every
-// name round-trips, a wrong one is an InvalidArgument listing the accepted names, and an
-// explicit mode is never replaced by the environment's.
-TEST(Engine, SplitDecodeModesByName) {
-  for (SplitDecode m : {SplitDecode::Auto, SplitDecode::Off, SplitDecode::Free,
-                        SplitDecode::Offset, SplitDecode::Alternate})
-    EXPECT_EQ(parse_split_decode(split_decode_name(m)), m);
-  try {
-    (void)parse_split_decode("halves");
-    ADD_FAILURE() << "an unknown mode accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("'halves' is not one of auto, off, free, offset, alternate"),
-              std::string::npos) << e.what();
-  }
-  for (SplitDecode m : {SplitDecode::Off, SplitDecode::Free, SplitDecode::Offset, SplitDecode::Alternate})
-    EXPECT_EQ(resolve_split_decode(m), m);
-  EXPECT_NE(resolve_split_decode(SplitDecode::Auto), SplitDecode::Auto);
-}
-
 TEST(Engine, RejectsBadRequests) {
   Transformer model = Transformer::load(test::model_dir("qwen3"));
   RolloutEngine engine(model, EngineOptions{}, {2});
