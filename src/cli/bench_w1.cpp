@@ -181,6 +181,9 @@ void run_bench_w1(const BenchW1Options& o) {
   const char* kRanks[] = {"rollout_s", "score_s", "train_s", "step_s", "rollout/sync_wait_s"};
   std::map<std::string, std::vector<double>> ranks;
   int64_t peak = 0;
+  // Each phase's peak over the measured steps (trainer metrics memory/peak_<phase>_bytes).
+  const char* kPhases[] = {"rollout", "score", "train"};
+  std::map<std::string, int64_t> phase_peak;
   std::ifstream mf(run + "/metrics.jsonl");
   std::string line;
   while (std::getline(mf, line)) {
@@ -188,6 +191,8 @@ void run_bench_w1(const BenchW1Options& o) {
     if (!m.contains("time/step_s")) continue;
     peak = std::max<int64_t>(peak, m.value("memory/peak_device_bytes", int64_t{0}));
     if (m.value("step", int64_t{0}) <= o.warmup) continue;
+    for (const char* p : kPhases)
+      phase_peak[p] = std::max(phase_peak[p], m.value(cat("memory/peak_", p, "_bytes"), int64_t{0}));
     rollout.push_back(m.value("time/rollout_s", 0.0));
     for (const char* k : kSplit) split[k].push_back(m.value(std::string("time/rollout/") + k, 0.0));
     for (const char* k : kRanks)
@@ -234,6 +239,8 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"step_s", st},
                       {"peak_device_gib", peak_gib}};
   for (const char* k : kSplit) j[std::string("rollout_") + k] = median(split[k]);
+  auto gib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); };
+  for (const char* p : kPhases) j[cat("peak_", p, "_gib")] = gib(phase_peak[p]);
   for (const auto& [key, v] : ranks) j[key] = median(v);
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -254,7 +261,10 @@ void run_bench_w1(const BenchW1Options& o) {
     std::printf("  student train    %8.3f s  MFU %5.1f%% of 776 TFLOP/s (goal >= 45%%)\n", ts,
                 100 * mfu);
     std::printf("  whole step       %8.3f s   (goal <= 1.6 s; anchor 50.6 s)\n", st);
-    std::printf("  peak device mem  %8.2f GiB (goal <= 16 GiB)\n", peak_gib);
+    std::printf("  peak device mem  %8.2f GiB (goal <= 16 GiB); measured steps' phases: rollout "
+                "%.2f, scoring %.2f, train %.2f GiB\n",
+                peak_gib, gib(phase_peak["rollout"]), gib(phase_peak["score"]),
+                gib(phase_peak["train"]));
   }
   if (o.with_torch) {
     std::fflush(stdout);

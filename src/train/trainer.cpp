@@ -342,6 +342,16 @@ class Trainer {
   std::map<std::string, std::string> export_files_;  // config + tokenizer files
   std::unique_ptr<MetricsLog> metrics_;
   int64_t step_ = 0, bad_steps_ = 0, tokens_seen_ = 0;
+  // CUDA: the largest allocator peak of any phase so far (the peak is reset at each phase start).
+  int64_t run_peak_device_ = 0;
+  // CUDA: the allocator's peak since the previous call, which starts the next phase (0 on CPU).
+  int64_t phase_peak() {
+    if (device_ != Device::CUDA) return 0;
+    const int64_t p = memory_stats(Device::CUDA).peak;
+    run_peak_device_ = std::max(run_peak_device_, p);
+    reset_peak_memory(Device::CUDA);
+    return p;
+  }
   int64_t last_saved_step_ = -1;
   Clock::time_point last_save_time_ = Clock::now();
   TrainResult result_;
@@ -978,6 +988,7 @@ TrainResult Trainer::run_steps() {
   resume_if_any();
   // memory/peak_device_bytes is this run's peak (an earlier run in the process does not count).
   if (device_ == Device::CUDA) reset_peak_memory(Device::CUDA);
+  run_peak_device_ = 0;
   const int64_t total = total_steps();
   result_.first_step = step_;
   if (rank0()) {  // one writer of the run's files
@@ -1030,6 +1041,9 @@ TrainResult Trainer::run_steps() {
       else if (o_.seq_kd) source = Source::Teacher;
     }
     double rollout_s = 0, score_s = 0, train_s = 0;
+    // Device memory peaks of this step's phases (CUDA; metrics memory/peak_*_bytes).
+    int64_t peak_rollout = 0, peak_score = 0, peak_train = 0;
+    (void)phase_peak();  // the rollout (or the dataset's completions) starts here
     std::vector<Sequence> seqs;
     bool cancelled = false;
     std::string rollout_error;
@@ -1089,6 +1103,7 @@ TrainResult Trainer::run_steps() {
       continue;
     }
     // 3. teacher
+    peak_rollout = phase_peak();
     TeacherTopK teacher;
     PayloadStats pstats;
     std::vector<int32_t> all_targets;
@@ -1116,6 +1131,7 @@ TrainResult Trainer::run_steps() {
       score_s = seconds_since(t0);
     }
     if (teacher_offload_) teacher_offload_->release();  // the training phase has its bytes
+    peak_score = phase_peak();
     // 4. micro-batches: forward, fused loss, backward
     bind_grads();
     const auto train_t0 = Clock::now();
@@ -1235,6 +1251,7 @@ TrainResult Trainer::run_steps() {
                 "); the last batch is in ", o_.out, "/bad_batches");
     }
     train_s = seconds_since(train_t0);
+    peak_train = phase_peak();
     *sampler_ = sampler;
     ++step_;
     tokens_seen_ += n_total;
@@ -1305,7 +1322,16 @@ TrainResult Trainer::run_steps() {
       }
     }
     m["memory/peak_rss_bytes"] = peak_rss_bytes();
-    if (device_ == Device::CUDA) m["memory/peak_device_bytes"] = memory_stats(Device::CUDA).peak;
+    if (device_ == Device::CUDA) {
+      // The run's peak so far, and this step's per phase: the rollout (with its KV cache), the
+      // teacher's scoring (with its upload under --offload-teacher), the student's training
+      // (gradients, activations, the loss's scratch, AdamW): compare with the plan the run
+      // logged at start-up (opd doctor --device cuda prints it too).
+      m["memory/peak_device_bytes"] = std::max(run_peak_device_, memory_stats(Device::CUDA).peak);
+      m["memory/peak_rollout_bytes"] = peak_rollout;
+      if (!o_.sft) m["memory/peak_score_bytes"] = peak_score;
+      m["memory/peak_train_bytes"] = peak_train;
+    }
     m["bad_steps"] = bad_steps_;
     if (distributed()) m["world_size"] = env_.world_size;
     if (metrics_ && (step_ % o_.logging_steps == 0 || step_ == total)) metrics_->write(step_, m);
