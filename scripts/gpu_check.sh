@@ -11,7 +11,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context|overlap|overlap-tests|overlap-bench]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -540,6 +540,20 @@ if [[ "$what" == s7e ]]; then
   run cuda 200 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
   run memcheck_model 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='*CudaModel*:CudaAttention.*:CudaAttentionBackward.*'
+fi
+if [[ "$what" == s8b ]]; then
+  # Session 8 (nvidia-h200, <= 400 s): the rollout suite after the split decode's revert and the
+  # trainer suite (per-phase memory peaks), then W1's memory per phase against the plan for
+  # each memory setting (1 measured step each).
+  run rollout_trainer 200 $B/test_cuda --gtest_filter='CudaRollout.*:CudaTrainer*'
+  for v in "none:" "offload:--offload-teacher" "elementwise:--recompute-granularity elementwise" \
+           "elem_offload:--recompute-granularity elementwise --offload-teacher" \
+           "layer_offload:--recompute-granularity layer --offload-teacher"; do
+    name=${v%%:*} flags=${v#*:}
+    timeout 90 $B/opd bench w1 --work-dir /tmp/opd_w1 --steps 1 $flags >"$OUT/mem_$name.log" 2>&1
+    summary+=("$(printf '%-13s %s | %s' "$name" "$(grep -h 'GPU memory plan' "$OUT/mem_$name.log" | sed 's/.*peak ~//' | cut -c1-90)" \
+                "$(grep -h 'peak device mem\|whole step' "$OUT/mem_$name.log" | tr -s ' ' | tr '\n' ' ')")")
+  done
 fi
 if [[ "$what" == overlap || "$what" == overlap-tests ]]; then
   run ovl_tests 140 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaFusedLoss.*'
