@@ -54,6 +54,7 @@ struct BenchW1Options {
   double kv_cache_gb = 8;
   bool recompute = false, offload_teacher = false;
   std::string recompute_granularity = "none";
+  double device_memory_budget_gb = 0;  // opd train --device-memory-budget
   int zero_stage = 1;  // under opd launch (data parallel)
   std::string tokenizer = "demo/tokenizer";
   std::string work_dir;
@@ -146,6 +147,7 @@ void run_bench_w1(const BenchW1Options& o) {
   t.zero_stage = o.zero_stage;
   t.recompute_granularity = o.recompute_granularity;
   t.offload_teacher = o.offload_teacher;
+  t.device_memory_budget_gb = o.device_memory_budget_gb;
   t.lmbda = 1;
   t.beta = 0.5;
   t.loss_support = "topk+tail";
@@ -184,12 +186,16 @@ void run_bench_w1(const BenchW1Options& o) {
   // Each phase's peak over the measured steps (trainer metrics memory/peak_<phase>_bytes).
   const char* kPhases[] = {"rollout", "score", "train"};
   std::map<std::string, int64_t> phase_peak;
+  std::string step_peaks;  // every step's phases, warm-up included (text output)
   std::ifstream mf(run + "/metrics.jsonl");
   std::string line;
   while (std::getline(mf, line)) {
     const auto m = nlohmann::json::parse(line);
     if (!m.contains("time/step_s")) continue;
     peak = std::max<int64_t>(peak, m.value("memory/peak_device_bytes", int64_t{0}));
+    step_peaks += cat(step_peaks.empty() ? "" : "; ", "step ", m.value("step", int64_t{0}));
+    for (const char* p : kPhases)
+      step_peaks += cat(" ", p, " ", m.value(cat("memory/peak_", p, "_bytes"), int64_t{0}) >> 20);
     if (m.value("step", int64_t{0}) <= o.warmup) continue;
     for (const char* p : kPhases)
       phase_peak[p] = std::max(phase_peak[p], m.value(cat("memory/peak_", p, "_bytes"), int64_t{0}));
@@ -216,6 +222,13 @@ void run_bench_w1(const BenchW1Options& o) {
   const double mfu = flops / ts / kMeasuredPeak;
   const double peak_gib = static_cast<double>(peak) / (1024.0 * 1024 * 1024);
   const char* ws = std::getenv("WORLD_SIZE");
+  // The memory setting the run used (--device-memory-budget may have chosen it).
+  const auto cfg = nlohmann::json::parse(std::ifstream(run + "/config.json"), nullptr, false);
+  const std::string recompute_used =
+      cfg.is_object() ? (cfg.value("recompute", false) ? std::string("layer")
+                                                       : cfg.value("recompute_granularity", std::string("none")))
+                      : (o.recompute ? std::string("layer") : o.recompute_granularity);
+  const bool offload_used = cfg.is_object() ? cfg.value("offload_teacher", false) : o.offload_teacher;
   nlohmann::json j = {{"bench", "w1"},
                       {"world_size", ws ? std::atoi(ws) : 1},
                       {"student", o.student},
@@ -224,8 +237,9 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"prompt_len", o.prompt_len},
                       {"completion_len", o.completion_len},
                       {"k", o.k},
-                      {"recompute", o.recompute ? "layer" : o.recompute_granularity},
-                      {"offload_teacher", o.offload_teacher},
+                      {"recompute", recompute_used},
+                      {"offload_teacher", offload_used},
+                      {"device_memory_budget_gb", o.device_memory_budget_gb},
                       {"zero_stage", o.zero_stage},
                       {"measured_steps", step.size()},
                       {"completion_tokens", n},
@@ -250,11 +264,12 @@ void run_bench_w1(const BenchW1Options& o) {
                 o.student.c_str(), o.teacher.c_str(), static_cast<long long>(o.prompts),
                 static_cast<long long>(o.prompt_len), static_cast<long long>(o.completion_len),
                 static_cast<long long>(o.k), static_cast<long long>(o.micro_batch),
-                (o.recompute || o.recompute_granularity != "none"
-                     ? cat(", recompute ", o.recompute ? "layer" : o.recompute_granularity)
-                     : std::string())
-                        .append(o.offload_teacher ? ", teacher offloaded" : "")
-                        .c_str(),
+                (recompute_used != "none" ? cat(", recompute ", recompute_used) : std::string())
+                    .append(offload_used ? ", teacher offloaded" : "")
+                    .append(o.device_memory_budget_gb > 0
+                                ? cat(" (chosen for --device-memory-budget ", o.device_memory_budget_gb, " GiB)")
+                                : std::string())
+                    .c_str(),
                 step.size(), o.warmup);
     std::printf("  rollout          %8.3f s  %10.0f tok/s   (goal >= 40,000 tok/s)\n", rs, n / rs);
     std::printf("  teacher scoring  %8.3f s  %10.0f tok/s   (goal >= 200,000 tok/s)\n", ss, n / ss);
@@ -265,6 +280,7 @@ void run_bench_w1(const BenchW1Options& o) {
                 "%.2f, scoring %.2f, train %.2f GiB\n",
                 peak_gib, gib(phase_peak["rollout"]), gib(phase_peak["score"]),
                 gib(phase_peak["train"]));
+    std::printf("  phase peaks (MiB) %s\n", step_peaks.c_str());
   }
   if (o.with_torch) {
     std::fflush(stdout);
@@ -400,6 +416,10 @@ void register_bench_w1(CLI::App& bench) {
                 "recompute: none | elementwise | layer (opd train's flag)")->capture_default_str();
   c->add_flag("--offload-teacher", o->offload_teacher, "the teacher on the GPU only while it "
               "scores (opd train's flag)");
+  c->add_option("--device-memory-budget", o->device_memory_budget_gb, "GiB: the trainer picks "
+                "the cheapest memory setting whose planned peak fits (opd train's flag; 0 = none; "
+                "16 = W1's goal)")
+      ->capture_default_str();
   c->add_option("--tokenizer", o->tokenizer, "tokenizer files for the random models")
       ->capture_default_str();
   c->add_option("--work-dir", o->work_dir, "where the random models, prompts and the run go "

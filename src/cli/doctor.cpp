@@ -23,6 +23,7 @@ struct DoctorOptions {
   bool recompute = false;
   std::string recompute_granularity = "none";
   bool offload_teacher = false;
+  double device_memory_budget_gb = 0;  // as opd train --device-memory-budget
   int nproc = 1, zero_stage = 1;
 };
 
@@ -90,6 +91,21 @@ void run_doctor(const DoctorOptions& o) {
                 p.teacher_whole_run ? "whole run" : "offloaded: scoring phase only",
                 gib(p.activations).c_str(), static_cast<long long>(o.micro_batch_tokens),
                 recompute_name(po.recompute), gib(p.rollout).c_str());
+    if (o.device_memory_budget_gb > 0) {  // what opd train --device-memory-budget would choose
+      const int64_t budget = static_cast<int64_t>(o.device_memory_budget_gb * (1 << 30));
+      MemoryChoice smallest;
+      const auto c = fit_memory_budget(s, o.teacher.empty() ? nullptr : &t, po,
+                                       !o.teacher.empty(), budget, &smallest);
+      const MemoryChoice& shown = c ? *c : smallest;
+      std::printf("%s memory budget   %g GiB: %s recompute %s%s, planned peak %s (rollout %s, "
+                  "scoring %s, training %s)\n",
+                  c ? "ok   " : "ERROR", o.device_memory_budget_gb,
+                  c ? "opd train would use" : "nothing fits; the smallest plan is",
+                  recompute_name(shown.recompute), shown.offload_teacher ? ", teacher offloaded" : "",
+                  gib(shown.plan.peak()).c_str(), gib(shown.plan.rollout_phase()).c_str(),
+                  gib(shown.plan.scoring_phase()).c_str(), gib(shown.plan.training_phase()).c_str());
+      errors += c ? 0 : 1;
+    }
   }
   if (o.device == "cuda") {
     std::printf("%d error(s), %d warning(s)\n", errors, warnings);
@@ -135,6 +151,10 @@ void register_doctor(CLI::App& app) {
       ->capture_default_str();
   c->add_flag("--offload-teacher", o->offload_teacher, "plan with the in-process teacher on the "
               "GPU only while it scores (as opd train --offload-teacher)");
+  c->add_option("--device-memory-budget", o->device_memory_budget_gb, "with --device cuda: GiB "
+                "of device memory; prints the memory setting opd train --device-memory-budget "
+                "would choose (an error when nothing fits)")
+      ->capture_default_str();
   c->add_option("--nproc", o->nproc, "ranks (GPUs) of a data-parallel run")->capture_default_str();
   c->add_option("--zero-stage", o->zero_stage, "ZeRO stage with --nproc > 1: 1 | 2")
       ->capture_default_str();

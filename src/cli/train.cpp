@@ -88,6 +88,12 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
   c->add_flag("--offload-teacher", o.offload_teacher, "cuda, in-process teacher: keep its "
               "weights in pinned host memory, on the GPU only while it scores (frees its size "
               "during rollout and training for one host-to-device copy per step)");
+  c->add_option("--device-memory-budget", o.device_memory_budget_gb, "cuda: GiB of device "
+                "memory the run may use (0 = no budget): the cheapest memory setting whose "
+                "planned peak fits is chosen (elementwise recompute, then --offload-teacher, "
+                "then both, then per-layer recompute; a recompute or offload given here stays); "
+                "a budget nothing fits stops the run at start-up with the smallest plan")
+      ->capture_default_str();
   c->add_option("--max-completion-length", o.max_completion_length, "tokens per completion "
                 "(rollouts stop there; dataset completions are cut)")->capture_default_str();
   c->add_option("--max-prompt-length", o.max_prompt_length, "prompt tokens (0 = no limit)")

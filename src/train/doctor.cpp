@@ -24,6 +24,9 @@ ModelSide describe_model_dir(const std::string& dir) {
   s.hidden_size = c.hidden_size;
   s.num_layers = c.num_hidden_layers;
   s.intermediate_size = c.intermediate_size;
+  s.num_attention_heads = c.num_attention_heads;
+  s.num_key_value_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
   const TokenizerFingerprint fp = tokenizer_fingerprint(dir, c.vocab_size);
   s.fingerprint = fp.sha256;
   s.tokenizer_vocab = fp.tokenizer_vocab;
@@ -135,17 +138,48 @@ MemoryPlan plan_gpu_memory(const ModelSide& s, const ModelSide* teacher,
   m.optimizer = P * 8 / ranks;
   m.grads = P * 4 + (o.zero_stage == 2 ? P * 4 / ranks : 0);
   m.grads_whole_run = o.zero_stage > 0;
-  if (teacher) m.teacher = teacher->num_parameters * bytes;
+  if (teacher) {
+    m.teacher = teacher->num_parameters * bytes;
+    const int64_t Ht = teacher->hidden_size, It = teacher->intermediate_size;
+    const int64_t qkv = (teacher->num_attention_heads + 2 * teacher->num_key_value_heads) *
+                        teacher->head_dim;
+    m.scoring = o.scorer_batch_tokens * (6 * Ht + 2 * qkv + 4 * It) * bytes +
+                o.scorer_row_chunk * o.scorer_vocab_tile * 4;
+  }
   m.teacher_whole_run = !o.offload_teacher;
   const int64_t H = s.hidden_size, I = s.intermediate_size, T = o.micro_batch_tokens;
-  const int64_t per_layer = T * (12 * H + 3 * I) * bytes;
+  const int64_t per_layer = T * (14 * H + 3 * I) * bytes;
   switch (o.recompute) {
     case Recompute::Off: m.activations = per_layer * s.num_layers; break;
-    case Recompute::Elementwise: m.activations = T * (7 * H + 2 * I) * bytes * s.num_layers; break;
-    case Recompute::PerLayer: m.activations = T * H * bytes * s.num_layers + per_layer; break;
+    case Recompute::Elementwise: m.activations = T * (9 * H + 2 * I) * bytes * s.num_layers; break;
+    case Recompute::PerLayer: m.activations = T * H * bytes * s.num_layers + 2 * per_layer; break;
   }
+  m.workspace = T * 4 * (H + 4 * H) + (int64_t{256} << 20);
   m.rollout = o.kv_cache_bytes + P * bytes / 2;
   return m;
+}
+
+std::optional<MemoryChoice> fit_memory_budget(const ModelSide& s, const ModelSide* teacher,
+                                              const MemoryPlanOptions& base, bool can_offload,
+                                              int64_t budget, MemoryChoice* smallest) {
+  const std::pair<Recompute, bool> order[] = {
+      {Recompute::Off, false},        {Recompute::Elementwise, false},
+      {Recompute::Off, true},         {Recompute::Elementwise, true},
+      {Recompute::PerLayer, false},   {Recompute::PerLayer, true}};
+  auto rank = [](Recompute r) { return r == Recompute::Off ? 0 : r == Recompute::Elementwise ? 1 : 2; };
+  std::optional<MemoryChoice> best_small;
+  for (const auto& [recompute, offload] : order) {
+    if (rank(recompute) < rank(base.recompute) || (base.offload_teacher && !offload)) continue;
+    if (offload && !(can_offload && teacher)) continue;
+    MemoryPlanOptions o = base;
+    o.recompute = recompute;
+    o.offload_teacher = offload;
+    MemoryChoice c{recompute, offload, plan_gpu_memory(s, teacher, o)};
+    if (c.plan.peak() <= budget) return c;
+    if (!best_small || c.plan.peak() < best_small->plan.peak()) best_small = c;
+  }
+  if (smallest && best_small) *smallest = *best_small;
+  return std::nullopt;
 }
 
 int64_t available_host_memory() {

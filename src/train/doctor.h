@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct ModelSide {
   std::string chat_template;       // the text (for comparison)
   int64_t num_parameters = 0;
   int64_t hidden_size = 0, num_layers = 0, intermediate_size = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
 };
 
 enum class Severity { Ok, Warning, Error };
@@ -59,7 +61,10 @@ int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unkno
 
 // The memory plan of a GPU run, per GPU: what stays resident for the whole run, plus what each
 // phase of a step adds (the phases never overlap; the rollout's KV cache is released before the
-// teacher scores and the student trains):
+// teacher scores and the student trains). An upper bound of the caching allocator's peak per
+// phase (trainer metrics memory/peak_<phase>_bytes); the coefficients below were fitted on the
+// H200 at W1 (session 8, docs/perf.md: every phase of five memory settings measured, each plan
+// 0-10% above its measurement):
 //   always      model copy P x dtype;  f32 master 4P and AdamW moments 8P (divided by the ranks
 //               under ZeRO);
 //   gradients   f32 4P (+ the reduced shard 4P / ranks under ZeRO-2): only in the training phase
@@ -69,11 +74,14 @@ int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unkno
 //               --offload-teacher;
 //   rollout:    the KV cache (the budget, or what the rollout needs when given) + the packed
 //               decode weights (q|k|v and gate|up, ~P x dtype x 0.5);
-//   training:   activations of one micro-batch, T x layers x (12 H + 3 I) x dtype without
-//               recompute (calibrated on the W1 student: 7.6 GiB measured, 7.0 predicted),
-//               T x layers x (7 H + 2 I) x dtype with elementwise recompute, or T x H x dtype per
-//               layer + one layer's worth with per-layer recompute.
-// The teacher's scoring activations (one packed batch) are small next to these and not counted.
+//   scoring:    an in-process teacher's forward over one packed batch of scorer_batch_tokens,
+//               B x (6 H + 2 (Hq + 2 Hkv) D + 4 I) x dtype at its widest point, + its top-K
+//               logit tile (f32 scorer_row_chunk x scorer_vocab_tile);
+//   training:   activations of one micro-batch, T x layers x (14 H + 3 I) x dtype without
+//               recompute, T x layers x (9 H + 2 I) x dtype with elementwise recompute, or
+//               T x H x dtype per layer + two layers' worth with per-layer recompute; + the
+//               workspace: the loss head's scratch (two 40 MiB logit tiles, O(T x K) rows), the
+//               f32 d_hidden and the cuBLAS workspaces, T x 4 (H + 4 H) + 256 MiB.
 struct MemoryPlanOptions {
   DType dtype = DType::BF16;   // compute dtype on the GPU
   Recompute recompute = Recompute::Off;
@@ -82,19 +90,21 @@ struct MemoryPlanOptions {
   int zero_stage = 0;          // 0 = no ZeRO (one GPU), 1 or 2
   int64_t micro_batch_tokens = 8192;
   int64_t kv_cache_bytes = int64_t{1} << 30;
+  // The in-process CUDA scorer's batch and top-K tile (teacher/cuda_scorer.h Options defaults).
+  int64_t scorer_batch_tokens = 16384, scorer_row_chunk = 2048, scorer_vocab_tile = 16384;
 };
 struct MemoryPlan {
   int64_t model = 0, master = 0, optimizer = 0, grads = 0, teacher = 0;
-  int64_t activations = 0, rollout = 0;
+  int64_t activations = 0, workspace = 0, rollout = 0, scoring = 0;
   bool grads_whole_run = false, teacher_whole_run = true;
   int64_t resident() const {
     return model + master + optimizer + (grads_whole_run ? grads : 0) +
            (teacher_whole_run ? teacher : 0);
   }
   int64_t rollout_phase() const { return resident() + rollout; }
-  int64_t scoring_phase() const { return resident() + (teacher_whole_run ? 0 : teacher); }
+  int64_t scoring_phase() const { return resident() + (teacher_whole_run ? 0 : teacher) + scoring; }
   int64_t training_phase() const {
-    return resident() + (grads_whole_run ? 0 : grads) + activations;
+    return resident() + (grads_whole_run ? 0 : grads) + activations + workspace;
   }
   int64_t peak() const {
     return std::max(rollout_phase(), std::max(scoring_phase(), training_phase()));
@@ -102,5 +112,22 @@ struct MemoryPlan {
 };
 MemoryPlan plan_gpu_memory(const ModelSide& student, const ModelSide* in_process_teacher,
                            const MemoryPlanOptions& options);
+
+// A device memory budget (opd train --device-memory-budget): the cheapest memory setting whose
+// planned peak fits `budget` bytes. Candidates in order of their measured cost at W1 (H200,
+// session 8: elementwise recompute ~+1% step time, the teacher's offload ~+3%, both ~+3.5%,
+// per-layer recompute ~+9%): none, elementwise, offload, elementwise + offload, layer, layer +
+// offload; the offload only when can_offload (an in-process CUDA teacher, not --loss-support
+// full), and never less than what `base` already asks (a recompute or offload the user chose
+// stays). nullopt when nothing fits; `smallest` then receives the smallest plan's setting.
+struct MemoryChoice {
+  Recompute recompute = Recompute::Off;
+  bool offload_teacher = false;
+  MemoryPlan plan;
+};
+std::optional<MemoryChoice> fit_memory_budget(const ModelSide& student,
+                                              const ModelSide* in_process_teacher,
+                                              const MemoryPlanOptions& base, bool can_offload,
+                                              int64_t budget, MemoryChoice* smallest = nullptr);
 
 }  // namespace opd

@@ -69,6 +69,7 @@ nlohmann::json TrainOptions::to_json() const {
       {"kv_cache_gb", kv_cache_gb}, {"ignore_eos", ignore_eos}, {"device", device},
       {"dtype", dtype}, {"recompute", recompute},
       {"recompute_granularity", recompute_granularity}, {"offload_teacher", offload_teacher},
+      {"device_memory_budget_gb", device_memory_budget_gb},
       {"zero_stage", zero_stage}, {"batch_size", batch_size},
       {"micro_batch_size", micro_batch_size}, {"learning_rate", learning_rate},
       {"lr_scheduler_type", lr_scheduler_type}, {"warmup_steps", warmup_steps},
@@ -161,6 +162,9 @@ void TrainOptions::validate() const {
   parse_recompute(recompute_granularity);
   OPD_CHECK(!offload_teacher || (device == "cuda" && !teacher.empty()), InvalidArgument,
             "--offload-teacher needs --device cuda and an in-process --teacher DIR");
+  OPD_CHECK(device_memory_budget_gb >= 0 && (device_memory_budget_gb == 0 || device == "cuda"),
+            InvalidArgument, "--device-memory-budget ", device_memory_budget_gb,
+            " must be >= 0 and needs --device cuda");
   OPD_CHECK(!offload_teacher || loss_support != "full", InvalidArgument,
             "--offload-teacher cannot be used with --loss-support full (the dense teacher runs "
             "inside the training phase, so its weights must stay on the GPU)");
@@ -267,6 +271,12 @@ class Trainer {
   TrainResult run_steps();
   void setup();
   void load_data();
+  // The plan's inputs for this run (data loaded; the model's recompute and o_.offload_teacher
+  // as they are now).
+  MemoryPlanOptions memory_plan_options();
+  // --device-memory-budget: sets the student's recompute and o_.offload_teacher to the
+  // cheapest setting that fits (before setup_teacher, which offloads the teacher).
+  void fit_memory_budget_or_fail();
   void setup_teacher();
   void build_optimizer();
   void run_doctor_checks(const ModelSide& teacher);
@@ -542,6 +552,59 @@ void Trainer::setup_teacher() {
     t.eos_ids = scorer_->info().eos_token_ids;
     run_doctor_checks(t);
   }
+}
+
+MemoryPlanOptions Trainer::memory_plan_options() {
+  MemoryPlanOptions po;
+  po.dtype = compute_dtype_;
+  po.recompute = model().recompute();
+  po.offload_teacher = o_.offload_teacher;
+  po.world_size = env_.world_size;
+  po.zero_stage = distributed() ? static_cast<int>(o_.zero_stage) : 0;
+  int64_t longest = 0;
+  for (size_t i = 0; i < data_->size(); ++i)
+    longest = std::max<int64_t>(longest, (*data_)[i].sequence_length());
+  po.micro_batch_tokens = o_.micro_batch_size * (longest + o_.max_completion_length);
+  // The rollout allocates only the KV blocks its requests can use: at most this rank's prompts
+  // x samples x their longest length (in blocks of 16) x 2 (K, V) x layers x kv heads x D.
+  const ModelConfig& sc = student_->config();
+  const int64_t local_prompts = (o_.batch_size + env_.world_size - 1) / env_.world_size;
+  const int64_t tokens_needed = local_prompts * o_.num_generations *
+                                ((longest + o_.max_completion_length + 15) / 16 * 16);
+  const int64_t kv_needed = tokens_needed * 2 * sc.num_hidden_layers * sc.num_key_value_heads *
+                            sc.head_dim * static_cast<int64_t>(dtype_size(compute_dtype_));
+  po.kv_cache_bytes = std::min<int64_t>(static_cast<int64_t>(o_.kv_cache_gb * (1 << 30)), kv_needed);
+  return po;
+}
+
+void Trainer::fit_memory_budget_or_fail() {
+  if (o_.device_memory_budget_gb <= 0 || device_ != Device::CUDA) return;
+  const int64_t budget = static_cast<int64_t>(o_.device_memory_budget_gb * (1 << 30));
+  // The in-process teacher's shape (the scorer's batch counts in the scoring phase).
+  std::optional<ModelSide> teacher;
+  if (!o_.sft && !o_.teacher.empty()) teacher = describe_model_dir(o_.teacher);
+  const bool can_offload = teacher && loss_.mode != SupportMode::Full;
+  MemoryChoice smallest;
+  const std::optional<MemoryChoice> c =
+      fit_memory_budget(student_side(), teacher ? &*teacher : nullptr, memory_plan_options(),
+                        can_offload, budget, &smallest);
+  auto g = [](int64_t b) { return cat(static_cast<double>(b) / (1 << 30), " GiB"); };
+  if (!c) {
+    const MemoryPlan& p = smallest.plan;
+    OPD_FAIL(InvalidArgument, "--device-memory-budget ", o_.device_memory_budget_gb,
+             " GiB: no memory setting fits; the smallest plan (recompute ",
+             recompute_name(smallest.recompute), smallest.offload_teacher ? ", teacher offloaded" : "",
+             ") peaks at ", g(p.peak()), " (rollout ", g(p.rollout_phase()), ", scoring ",
+             g(p.scoring_phase()), ", training ", g(p.training_phase()),
+             "); lower --micro-batch-size, --max-completion-length, --batch-size or --kv-cache-gb");
+  }
+  model().set_recompute(c->recompute);
+  o_.offload_teacher = c->offload_teacher;
+  o_.recompute = false;  // config.json records the setting chosen
+  o_.recompute_granularity = recompute_name(c->recompute);
+  log_info("--device-memory-budget ", o_.device_memory_budget_gb, " GiB: recompute ",
+           recompute_name(c->recompute), c->offload_teacher ? ", teacher offloaded" : "",
+           " (planned peak ", g(c->plan.peak()), ")");
 }
 
 const ModelSide& Trainer::student_side() {
@@ -951,38 +1014,20 @@ TrainResult Trainer::run_steps() {
   install_training_signal_handlers();
   setup();
   load_data();
+  fit_memory_budget_or_fail();
   setup_teacher();
   if (device_ == Device::CUDA) {  // the per-GPU memory plan (opd doctor --device cuda prints it too)
-    const ModelSide& sm = student_side();
     const std::optional<ModelSide>& tm = teacher_side_;
-    MemoryPlanOptions po;
-    po.dtype = compute_dtype_;
-    po.recompute = model().recompute();
-    po.offload_teacher = o_.offload_teacher;
-    po.world_size = env_.world_size;
-    po.zero_stage = distributed() ? static_cast<int>(o_.zero_stage) : 0;
-    int64_t longest = 0;
-    for (size_t i = 0; i < data_->size(); ++i)
-      longest = std::max<int64_t>(longest, (*data_)[i].sequence_length());
-    po.micro_batch_tokens = o_.micro_batch_size * (longest + o_.max_completion_length);
-    // The rollout allocates only the KV blocks its requests can use: at most this rank's prompts
-    // x samples x their longest length (in blocks of 16) x 2 (K, V) x layers x kv heads x D.
-    const ModelConfig& sc = student_->config();
-    const int64_t local_prompts = (o_.batch_size + env_.world_size - 1) / env_.world_size;
-    const int64_t tokens_needed = local_prompts * o_.num_generations *
-                                  ((longest + o_.max_completion_length + 15) / 16 * 16);
-    const int64_t kv_needed = tokens_needed * 2 * sc.num_hidden_layers * sc.num_key_value_heads *
-                              sc.head_dim * static_cast<int64_t>(dtype_size(compute_dtype_));
-    po.kv_cache_bytes =
-        std::min<int64_t>(static_cast<int64_t>(o_.kv_cache_gb * (1 << 30)), kv_needed);
-    const MemoryPlan p = plan_gpu_memory(sm, tm ? &*tm : nullptr, po);
+    const MemoryPlanOptions po = memory_plan_options();
+    const MemoryPlan p = plan_gpu_memory(student_side(), tm ? &*tm : nullptr, po);
     auto g = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
     log_info("GPU memory plan (upper bound): peak ~", g(p.peak()), " GiB = max(rollout ",
              g(p.rollout_phase()), ", scoring ", g(p.scoring_phase()), ", training ",
              g(p.training_phase()), " GiB); always resident ", g(p.resident()),
              " GiB, training activations ", g(p.activations), " GiB (recompute ",
-             recompute_name(po.recompute), "), rollout KV + packed weights ", g(p.rollout),
-             " GiB", o_.offload_teacher ? ", teacher offloaded" : "");
+             recompute_name(po.recompute), ") + workspace ", g(p.workspace),
+             " GiB, rollout KV + packed weights ", g(p.rollout), " GiB",
+             o_.offload_teacher ? ", teacher offloaded" : "");
   }
   build_optimizer();
   resume_if_any();

@@ -93,6 +93,11 @@ struct TrainOptions {
   // scoring (and a --seq-kd rollout) of each step and released before the rollout and training
   // phases (less device memory for one host-to-device copy of the teacher per step).
   bool offload_teacher = false;
+  // cuda: a device memory budget in GiB (0 = none). The trainer picks the cheapest memory
+  // setting whose planned peak fits it (train/doctor.h fit_memory_budget: elementwise
+  // recompute, then the teacher's offload, ...), keeping any recompute or offload given above;
+  // a budget nothing fits stops the run at start-up with the smallest plan.
+  double device_memory_budget_gb = 0;
   // Data parallel (launched by `opd launch` / torchrun / srun: WORLD_SIZE > 1): batch_size is the
   // global number of prompts per step, split round-robin over the ranks; ZeRO-1 shards the f32
   // master weights and AdamW moments, ZeRO-2 also the reduced gradients (reduce-scattered

@@ -383,6 +383,13 @@ TEST_F(TrainerTest, BadOptionsAreNamed) {
   o.offload_teacher = true;  // the CPU backend has no device memory to save
   expect_msg(o, "--offload-teacher needs --device cuda");
   o = base("bad");
+  o.device_memory_budget_gb = 16;  // a budget of device memory on the CPU backend
+  expect_msg(o, "--device-memory-budget 16 must be >= 0 and needs --device cuda");
+  o = base("bad");
+  o.device = "cuda";
+  o.device_memory_budget_gb = -1;
+  expect_msg(o, "--device-memory-budget -1 must be >= 0");
+  o = base("bad");
   o.device = "cuda";
   o.offload_teacher = true;
   o.loss_support = "full";
