@@ -14,6 +14,16 @@
 
 namespace opd {
 
+#ifdef OPD_WITH_CUDA
+struct WeightOffload::Layered {
+  cuda::Stream copy;
+  cuda::Event allocated;
+  std::vector<std::unique_ptr<cuda::Event>> arrived;  // per group
+};
+#else
+struct WeightOffload::Layered {};
+#endif
+
 namespace {
 // Every parameter starts on a 256-byte boundary, as a separately allocated tensor does:
 // cuBLASLt picks its kernels by operand alignment up to 256 bytes (kernels/cuda/gemm.cpp), so a
@@ -28,10 +38,27 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
   dtype_ = model_->dtype();
 #ifdef OPD_WITH_CUDA
   const int64_t kAlign = kAlignBytes / static_cast<int64_t>(dtype_size(dtype_));  // elements
-  model_->weights().for_each([&](const std::string&, Tensor& w) {
+  // Groups in the order of use (WeightArrival): for_each visits the embedding, the layers in
+  // order, then the final norm (and an untied lm_head), which is also the layout's order.
+  const int64_t L = model_->config().num_hidden_layers;
+  group_end_.assign(static_cast<size_t>(L + 2), 0);
+  int64_t last_group = 0;
+  model_->weights().for_each([&](const std::string& name, Tensor& w) {
+    int64_t group = L + 1;
+    if (name.find("embed_tokens") != std::string::npos) {
+      group = 0;
+    } else if (const size_t at = name.find("layers."); at != std::string::npos) {
+      group = 1 + std::stoll(name.substr(at + 7));
+    }
+    OPD_CHECK(group >= last_group && group <= L + 1, Internal, "weight offload: parameter ", name,
+              " out of the layer order");
+    last_group = group;
     slots_.push_back(Slot{&w, w.shape(), numel_});
     numel_ += (w.numel() + kAlign - 1) / kAlign * kAlign;
+    group_end_[static_cast<size_t>(group)] = numel_;
   });
+  for (size_t g = 1; g < group_end_.size(); ++g)  // empty groups end where the previous did
+    group_end_[g] = std::max(group_end_[g], group_end_[g - 1]);
   bytes_ = numel_ * static_cast<int64_t>(dtype_size(dtype_));
   void* host = nullptr;
   OPD_CUDA_CHECK(cudaHostAlloc(&host, static_cast<size_t>(bytes_), cudaHostAllocDefault));
@@ -50,7 +77,15 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
 #endif
 }
 
-WeightOffload::~WeightOffload() = default;
+WeightOffload::~WeightOffload() {
+  // The model keeps the weights bound now (they share the flat buffer); it only forgets us.
+  if (in_flight_) {
+#ifdef OPD_WITH_CUDA
+    (void)cudaStreamWaitEvent(cuda::current_stream(), layered_->arrived.back()->get(), 0);
+#endif
+    model_->set_weight_arrival(nullptr);
+  }
+}
 
 void WeightOffload::bind(const Tensor& flat) {
   for (const Slot& slot : slots_) {
@@ -73,12 +108,67 @@ void WeightOffload::upload() {
                                  cudaMemcpyHostToDevice, cuda::current_stream()));
   device_ = flat;
   bind(flat);
+  model_->set_weight_arrival(nullptr);
+  in_flight_ = false;
   ++uploads_;
+#endif
+}
+
+void WeightOffload::upload_layered() {
+  if (resident()) return;
+#ifdef OPD_WITH_CUDA
+  if (!layered_) {
+    layered_ = std::make_unique<Layered>();
+    for (size_t g = 0; g < group_end_.size(); ++g)
+      layered_->arrived.push_back(std::make_unique<cuda::Event>());
+  }
+  cudaStream_t stream = cuda::current_stream();
+  Tensor flat = Tensor::empty({numel_}, dtype_, Device::CUDA);
+  // The caching allocator hands out blocks stream-ordered on `stream`: the copy stream may write
+  // only after what `stream` queued before (a previous user of the block) has run.
+  layered_->allocated.record(stream);
+  OPD_CUDA_CHECK(cudaStreamWaitEvent(layered_->copy.get(), layered_->allocated.get(), 0));
+  const size_t esize = dtype_size(dtype_);
+  int64_t begin = 0;
+  for (size_t g = 0; g < group_end_.size(); ++g) {
+    const int64_t end = group_end_[g];
+    if (end > begin)
+      OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(flat.raw()) + begin * esize,
+                                     static_cast<const char*>(host_.get()) + begin * esize,
+                                     static_cast<size_t>(end - begin) * esize,
+                                     cudaMemcpyHostToDevice, layered_->copy.get()));
+    layered_->arrived[g]->record(layered_->copy.get());
+    begin = end;
+  }
+  device_ = flat;
+  bind(flat);
+  model_->set_weight_arrival(this);
+  in_flight_ = true;
+  ++uploads_;
+#endif
+}
+
+void WeightOffload::wait(int64_t group, cudaStream_t stream) const {
+#ifdef OPD_WITH_CUDA
+  OPD_CHECK(layered_ && group >= 0 && group < static_cast<int64_t>(layered_->arrived.size()),
+            Internal, "weight offload: wait for group ", group);
+  OPD_CUDA_CHECK(cudaStreamWaitEvent(stream, layered_->arrived[static_cast<size_t>(group)]->get(), 0));
+#else
+  (void)group;
+  (void)stream;
 #endif
 }
 
 void WeightOffload::release() {
   if (!resident()) return;
+  if (in_flight_) {
+#ifdef OPD_WITH_CUDA
+    // Stream-ordered free: the buffer may be reused only after the last copy into it landed.
+    wait(static_cast<int64_t>(group_end_.size()) - 1, cuda::current_stream());
+#endif
+    model_->set_weight_arrival(nullptr);
+    in_flight_ = false;
+  }
   bind(Tensor());
   device_ = Tensor();  // back to the caching allocator (stream-ordered: queued readers finish first)
 }

@@ -11,6 +11,11 @@
 // sync) and a release drops one device block. While released the model's weight tensors are
 // undefined: using the model then fails on an undefined tensor instead of reading freed memory.
 // Cost per upload: bytes / host-to-device bandwidth (PCIe 5: ~3.4 GB in ~70 ms).
+// upload_layered() hides most of it behind the forward that reads the weights: the groups (the
+// embedding, each layer, the final norm) are copied in order on a copy stream, one event per
+// group, and the model's CUDA forward waits for each group right before its first use
+// (Transformer::set_weight_arrival); its first layer starts after the embedding's copy instead
+// of the whole model's.
 #pragma once
 
 #include <cstdint>
@@ -19,22 +24,27 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/transformer.h"  // WeightArrival
 
 namespace opd {
 
-class Transformer;
-
-class WeightOffload {
+class WeightOffload : public WeightArrival {
  public:
   // model: CUDA bf16 or f32 weights. Copies them into pinned host memory (once) and releases
   // the device copies. Throws Unsupported in builds without CUDA, InvalidArgument for a host model.
   explicit WeightOffload(std::shared_ptr<Transformer> model);
-  ~WeightOffload();
+  ~WeightOffload() override;
   WeightOffload(const WeightOffload&) = delete;
   WeightOffload& operator=(const WeightOffload&) = delete;
 
   void upload();   // no-op when resident
-  void release();  // no-op when not resident
+  // The same copy group by group on a copy stream, the model's forward waiting per group (see
+  // above); readers other than the CUDA forward must call Transformer::wait_for_weights first
+  // (PagedForward does). No-op when resident.
+  void upload_layered();
+  void release();  // no-op when not resident; after a layered upload, waits for its copies
+  // WeightArrival (while a layered upload is bound to the model).
+  void wait(int64_t group, cudaStream_t stream) const override;
   bool resident() const { return device_.defined(); }
   int64_t bytes() const { return bytes_; }
   int64_t uploads() const { return uploads_; }
@@ -55,6 +65,11 @@ class WeightOffload {
   int64_t uploads_ = 0;
   std::shared_ptr<void> host_;  // pinned
   Tensor device_;               // the flat device buffer while resident
+  // Element offset where each group ends (groups as in WeightArrival: embedding, layers, final).
+  std::vector<int64_t> group_end_;
+  struct Layered;                    // the copy stream and the per-group events (CUDA)
+  std::unique_ptr<Layered> layered_;
+  bool in_flight_ = false;           // the last upload was layered (the model holds `this`)
 };
 
 }  // namespace opd

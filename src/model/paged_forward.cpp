@@ -8,6 +8,10 @@
 #include "kernels/ops.h"
 #include "model/rope.h"
 
+#ifdef OPD_WITH_CUDA
+#include "core/cuda/allocator.h"  // current_stream
+#endif
+
 namespace opd {
 
 void PagedStep::add(std::span<const int32_t> new_ids, int64_t context_len,
@@ -28,6 +32,8 @@ PagedForward::PagedForward(const Transformer& model, bool fused)
   if (model.device() == Device::CUDA) {
     inv_freq_device_ = inv_freq_.to(Device::CUDA);
 #ifdef OPD_WITH_CUDA
+    // Weights still being copied (WeightOffload::upload_layered): every step reads them all.
+    model.wait_for_weights(cuda::current_stream());
     if (fused) pack_weights();
 #endif
   }

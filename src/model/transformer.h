@@ -31,6 +31,8 @@
 #include "model/config.h"
 #include "model/weights.h"
 
+typedef struct CUstream_st* cudaStream_t;
+
 namespace opd {
 
 // A packed batch: sequence b is rows [cu_seqlens[b], cu_seqlens[b+1]) of ids; positions
@@ -91,6 +93,16 @@ struct GradsReady {
 };
 using GradsReadyHook = std::function<void(const GradsReady&)>;
 
+// Weights of a CUDA model that are still on their way to the device, group by group
+// (WeightOffload::upload_layered): group 0 is the embedding, 1 + l layer l, num_layers + 1 the
+// final norm and an untied lm_head. wait(g, stream) orders `stream` after group g's copy (and,
+// the groups being copied in order on one stream, after every group before it).
+class WeightArrival {
+ public:
+  virtual ~WeightArrival() = default;
+  virtual void wait(int64_t group, cudaStream_t stream) const = 0;
+};
+
 class Transformer {
  public:
   Transformer(ModelConfig config, ModelWeights weights);
@@ -110,6 +122,16 @@ class Transformer {
 
   void set_recompute(Recompute mode) { recompute_ = mode; }
   Recompute recompute() const { return recompute_; }
+
+  // Weights in flight (CUDA; nullptr: all resident, the default). The CUDA forward then makes
+  // its stream wait for each group right before its first use, so a forward can start while
+  // later layers are still being copied. Not carried over by to().
+  void set_weight_arrival(const WeightArrival* arrival) { arrival_ = arrival; }
+  // Orders `stream` after every weight's arrival (no-op when all are resident): for readers
+  // other than forward_hidden (PagedForward).
+  void wait_for_weights(cudaStream_t stream) const {
+    if (arrival_) arrival_->wait(config_.num_hidden_layers + 1, stream);
+  }
 
   // Logits f32 [T, V] (CPU: the weights' dtype). With a cache, keeps what backward() needs.
   // The batch may be on the host or (CUDA models) on the device.
@@ -141,6 +163,7 @@ class Transformer {
   ModelWeights weights_;
   Tensor inv_freq_;  // f32 on the weights' device
   Recompute recompute_ = Recompute::Off;
+  const WeightArrival* arrival_ = nullptr;
 };
 
 // Next-token cross-entropy over a packed batch: row t predicts ids[t+1] within its sequence

@@ -333,6 +333,12 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
   const int64_t T = plan->tokens, H = c.hidden_size;
   const double eps = c.rms_norm_eps;
 
+  // Weights in flight (set_weight_arrival): each group is waited for right before its use.
+  const int64_t L = static_cast<int64_t>(weights_.layers.size());
+  auto arrive = [&](int64_t group) {
+    if (arrival_) arrival_->wait(group, stream());
+  };
+  arrive(0);
   Tensor x = empty_dev({T, H}, dt);
   cuda::embedding_forward(plan->ids.data<int32_t>(), weights_.embed_tokens.raw(), T, c.vocab_size,
                           H, dt, x.raw(), stream());
@@ -342,6 +348,8 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
   }
   Tensor h1, rstd1;  // the current layer's input norm, from the previous fused norm
   for (size_t li = 0; li < weights_.layers.size(); ++li) {
+    arrive(static_cast<int64_t>(li) + 1);
+    if (static_cast<int64_t>(li) + 1 == L) arrive(L + 1);  // the final norm follows this layer
     LayerRun run{c, weights_.layers[li], *plan, inv_freq_};
     LayerCache lc;
     Tensor m = run.forward(x, h1, rstd1, lc);
@@ -362,6 +370,7 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
     x = x_next;
   }
   if (weights_.layers.empty()) {
+    arrive(L + 1);
     h1 = empty_dev({T, H}, dt);
     rstd1 = empty_dev({T}, DType::F32);
     ops::rmsnorm_forward(x, weights_.final_norm, eps, h1, rstd1);

@@ -14,6 +14,7 @@
 #include "teacher/score_plan.h"
 #include "teacher/topk_lm_head.h"  // topk_lm_head_device
 #if defined(OPD_WITH_CUDA)
+#include "core/cuda/allocator.h"    // current_stream
 #include "kernels/cuda/cuda_ops.h"  // attention_has_fast_path
 #endif
 
@@ -129,6 +130,9 @@ ScoreResponse CudaScorer::score(const ScoreRequest& req) {
   OPD_CHECK(pos == plan.rows, Internal, "CUDA scorer: gathered ", pos, " rows, planned ",
             plan.rows);
   const Tensor actual_dev = Tensor::from_vector(actual, {plan.rows}).to(Device::CUDA);
+#if defined(OPD_WITH_CUDA)
+  model_->wait_for_weights(cuda::current_stream());  // the lm_head, if still in flight
+#endif
   const TopKLmHeadDeviceResult d =
       topk_lm_head_device(hidden, model_->weights().lm_head, actual_dev, req.k,
                           req.temperature, req.with_ranks, opts_.vocab_tile, opts_.row_chunk);

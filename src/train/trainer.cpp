@@ -1161,7 +1161,8 @@ TrainResult Trainer::run_steps() {
       // The teacher's hidden states are computed per micro-batch below (dense logits in tiles).
     } else {
       const auto t0 = Clock::now();
-      if (teacher_offload_) teacher_offload_->upload();  // its copy is part of the scoring time
+      // Its copy is part of the scoring time: layer by layer behind the scorer's forward.
+      if (teacher_offload_) teacher_offload_->upload_layered();
       try {
         teacher = score(seqs, &pstats);
       } catch (const Error&) {

@@ -28,7 +28,9 @@
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
 #include "model/safetensors.h"
+#include "model/kv_cache.h"
 #include "model/offload.h"
+#include "model/paged_forward.h"
 #include "model/transformer.h"
 
 namespace opd::test {
@@ -236,6 +238,51 @@ TEST_P(CudaWeightOffload, UploadGivesTheSameBitsAndReleasedWeightsAreRefused) {
     EXPECT_FALSE(off.resident());
   }
   EXPECT_EQ(off.uploads(), 2);
+}
+
+// upload_layered: the groups are copied on a copy stream while the forward waits for each
+// right before its use. The forward (dense, fresh after each upload) and a PagedForward step
+// (which waits for every group) give the bits of the never-offloaded model; release and a plain
+// upload afterwards still work; destroying the offload while a layered upload is bound leaves
+// the model usable.
+TEST_P(CudaWeightOffload, LayeredUploadGivesTheSameBits) {
+  REQUIRE_GPU();
+  auto model = std::make_shared<Transformer>(
+      Transformer::load(fixture_path(std::string("models/") + GetParam())).to(Device::CUDA, DType::BF16));
+  const int64_t V = model->config().vocab_size;
+  Batch batch = fixture_batch(V);
+  const Tensor before = host(model->forward_hidden(batch));
+  auto paged_logits = [&] {
+    PagedForward f(*model, true);
+    KvCache cache(model->config(), 4, 16, DType::BF16, Device::CUDA);
+    std::vector<int32_t> table = {3, 1, 7};
+    PagedStep step;
+    const std::vector<int32_t> ids = {1, 5, 9, 2, 7, 3, 11, 4, 6};
+    step.add(ids, 0, table);
+    return host(f.step(step, cache));
+  };
+  const Tensor paged_before = paged_logits();
+  {
+    WeightOffload off(model);
+    for (int round = 0; round < 2; ++round) {
+      off.upload_layered();
+      off.upload_layered();  // no-op when resident
+      EXPECT_TRUE(off.resident());
+      const Tensor after = host(model->forward_hidden(batch));
+      EXPECT_TRUE(same_host_bits(before, after)) << "round " << round << ": " << diff_summary(before, after);
+      off.release();
+      off.upload_layered();
+      const Tensor paged = paged_logits();  // PagedForward first: it waits for every group
+      EXPECT_TRUE(same_host_bits(paged_before, paged)) << "round " << round << ": "
+                                                       << diff_summary(paged_before, paged);
+      off.release();
+    }
+    off.upload();  // a plain upload after layered ones
+    EXPECT_TRUE(same_host_bits(before, host(model->forward_hidden(batch))));
+    off.release();
+    off.upload_layered();  // destroyed while bound: the model keeps its weights
+  }
+  EXPECT_TRUE(same_host_bits(before, host(model->forward_hidden(batch))));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaWeightOffload, ::testing::Values("qwen3", "qwen2", "llama"));
