@@ -1,9 +1,3 @@
-  # Session 7's first call (nvidia-h200-x2, ~9-10 min; edited since: the decode GEMMs and the
-  # 5-product backward it also ran were removed). GPU 0: the whole suite. GPU 1 meanwhile: the
-  # rollout, scoring with shared prompts (+- context prefill) and with the lm_head overlap, the
-  # loss head with the overlap. Then W2 (ZeRO-2, then ZeRO-1) with the ranks' spread
-  # (time/ranks_*) and the rollout split. The attention benches: `bench`; W1 with its HF
-  # anchor: s7b.
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: the test binaries built on a CPU machine (carried in
 # .carry/bundle.txz (scripts/gpu_bundle.sh): bin/ and lib/ with the OpenBLAS runtime, which that machine lacks), the
@@ -11,8 +5,8 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|gemm-prof|anchor|product|memory|pdl|
-#        attn-bwd|attn-bwd5|context|overlap|overlap-tests|overlap-bench]
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|gemm-prof|anchor|product|memory|pdl|
+#        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
 # tests, the attention + model tests with OPD_ATTENTION_BWD=wgmma and =wgmma-all, memcheck of
@@ -40,13 +34,6 @@
 # PagedForward's context prefill: their tests plain and under memcheck, then the A/B benches
 # (`opd bench rollout --max-step-tokens 128` and `opd bench score --no-server --shared-prompt
 # always|never` with --context-prefill off/on; the option is off by default).
-# overlap (~4-6 min, at most 570 s, issues 7/8; = overlap-tests then overlap-bench): the lm_head
-# tile GEMMs overlapping the row kernels on a second stream (OPD_LMHEAD_OVERLAP, off by
-# default; never run on a GPU before): the top-K and fused-loss tests (on == off bit for bit),
-# the same suites' CPU comparisons with the process default on (OPD_LMHEAD_OVERLAP=1), memcheck
-# of the small overlap cases, racecheck of the top-K row kernels through the pipeline (given
-# logits, no GEMM), then `opd bench kernels --filter topk`, `opd bench loss` and `opd bench score
-# --no-server`, each with the overlap off and on in the same run (--lmhead-overlap).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -404,15 +391,11 @@ if [[ "$what" == pdl ]]; then
   run bench_sample 60 $B/opd bench kernels --filter sample
 fi
 if [[ "$what" == next6a ]]; then
-  # Planned first call of session 7 (nvidia-h200-x2, ~9-10 min): everything merged in sessions 5
-  # and 6 without a GPU run. GPU 0: the whole suite (wgmma backward, context prefill, decode
-  # GEMM v2/v3, lm_head overlap on/off bit-identity, the PDL triggers, the shared wgmma tile
-  # loader) minus the 5-product backward's tests (own call: attn-bwd5, a lock chain that waits
-  # must not stall the suite). GPU 1 meanwhile: the rollout with cuBLASLt and with decode GEMM
-  # v3, the decode GEMM rows (v3 / v2 / cuBLASLt), scoring with shared prompts (+- context
-  # prefill) and with the lm_head overlap, the loss head with the overlap. Then W2 (ZeRO-2) with
-  # the ranks' spread (time/ranks_*) and the rollout split. The attention benches are in
-  # attn-bwd5, W1 with its HF anchor in next6b.
+  # Session 7's first call (nvidia-h200-x2, ~9-10 min; edited since: the decode GEMMs, the
+  # 5-product backward and the lm_head tile overlap it also ran were removed). GPU 0: the whole
+  # suite. GPU 1 meanwhile: the rollout, scoring with shared prompts (+- context prefill). Then
+  # W2 (ZeRO-2, then ZeRO-1) with the ranks' spread (time/ranks_*) and the rollout split. The
+  # attention benches: `bench`; W1 with its HF anchor: s7b.
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
   ( export CUDA_VISIBLE_DEVICES=1
     timeout 40 $B/opd bench rollout --runs 3 >"$OUT/rollout.log" 2>&1
@@ -421,13 +404,12 @@ if [[ "$what" == next6a ]]; then
       timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt always $c >>"$OUT/score.log" 2>&1
     done
     timeout 60 $B/opd bench score --no-server --num-generations 4 --shared-prompt never >>"$OUT/score.log" 2>&1
-    timeout 60 $B/opd bench score --no-server --lmhead-overlap >>"$OUT/score.log" 2>&1
-    timeout 80 $B/opd bench loss --lmhead-overlap >"$OUT/loss.log" 2>&1
+    # (here session 7 also timed the scorer and the loss head with the lm_head overlap, since removed)
   ) &
   run cuda 330 env CUDA_VISIBLE_DEVICES=0 $B/test_cuda
   wait
   grep -h "^opd:\|decode step" "$OUT/rollout.log"
-  grep -h "in process\|scored tok\|overlap" "$OUT/score.log" | head -20
+  grep -h "in process\|scored tok" "$OUT/score.log" | head -20
   # ZeRO-2 (the thinner margin of issue 9); ZeRO-1 only while the 10-minute call has room.
   run bench_w2_z2 130 $B/opd bench w2 --nproc 2 --zero-stage 2
   grep -h "rollout split" -A14 "$OUT/bench_w2_z2.log"
@@ -555,28 +537,23 @@ if [[ "$what" == s8b ]]; then
                 "$(grep -h 'peak device mem\|whole step' "$OUT/mem_$name.log" | tr -s ' ' | tr '\n' ' ')")")
   done
 fi
-if [[ "$what" == overlap || "$what" == overlap-tests ]]; then
-  run ovl_tests 140 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaFusedLoss.*'
-  # The CPU comparisons with the process default on: the scorer's wrapper (topk_lm_head_device)
-  # and the loss's default options (the dispatcher runs of the sweep) pick it up.
-  run ovl_tests_env 100 env OPD_LMHEAD_OVERLAP=1 $B/test_cuda \
-      --gtest_filter='CudaFusedLoss.MatchesCpu*:CudaFusedLoss.OddShapes:CudaFusedLoss.PeakScratch*:CudaTopKLmHead.DeterministicBitIdentical:CudaTopKLmHead.BadActual*:CudaTopKLmHead.DeviceMemory*:CudaScorer.*'
-  run ovl_memcheck 80 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaTopKLmHead.RowKernelsOverlapOnEqualsOffOnGivenLogits:CudaFusedLoss.OverlapSmallForMemcheck'
-  # The loss's row kernels cannot be raced here: every loss test runs cuBLAS GEMMs, which fault
-  # under racecheck by themselves (docs/teacher.md). The top-K row kernels read the side
-  # stream's tile copies in this test (no GEMM).
-  run ovl_racecheck 50 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name kns=topk_ $B/test_cuda \
-      --gtest_filter='CudaTopKLmHead.RowKernelsOverlapOnEqualsOffOnGivenLogits'
-fi
-if [[ "$what" == overlap || "$what" == overlap-bench ]]; then
-  run ovl_bench_kernels 40 $B/opd bench kernels --filter topk --lmhead-overlap
-  run ovl_bench_loss 60 $B/opd bench loss --lmhead-overlap
-  run ovl_bench_score 100 $B/opd bench score --no-server --lmhead-overlap
-  grep -h "topk_lm_head\|overlap\|ratio fused\|fused loss fwd\|in-process" \
-      "$OUT"/ovl_bench_*.log 2>/dev/null | grep -v '^{' | head -60
-  # (the step limits of overlap add up to 570 s: one 10-minute device call)
+if [[ "$what" == s8c ]]; then
+  # Session 8 (nvidia-h200, <= 580 s): the lm_head tile overlap's removal (its call sites are
+  # serial loops again), the layered teacher upload and the memory budget: the loss, top-K,
+  # scorer, offload, model and trainer suites; memcheck of the layered upload; then W1 with the
+  # defaults and with --device-memory-budget 16 (every step's phase peaks), the loss and scoring
+  # benches, and W1's HF anchor last while time is left.
+  run suites 240 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaFusedLoss.*:CudaScorer*:CudaLossRepro.*:*CudaWeightOffload*:*CudaModel*:CudaTrainer*:CudaRollout.*'
+  run memcheck_offload 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='*CudaWeightOffload.LayeredUpload*'
+  run w1_default 100 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run w1_budget16 100 $B/opd bench w1 --work-dir /tmp/opd_w1 --device-memory-budget 16
+  run w1_offload 100 $B/opd bench w1 --work-dir /tmp/opd_w1 --offload-teacher
+  run bench_loss 60 $B/opd bench loss
+  if (( SECONDS < 420 )); then run bench_score 80 $B/opd bench score --no-server; fi
+  if (( SECONDS < 430 )); then run torch_w1 150 python3 tools/bench_w1_torch.py; fi
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak\|phase peaks\|chosen\|W1 step" "$OUT"/w1_*.log | head -40
+  grep -h "whole step\|anchor\|total" "$OUT/torch_w1.log" 2>/dev/null | tail -5
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one

@@ -1,4 +1,4 @@
-// `opd bench kernels [--json] [--iters N] [--warmup N] [--filter S] [--lmhead-overlap]`: times opd's CUDA kernels
+// `opd bench kernels [--json] [--iters N] [--warmup N] [--filter S]`: times opd's CUDA kernels
 // at the W1 student shapes (decode_linear.*: the 64-row GEMMs of a W1 decode step) (BENCHMARKS.md: Qwen3-0.6B, micro-batch 8 x 768 = 6144 tokens)
 // against their ceilings: GEMMs in TFLOP/s against the measured bf16 GEMM rate (776 TFLOP/s)
 // and against the plain cuBLAS call (cublasGemmEx) on the same operands; memory-bound ops in
@@ -44,7 +44,6 @@ struct BenchOptions {
   int iters = 50;
   int warmup = 5;
   std::string filter;
-  bool lmhead_overlap = false;  // also the top-K rows with the tile overlap on (`_overlap`)
 };
 
 #ifdef OPD_WITH_CUDA
@@ -78,7 +77,6 @@ struct Case {
 };
 
 cudaStream_t g_stream = nullptr;
-bool g_lmhead_overlap = false;  // run_bench: add the top-K rows with the tile overlap on
 
 Tensor dev_rand(const Shape& s, DType dt, uint64_t seed, float lo = -1, float hi = 1) {
   Tensor t = Tensor::empty(s, dt, Device::CUDA);
@@ -358,30 +356,19 @@ void add_generation_cases(std::vector<Case>& cases) {
   }
   struct TopK {
     int64_t tile, chunk;
-    cuda::TileOverlap overlap;
   };
-  // The serial schedule always; with --lmhead-overlap (or OPD_LMHEAD_OVERLAP=1) each shape again
-  // with the tile GEMMs overlapping the row kernels (kernels/cuda/tile_pipeline.h), next to it.
-  std::vector<TopK> topk_cfgs;
-  for (auto [tile, chunk] : {std::pair<int64_t, int64_t>{16384, 2048}, {8192, 4096}}) {
-    topk_cfgs.push_back({tile, chunk, cuda::TileOverlap::Off});
-    if (g_lmhead_overlap) topk_cfgs.push_back({tile, chunk, cuda::TileOverlap::On});
-  }
-  for (TopK cfg : topk_cfgs) {
+  for (TopK cfg : {TopK{16384, 2048}, TopK{8192, 4096}}) {
     const int64_t R = 4096, H = 2048, V = kVocab, K = 64;
     auto t = std::make_shared<Tensors>();
     auto dense = std::make_shared<Tensor>();
     auto args = std::make_shared<cuda::TopKLmHeadCudaArgs>();
     const double flops = 2.0 * R * H * V;
     cases.push_back(
-        {cat("topk_lm_head.k64_tile", cfg.tile, "_chunk", cfg.chunk,
-             cfg.overlap == cuda::TileOverlap::On ? "_overlap" : ""),
-         cat(R, "x", H, "x", V), true,
+        {cat("topk_lm_head.k64_tile", cfg.tile, "_chunk", cfg.chunk), cat(R, "x", H, "x", V), true,
          flops, 2.0 * (R + V) * H,
          [=](int) {
            if (!t->empty()) return;
-           const size_t ws =
-               cuda::topk_lm_head_cuda_workspace_bytes(R, V, K, cfg.tile, cfg.chunk, cfg.overlap);
+           const size_t ws = cuda::topk_lm_head_cuda_workspace_bytes(R, V, K, cfg.tile, cfg.chunk);
            *t = Tensors{dev_rand({R, H}, bf, 920), dev_rand({V, H}, bf, 921, -0.05f, 0.05f),
                         dev_ints({R}, 922, 0, static_cast<int32_t>(V)),
                         Tensor::empty({R, K}, DType::I32, Device::CUDA),
@@ -399,7 +386,6 @@ void add_generation_cases(std::vector<Case>& cases) {
            a.k = K;
            a.vocab_tile = cfg.tile;
            a.row_chunk = cfg.chunk;
-           a.overlap_tiles = cfg.overlap;
            a.ids = (*t)[3].data<int32_t>();
            a.logprobs = (*t)[4].data<float>();
            a.actual_logprobs = (*t)[5].data<float>();
@@ -601,7 +587,6 @@ void run_bench(const BenchOptions& o) {
   OPD_CHECK(o.iters >= 20, InvalidArgument, "--iters must be >= 20 (medians of fewer are noise)");
   cuda::Stream stream;
   g_stream = stream.get();
-  g_lmhead_overlap = o.lmhead_overlap || cuda::tile_overlap_default() == cuda::TileOverlap::On;
   cuda::StreamScope scope(g_stream);
   const std::string device = cuda::device_description(0);
   std::vector<Row> rows;
@@ -665,10 +650,6 @@ void register_bench_kernels(CLI::App& app) {
   k->add_option("--iters", o->iters, "timed runs per kernel (median; >= 20)");
   k->add_option("--warmup", o->warmup, "untimed runs first");
   k->add_option("--filter", o->filter, "only kernels whose name contains this");
-  k->add_flag("--lmhead-overlap", o->lmhead_overlap,
-              "also time the top-K lm_head rows with the tile GEMMs overlapping the row kernels "
-              "on a second stream (rows named *_overlap, next to the serial ones; default off; "
-              "OPD_LMHEAD_OVERLAP=1 does the same)");
   k->callback([o] { run_bench(*o); });
 }
 

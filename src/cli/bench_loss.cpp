@@ -5,9 +5,6 @@
 // median of >= 20 event-timed calls after warm-up, peak extra device memory (memory_stats), the
 // ratio fused / GEMMs (goal <= 1.3), one JSON line per configuration. The dense PyTorch
 // implementation on the same shapes is tools/bench_loss_torch.py (docs/loss.md, "CUDA").
-// --lmhead-overlap (or OPD_LMHEAD_OVERLAP=1): each configuration again with the tile GEMMs
-// overlapping the row kernels (CudaLossOptions::overlap_tiles), printed after the serial one,
-// with the ratio of the two and whether the loss came out bit-identical.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -15,7 +12,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "cli/bench_util.h"  // median
@@ -48,7 +44,6 @@ struct BenchLossOptions {
   int warmup = 3;
   int iters = 20;
   bool json = false;
-  bool lmhead_overlap = false;  // also time overlap_tiles = On, next to Off
 };
 
 #if defined(OPD_WITH_CUDA)
@@ -194,20 +189,10 @@ void run_bench_loss(const BenchLossOptions& o) {
     const double gemms = gemm_fwd + gemm_dh + gemm_dw;
     const double flop_gemm = 2.0 * static_cast<double>(n) * v * h;
 
-    // (tile dtype, overlap) runs; an overlap run follows the serial run of its tile dtype.
-    const bool with_overlap =
-        o.lmhead_overlap || cuda::tile_overlap_default() == cuda::TileOverlap::On;
-    std::vector<std::pair<DType, cuda::TileOverlap>> runs;
     for (DType td : tile_dtypes) {
-      runs.push_back({td, cuda::TileOverlap::Off});
-      if (with_overlap) runs.push_back({td, cuda::TileOverlap::On});
-    }
-    double fused_off = 0, loss_off = 0;
-    for (auto [td, ov] : runs) {
       cuda::CudaLossOptions opt;
       opt.tile_dtype = td;
       opt.row_chunk = o.row_chunk;
-      opt.overlap_tiles = ov;
       cuda::CudaLossTimings tm;
       std::vector<double> prep, fwd, bwd;
       LossResult res;
@@ -244,14 +229,6 @@ void run_bench_loss(const BenchLossOptions& o) {
       j["dtype"] = "bf16";
       j["tile_dtype"] = std::string(dtype_name(td));
       j["vocab_tile"] = o.vocab_tile;
-      j["overlap_tiles"] = cuda::tile_overlap_name(ov);
-      if (ov == cuda::TileOverlap::Off) {
-        fused_off = fused;
-        loss_off = res.loss;
-      } else {
-        j["fused_off_over_on"] = fused_off / fused;
-        j["loss_bit_identical_to_off"] = res.loss == loss_off;
-      }
       j["fused_ms"] = fused;
       j["fused_prepare_ms"] = median(prep);
       j["fused_forward_ms"] = median(fwd);
@@ -270,8 +247,7 @@ void run_bench_loss(const BenchLossOptions& o) {
       j["loss"] = res.loss;
       j["iters"] = o.iters;
       if (!o.json) {
-        std::printf("\nN=%lld tile %s overlap %s\n", (long long)n, std::string(dtype_name(td)).c_str(),
-                    cuda::tile_overlap_name(ov));
+        std::printf("\nN=%lld tile %s\n", (long long)n, std::string(dtype_name(td)).c_str());
         std::printf("  lm_head GEMMs alone   fwd %.3f + dH %.3f + dW %.3f = %.3f ms (%.0f TFLOP/s)\n",
                     gemm_fwd, gemm_dh, gemm_dw, gemms, 3 * flop_gemm / (gemms * 1e-3) / 1e12);
         std::printf("  fused loss fwd+bwd    %.3f ms (prepare %.3f, forward %.3f, backward %.3f)\n",
@@ -280,9 +256,6 @@ void run_bench_loss(const BenchLossOptions& o) {
         std::printf("  peak extra memory     %.2f MiB (formula %.2f MiB; dense bf16 logits %.0f MiB)\n",
                     extra / 1048576.0, formula / 1048576.0, 2.0 * n * v / 1048576.0);
         std::printf("  loss                  %.6g\n", res.loss);
-        if (ov == cuda::TileOverlap::On)
-          std::printf("  overlap off / on      %.3fx (loss %s the serial run's)\n", fused_off / fused,
-                      res.loss == loss_off ? "bit-identical to" : "DIFFERS from");
       }
       std::printf("%s\n", j.dump().c_str());
     }
@@ -318,10 +291,6 @@ void register_bench_loss(CLI::App& bench) {
   cmd->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed calls (median reported)")->capture_default_str();
   cmd->add_flag("--json", o->json, "print only the JSON lines");
-  cmd->add_flag("--lmhead-overlap", o->lmhead_overlap,
-                "also run each configuration with the tile GEMMs overlapping the row kernels on a "
-                "second stream, next to the serial run (default off; OPD_LMHEAD_OVERLAP=1 does the "
-                "same)");
   cmd->callback([o] { run_bench_loss(*o); });
 }
 

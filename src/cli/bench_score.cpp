@@ -22,11 +22,6 @@
 // Model FLOPs = 2 x (decoder-layer matmul parameters) x forwarded tokens + 2 V H x scored rows
 // (lm_head) + causal attention 2 x 2 x heads x head_dim x S (S + 1) / 2 per layer and sequence
 // (the dense work of the request, also when a shared prompt saves part of it).
-// --lmhead-overlap (or OPD_LMHEAD_OVERLAP=1; CUDA only): the in-process measurement runs with the
-// lm_head tile overlap off (the process default forced off), then again on the same scorer with
-// it on (kernels/cuda/tile_pipeline.h: the top-K pass's tile GEMMs on a second stream), and the
-// two answers are compared (they must be bit-identical). The server child inherits the
-// environment, so OPD_LMHEAD_OVERLAP=1 also turns it on there.
 #include <CLI/CLI.hpp>
 
 #include <signal.h>
@@ -56,10 +51,6 @@
 #include "teacher/client.h"
 #include "teacher/cuda_scorer.h"
 
-#if defined(OPD_WITH_CUDA)
-#include "kernels/cuda/tile_pipeline.h"  // TileOverlap, set_tile_overlap_default
-#endif
-
 namespace opd::cli {
 namespace {
 
@@ -78,7 +69,6 @@ struct BenchScoreOptions {
   int warmup = 1, iters = 3;
   bool no_server = false, json = false, keep = false;
   bool context_prefill = CudaScorer::Options{}.context_prefill;  // in-process CUDA scorer only
-  bool lmhead_overlap = false;   // also time the in-process scorer with the tile overlap on
   std::string work_dir, opd_binary;
   double server_timeout_s = 600;
   uint64_t seed = 1234;
@@ -300,10 +290,8 @@ void run_bench_score(const BenchScoreOptions& o) {
 
   // ---- in process
   ScoreResponse local;
-  Timing in_proc, in_proc_overlap;
-  int64_t peak_bytes = 0, peak_bytes_overlap = 0;
-  bool run_overlap = false;
-  Agreement agree_overlap;
+  Timing in_proc;
+  int64_t peak_bytes = 0;
   {
     t0 = std::chrono::steady_clock::now();
     std::unique_ptr<Scorer> scorer;
@@ -324,25 +312,9 @@ void run_bench_score(const BenchScoreOptions& o) {
       scorer = std::make_unique<CpuScorer>(model_dir, so);
     }
     log_info("bench score: in-process ", o.device, " scorer ready in ", seconds_since(t0), " s");
-#if defined(OPD_WITH_CUDA)
-    const cuda::TileOverlap env_overlap = cuda::tile_overlap_default();
-    run_overlap = cuda && (o.lmhead_overlap || env_overlap == cuda::TileOverlap::On);
-    if (run_overlap) cuda::set_tile_overlap_default(cuda::TileOverlap::Off);
-#endif
     reset_peak_memory(device);
     in_proc = time_calls(o.warmup, o.iters, [&] { local = scorer->score(q); });
     peak_bytes = memory_stats(device).peak;
-#if defined(OPD_WITH_CUDA)
-    if (run_overlap) {
-      cuda::set_tile_overlap_default(cuda::TileOverlap::On);
-      ScoreResponse with_overlap;
-      reset_peak_memory(device);
-      in_proc_overlap = time_calls(o.warmup, o.iters, [&] { with_overlap = scorer->score(q); });
-      peak_bytes_overlap = memory_stats(device).peak;
-      agree_overlap = compare(local, with_overlap);
-      cuda::set_tile_overlap_default(env_overlap);
-    }
-#endif
   }
 
   // ---- through a loopback server: one request (chunks 1), then chunked (--chunks)
@@ -408,17 +380,6 @@ void run_bench_score(const BenchScoreOptions& o) {
                     {"tflops", flops / s_in / 1e12},
                     {"fraction_of_776_tflops", flops / s_in / kMeasuredPeak},
                     {"peak_device_bytes", peak_bytes}};
-  j["lmhead_overlap"] = run_overlap ? "off, then on" : "off";
-  if (run_overlap) {
-    const double s_ov = in_proc_overlap.median_s;
-    j["inprocess_overlap"] = {{"median_s", s_ov},
-                              {"all_s", in_proc_overlap.all_s},
-                              {"scored_tokens_per_s", scored / s_ov},
-                              {"time_ratio_off_over_on", s_in / s_ov},
-                              {"peak_device_bytes", peak_bytes_overlap},
-                              {"ids_equal_fraction", agree_overlap.ids_equal},
-                              {"max_abs_logprob_diff", agree_overlap.max_abs_logprob_diff}};
-  }
   if (have_server) {
     const double s_whole = served_whole.median_s;
     j["server_one_request"] = {{"median_s", s_whole},
@@ -455,13 +416,6 @@ void run_bench_score(const BenchScoreOptions& o) {
                 "(%.1f%% of 776)  peak %.2f GiB\n",
                 s_in, scored / s_in, forwarded / s_in, flops / s_in / 1e12,
                 100 * flops / s_in / kMeasuredPeak, peak_bytes / 1073741824.0);
-    if (run_overlap) {
-      const double s_ov = in_proc_overlap.median_s;
-      std::printf("  in-process, lm_head overlap on: %.4f s  %.0f scored tok/s  (off / on %.3fx)  "
-                  "peak %.2f GiB  ids equal %.4f, max |dlogprob| %.2g (must be 1 and 0)\n",
-                  s_ov, scored / s_ov, s_in / s_ov, peak_bytes_overlap / 1073741824.0,
-                  agree_overlap.ids_equal, agree_overlap.max_abs_logprob_diff);
-    }
     if (have_server) {
       const double s_whole = served_whole.median_s;
       std::printf("  served, one request: %.4f s  %.0f scored tok/s  (%.3fx the in-process time)  "
@@ -523,10 +477,6 @@ void register_bench_score(CLI::App& bench) {
   cmd->add_option("--warmup", o->warmup, "untimed calls first")->default_val(1);
   cmd->add_option("--iters", o->iters, "timed calls (the median is reported)")->default_val(3);
   cmd->add_flag("--no-server", o->no_server, "skip the loopback server run");
-  cmd->add_flag("--lmhead-overlap", o->lmhead_overlap,
-                "CUDA: time the in-process scorer again with the lm_head tile GEMMs overlapping the "
-                "top-K row kernels (second stream), after the serial run, and compare the answers "
-                "(default off; OPD_LMHEAD_OVERLAP=1 does the same and also reaches the server)");
   cmd->add_option("--opd-binary", o->opd_binary, "opd binary for the server (default: this one)");
   cmd->add_option("--server-timeout", o->server_timeout_s, "seconds to wait for the server to listen")
       ->default_val(600.0);

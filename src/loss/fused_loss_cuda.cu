@@ -35,7 +35,6 @@
 #include <memory>
 
 #include "core/cuda/stream.h"
-#include "kernels/cuda/tile_pipeline.h"
 #include "loss/divergence.h"
 #include "loss/fused_loss_cuda.h"
 
@@ -658,25 +657,14 @@ cublasHandle_t thread_handle(cudaStream_t stream) {
   return handle->get();
 }
 
-// A second handle per host thread for the overlap's side stream: cuBLAS is bit-reproducible
-// across concurrently active streams only with one handle (workspace) per stream; sharing the
-// main handle would also re-bind its stream under the main stream's GEMMs. Same defaults as the
-// main handle, so cublasGemmEx picks the same algorithm for the same shape.
-cublasHandle_t side_thread_handle(cudaStream_t stream) {
-  thread_local std::unique_ptr<CublasHandle> handle;
-  if (!handle) handle = std::make_unique<CublasHandle>(stream);
-  OPD_CUBLAS_CHECK(cublasSetStream(handle->get(), stream));
-  return handle->get();
-}
-
 // Scratch layout: one device allocation carved into aligned regions (counted by memory_stats).
 struct Plan {
   int64_t n = 0, k = 0, vocab = 0;
   int64_t tile = 0, ld = 0, row_chunk = 0;
-  bool tiles = false, full = false, separate_dz = false, a64 = false, overlap = false;
+  bool tiles = false, full = false, separate_dz = false, a64 = false;
   size_t tile_elem = 4, dz_elem = 2;
   // byte offsets
-  int64_t off_z = 0, off_t = 0, off_z2 = 0, off_t2 = 0, off_dz = 0, off_zk = 0, off_coef = 0, off_a64 = 0, off_stats = 0,
+  int64_t off_z = 0, off_t = 0, off_dz = 0, off_zk = 0, off_coef = 0, off_a64 = 0, off_stats = 0,
           off_flags = 0, off_err = 0, off_sums = 0, total = 0;
 };
 
@@ -713,18 +701,9 @@ Plan make_plan(int64_t n, int64_t vocab, int64_t k, const LossConfig& config, DT
     off += round_up(std::max<int64_t>(bytes, 0), kAlign);
     return at;
   };
-  p.overlap = o.overlap_tiles == TileOverlap::On;
   if (p.tiles) {
-    // Every logit buffer kAlign-aligned: cuBLAS's choice may depend on the output alignment,
-    // and both slots must get the same GEMM (bit-identical results with the overlap).
     p.off_z = region(p.row_chunk * p.ld * static_cast<int64_t>(p.tile_elem));
     if (p.full) p.off_t = region(p.row_chunk * p.ld * static_cast<int64_t>(p.tile_elem));
-    p.off_z2 = p.off_z;
-    p.off_t2 = p.off_t;
-    if (p.overlap) {
-      p.off_z2 = region(p.row_chunk * p.ld * static_cast<int64_t>(p.tile_elem));
-      if (p.full) p.off_t2 = region(p.row_chunk * p.ld * static_cast<int64_t>(p.tile_elem));
-    }
     if (p.separate_dz) p.off_dz = region(p.row_chunk * p.ld * static_cast<int64_t>(p.dz_elem));
   }
   p.off_zk = region(n * (k + 1) * 8);
@@ -776,15 +755,8 @@ class CudaFusedLoss {
   using TD = TIn;  // dZ dtype: the GEMM operand type
   void check_args();
   void check_errors();
-  void tile_gemm(cudaStream_t st, const void* w, const void* h, int64_t hdim, int64_t v0,
-                 int64_t tw, int64_t row0, int64_t rows, void* out);
-  // The logit tiles of one step (student, and the teacher's in full mode) into slot `slot`,
-  // issued on `st` (the pipeline's producer stream).
-  void produce_tiles(cudaStream_t st, int slot, int64_t v0, int64_t tw, int64_t row0, int64_t rows);
-  TZ* z_slot(int slot) const { return at<TZ>(slot == 0 ? plan_.off_z : plan_.off_z2); }
-  TZ* t_slot(int slot) const {
-    return full_ ? at<TZ>(slot == 0 ? plan_.off_t : plan_.off_t2) : nullptr;
-  }
+  void tile_gemm(const void* w, const void* h, int64_t hdim, int64_t v0, int64_t tw, int64_t row0,
+                 int64_t rows, void* out);
   void pass_a();
   void pass_b();
   void pass_c();
@@ -942,50 +914,31 @@ void CudaFusedLoss<TIn, TZ>::check_errors() {
   }
 }
 
-// out[rows, tw] (row stride plan_.ld) = h[row0 : row0 + rows] w[v0 : v0 + tw]^T, on `st` with
-// that stream's handle (the main one, or the overlap's side handle).
+// out[rows, tw] (row stride plan_.ld) = h[row0 : row0 + rows] w[v0 : v0 + tw]^T.
 template <typename TIn, typename TZ>
-void CudaFusedLoss<TIn, TZ>::tile_gemm(cudaStream_t st, const void* w, const void* h, int64_t hdim,
-                                       int64_t v0, int64_t tw, int64_t row0, int64_t rows,
-                                       void* out) {
-  const cublasHandle_t handle = st == stream_ ? blas_ : side_thread_handle(st);
+void CudaFusedLoss<TIn, TZ>::tile_gemm(const void* w, const void* h, int64_t hdim, int64_t v0,
+                                       int64_t tw, int64_t row0, int64_t rows, void* out) {
   const TIn* wt = static_cast<const TIn*>(w) + v0 * hdim;
   const TIn* hc = static_cast<const TIn*>(h) + row0 * hdim;
-  gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, tw, rows, hdim, wt, cuda_type<TIn>(), hdim, hc,
+  gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, tw, rows, hdim, wt, cuda_type<TIn>(), hdim, hc,
        cuda_type<TIn>(), hdim, 0.f, out, cuda_type<TZ>(), plan_.ld);
 }
 
 template <typename TIn, typename TZ>
-void CudaFusedLoss<TIn, TZ>::produce_tiles(cudaStream_t st, int slot, int64_t v0, int64_t tw,
-                                           int64_t row0, int64_t rows) {
-  tile_gemm(st, a_.lm_head.raw(), a_.hidden.raw(), h_, v0, tw, row0, rows, z_slot(slot));
-  if (full_) {
-    tile_gemm(st, a_.teacher_lm_head.raw(), a_.teacher_hidden.raw(), ht_, v0, tw, row0, rows,
-              t_slot(slot));
-  }
-}
-
-// Passes A, B, C: the same (tile, chunk) steps through the pipeline (tile_pipeline.h): the
-// logit GEMMs of a step are its producer; its row kernel (pass C: and the dH / dW GEMMs, which
-// read dZ in the slot or the single dZ buffer) its consumers, on stream_ in step order.
-template <typename TIn, typename TZ>
 void CudaFusedLoss<TIn, TZ>::pass_a() {
-  TilePipeline pipe(stream_, o_.overlap_tiles);
-  int64_t step = 0;
+  TZ* z = at<TZ>(plan_.off_z);
+  TZ* t = full_ ? at<TZ>(plan_.off_t) : nullptr;
   for (int64_t v0 = 0; v0 < v_; v0 += plan_.tile) {
     const int64_t tw = std::min(plan_.tile, v_ - v0);
-    for (int64_t row0 = 0; row0 < n_; row0 += plan_.row_chunk, ++step) {
+    for (int64_t row0 = 0; row0 < n_; row0 += plan_.row_chunk) {
       const int64_t rows = std::min(plan_.row_chunk, n_ - row0);
-      const int slot = pipe.slot(step);
-      produce_tiles(pipe.produce(step), slot, v0, tw, row0, rows);
-      const cudaStream_t cs = pipe.consume(step);
-      lse_tile_kernel<TZ><<<static_cast<unsigned>(rows), kRowThreads, 0, cs>>>(
-          tile_params(row0, v0, tw), z_slot(slot), t_slot(slot), flags_, ids_, targets_, stats_, zk_);
+      tile_gemm(a_.lm_head.raw(), a_.hidden.raw(), h_, v0, tw, row0, rows, z);
+      if (full_) tile_gemm(a_.teacher_lm_head.raw(), a_.teacher_hidden.raw(), ht_, v0, tw, row0, rows, t);
+      lse_tile_kernel<TZ><<<static_cast<unsigned>(rows), kRowThreads, 0, stream_>>>(
+          tile_params(row0, v0, tw), z, t, flags_, ids_, targets_, stats_, zk_);
       check_launch("lse_tile_kernel");
-      pipe.consumed(step);
     }
   }
-  pipe.finish();
   finalize_lse_kernel<<<blocks_for(n_, 256), 256, 0, stream_>>>(n_, separate_lse1_, full_, flags_,
                                                                  stats_);
   check_launch("finalize_lse_kernel");
@@ -993,26 +946,27 @@ void CudaFusedLoss<TIn, TZ>::pass_a() {
 
 template <typename TIn, typename TZ>
 void CudaFusedLoss<TIn, TZ>::pass_b() {
-  TilePipeline pipe(stream_, o_.overlap_tiles);
-  int64_t step = 0;
+  TZ* z = at<TZ>(plan_.off_z);
+  TZ* t = at<TZ>(plan_.off_t);
   for (int64_t v0 = 0; v0 < v_; v0 += plan_.tile) {
     const int64_t tw = std::min(plan_.tile, v_ - v0);
-    for (int64_t row0 = 0; row0 < n_; row0 += plan_.row_chunk, ++step) {
+    for (int64_t row0 = 0; row0 < n_; row0 += plan_.row_chunk) {
       const int64_t rows = std::min(plan_.row_chunk, n_ - row0);
-      const int slot = pipe.slot(step);
-      produce_tiles(pipe.produce(step), slot, v0, tw, row0, rows);
-      const cudaStream_t cs = pipe.consume(step);
-      full_divergence_kernel<TZ><<<static_cast<unsigned>(rows), kRowThreads, 0, cs>>>(
-          tile_params(row0, v0, tw), c_.beta, z_slot(slot), t_slot(slot), flags_, stats_);
+      tile_gemm(a_.lm_head.raw(), a_.hidden.raw(), h_, v0, tw, row0, rows, z);
+      tile_gemm(a_.teacher_lm_head.raw(), a_.teacher_hidden.raw(), ht_, v0, tw, row0, rows, t);
+      full_divergence_kernel<TZ><<<static_cast<unsigned>(rows), kRowThreads, 0, stream_>>>(
+          tile_params(row0, v0, tw), c_.beta, z, t, flags_, stats_);
       check_launch("full_divergence_kernel");
-      pipe.consumed(step);
     }
   }
-  pipe.finish();
 }
 
 template <typename TIn, typename TZ>
 void CudaFusedLoss<TIn, TZ>::pass_c() {
+  TZ* z = at<TZ>(plan_.off_z);
+  TZ* t = full_ ? at<TZ>(plan_.off_t) : nullptr;
+  // dZ in place over the logits unless they are f32 and the GEMM operands bf16.
+  TD* dz = plan_.separate_dz ? at<TD>(plan_.off_dz) : reinterpret_cast<TD*>(z);
   float* dh = dh_->data<float>();
   float* dw = dw_->data<float>();
   const TIn* w = static_cast<const TIn*>(a_.lm_head.raw());
@@ -1040,26 +994,18 @@ void CudaFusedLoss<TIn, TZ>::pass_c() {
   dp.weights_f64 = a_.weights.dtype() == DType::F64;
   dp.n_total = a_.n_total;
   dp.inv_t = inv_t_;
-  TilePipeline pipe(stream_, o_.overlap_tiles);
-  int64_t step = 0;
   for (int64_t v0 = 0; v0 < v_; v0 += plan_.tile) {
     const int64_t tw = std::min(plan_.tile, v_ - v0);
-    for (int64_t row0 = 0; row0 < n_; row0 += plan_.row_chunk, ++step) {
+    for (int64_t row0 = 0; row0 < n_; row0 += plan_.row_chunk) {
       const int64_t rows = std::min(plan_.row_chunk, n_ - row0);
-      const int slot = pipe.slot(step);
-      TZ* z = z_slot(slot);
-      TZ* t = t_slot(slot);
-      // dZ in place over the logits unless they are f32 and the GEMM operands bf16 (then one
-      // separate dZ buffer: written and read on stream_ only, so the overlap needs no second).
-      TD* dz = plan_.separate_dz ? at<TD>(plan_.off_dz) : reinterpret_cast<TD*>(z);
-      produce_tiles(pipe.produce(step), slot, v0, tw, row0, rows);
-      const cudaStream_t cs = pipe.consume(step);  // == stream_: blas_ is bound to it
+      tile_gemm(a_.lm_head.raw(), a_.hidden.raw(), h_, v0, tw, row0, rows, z);
+      if (full_) tile_gemm(a_.teacher_lm_head.raw(), a_.teacher_hidden.raw(), ht_, v0, tw, row0, rows, t);
       dp.t = tile_params(row0, v0, tw);
       if (full_) {
-        dz_tile_kernel<TZ, TD, true><<<static_cast<unsigned>(rows), kRowThreads, smem, cs>>>(
+        dz_tile_kernel<TZ, TD, true><<<static_cast<unsigned>(rows), kRowThreads, smem, stream_>>>(
             dp, z, t, dz, flags_, stats_, coef_, ids_, targets_);
       } else {
-        dz_tile_kernel<TZ, TD, false><<<static_cast<unsigned>(rows), kRowThreads, smem, cs>>>(
+        dz_tile_kernel<TZ, TD, false><<<static_cast<unsigned>(rows), kRowThreads, smem, stream_>>>(
             dp, z, t, dz, flags_, stats_, coef_, ids_, targets_);
       }
       check_launch("dz_tile_kernel");
@@ -1070,10 +1016,8 @@ void CudaFusedLoss<TIn, TZ>::pass_c() {
       // dW_t += dZ^T H_c: column-major dW_t^T[H, tw] = H_c^T[H, rows] dZ[rows, tw].
       gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, h_, tw, rows, h + row0 * h_, cuda_type<TIn>(), h_, dz,
            cuda_type<TD>(), plan_.ld, 1.f, dw + v0 * h_, CUDA_R_32F, h_);
-      pipe.consumed(step);
     }
   }
-  pipe.finish();
 }
 
 template <typename TIn, typename TZ>

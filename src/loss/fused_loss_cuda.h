@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "kernels/cuda/tile_pipeline.h"  // TileOverlap (inline, no CUDA headers)
 #include "loss/fused_loss.h"
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
@@ -38,25 +37,14 @@ struct CudaLossOptions {
   // rounded to bf16 as a PyTorch bf16 lm_head produces them: a third of the tile traffic).
   // f32 inputs always use F32.
   DType tile_dtype = DType::F32;
-  // Overlap of the tile GEMMs with the row kernels (off by default; OPD_LMHEAD_OVERLAP=1):
-  // passes A, B and C run their tile steps through kernels/cuda/tile_pipeline.h, the logit
-  // GEMMs of step i + 1 on a side stream (with its own cuBLAS handle, one per host thread) into
-  // a second logit buffer while the row kernels (and pass C's dH / dW GEMMs) of step i run on
-  // `stream`. Same GEMMs, kernels and order: results are bit-identical to Off (asserted in
-  // tests/cuda/test_cuda_loss.cpp), and row_chunk does not change with it. Costs the second
-  // logit buffer(s) (scratch below); a capturing stream runs the serial schedule.
-  TileOverlap overlap_tiles = tile_overlap_default();
   CudaLossTimings* timings = nullptr;
 };
 
 // Scratch bytes of one CUDA call (all of it allocated through Tensor::empty on the device, so
 // memory_stats(Device::CUDA) sees it; cuBLAS's own workspace, created with the handle, is not
 // included):
-//   tiles: row_chunk * ld * (sizeof(tile) * (full ? 2 : 1) * B + [bf16 inputs, f32 tile] 2)
+//   tiles: row_chunk * ld * (sizeof(tile) * (full ? 2 : 1) + [bf16 inputs, f32 tile] 2)
 //          with ld = round_up(min(vocab_tile, V), 16)     (logits, teacher logits, separate dZ)
-//          and B = 2 with overlap_tiles (a second logit buffer per operand; dZ stays single:
-//          only the main stream writes and reads it), else 1
-//          (row_chunk is chosen from tile_budget_bytes with B = 1 either way: the same GEMMs)
 //   rows:  N * (K + 1) * 8 * 2            gathered z, then s = z/T; sparse coefficients
 //        + N * K * 8  [f32 logprobs]      teacher a_k widened to f64 for the row functions
 //        + N * kCudaRowStatCols * 8       per-row statistics

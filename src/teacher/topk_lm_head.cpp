@@ -89,10 +89,7 @@ TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& l
   out.actual_logprobs = Tensor::empty({N}, DType::F32, Device::CUDA);
   if (want_ranks) out.actual_ranks = Tensor::empty({N}, DType::I32, Device::CUDA);
   if (N == 0) return out;
-  // The overlap of the tile GEMMs with the row kernels: the process default (OPD_LMHEAD_OVERLAP).
-  const cuda::TileOverlap overlap = cuda::tile_overlap_default();
-  const size_t ws_bytes =
-      cuda::topk_lm_head_cuda_workspace_bytes(N, V, k, vocab_tile, row_chunk, overlap);
+  const size_t ws_bytes = cuda::topk_lm_head_cuda_workspace_bytes(N, V, k, vocab_tile, row_chunk);
   cuda::DeviceBuffer workspace(ws_bytes, stream);
   cuda::DeviceBuffer flags(3 * sizeof(unsigned), stream);
   OPD_CUDA_CHECK(cudaMemsetAsync(flags.get(), 0xff, 3 * sizeof(unsigned), stream));
@@ -109,7 +106,6 @@ TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& l
   a.want_ranks = want_ranks;
   a.vocab_tile = vocab_tile;
   a.row_chunk = row_chunk;
-  a.overlap_tiles = overlap;
   a.ids = k > 0 ? out.ids.data<int32_t>() : nullptr;
   a.logprobs = k > 0 ? out.logprobs.data<float>() : nullptr;
   a.actual_logprobs = out.actual_logprobs.data<float>();
@@ -123,7 +119,7 @@ TopKLmHeadDeviceResult topk_lm_head_device(const Tensor& hidden, const Tensor& l
   if (host_flags[0] != 0xffffffffu) {
     const int64_t r = host_flags[0];
     const int32_t id = cuda::topk_lm_head_cuda_bad_id(workspace.get(), N, V, k, vocab_tile,
-                                                      row_chunk, overlap, r, stream);
+                                                      row_chunk, r, stream);
     OPD_FAIL(Internal, "teacher scoring: row ", r, ": logit of id ", id,
              " is not finite (the teacher model produced NaN/inf)");
   }

@@ -21,7 +21,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/tile_pipeline.h"
 #include "teacher/topk_lm_head_cuda.h"
 
 namespace opd::cuda {
@@ -372,26 +371,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 struct Layout {
-  float* tile[2];  // tile[1] == tile[0] without the overlap
+  float* tile;
   RowState* states;
   u64* kept;
 };
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-int tile_buffers(TileOverlap overlap) { return overlap == TileOverlap::On ? 2 : 1; }
-// Each tile buffer starts 256-byte aligned: cuBLASLt's plan (and so its algorithm) is keyed by
-// the output alignment, and both buffers must get the same GEMM for bit-identical results.
-Layout layout(void* ws, int64_t rows, int64_t vocab, int64_t k, int64_t tile, int64_t chunk,
-              TileOverlap overlap) {
+Layout layout(void* ws, int64_t rows, int64_t vocab, int64_t k, int64_t tile, int64_t chunk) {
   char* p = static_cast<char*>(ws);
   Layout l;
-  const size_t tile_bytes = align256(static_cast<size_t>(std::min(rows, chunk) * std::min(tile, vocab)) * 4);
-  l.tile[0] = reinterpret_cast<float*>(p);
-  p += tile_bytes;
-  l.tile[1] = l.tile[0];
-  if (tile_buffers(overlap) == 2) {
-    l.tile[1] = reinterpret_cast<float*>(p);
-    p += tile_bytes;
-  }
+  l.tile = reinterpret_cast<float*>(p);
+  p += align256(static_cast<size_t>(std::min(rows, chunk) * std::min(tile, vocab)) * 4);
   l.states = reinterpret_cast<RowState*>(p);
   p += align256(static_cast<size_t>(rows) * sizeof(RowState));
   l.kept = reinterpret_cast<u64*>(p);
@@ -407,10 +396,8 @@ int next_pow2(int64_t n) {
 }  // namespace
 
 size_t topk_lm_head_cuda_workspace_bytes(int64_t rows, int64_t vocab, int64_t k,
-                                         int64_t vocab_tile, int64_t row_chunk,
-                                         TileOverlap overlap) {
-  return static_cast<size_t>(tile_buffers(overlap)) *
-             align256(static_cast<size_t>(std::min(rows, row_chunk) * std::min(vocab_tile, vocab)) * 4) +
+                                         int64_t vocab_tile, int64_t row_chunk) {
+  return align256(static_cast<size_t>(std::min(rows, row_chunk) * std::min(vocab_tile, vocab)) * 4) +
          align256(static_cast<size_t>(rows) * sizeof(RowState)) +
          static_cast<size_t>(rows) * static_cast<size_t>(k) * sizeof(u64);
 }
@@ -437,7 +424,7 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
   OPD_CHECK(workspace != nullptr, InvalidArgument, "topk_lm_head on CUDA: no workspace");
   const int64_t R = a.rows, V = a.vocab, H = a.hidden_dim, K = a.k;
   const int64_t tile = std::min(a.vocab_tile, V), chunk = std::min(a.row_chunk, R);
-  const Layout l = layout(workspace, R, V, K, tile, chunk, a.overlap_tiles);
+  const Layout l = layout(workspace, R, V, K, tile, chunk);
   const size_t esz = from_logits ? 4 : dtype_size(a.dtype);
   const float inv_t = static_cast<float>(1.0 / a.temperature);
 
@@ -453,45 +440,26 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
   }
   const char* hidden = static_cast<const char*>(a.hidden);
   const char* lm_head = static_cast<const char*>(a.lm_head);
-  // row_kernel(z, ldz, v0, vn, r0, rn, st): z points at logit (r0, v0), rows ldz floats apart;
-  // launch on st. The tile steps run through the two-stream pipeline (tile_pipeline.h): the
-  // GEMM (producer) of step i + 1 on the side stream overlaps the row kernels of step i. The
-  // serial schedule (overlap off, or capturing) is the same sequence on `stream` with one buffer.
-  // Without the overlap the logits seam reads in place; with it, a 2-D copy into the slot
-  // buffer stands in for the GEMM (the pipeline's ordering under the sanitizers, no cuBLAS).
+  // row_kernel(z, ldz, v0, vn, r0, rn): z points at logit (r0, v0), rows ldz floats apart.
   auto for_tiles = [&](auto&& row_kernel) {
-    TilePipeline pipe(stream, a.overlap_tiles);
-    int64_t step = 0;
     // Vocabulary tiles outside, row chunks inside: the lm_head (V x H, the big operand) is read
     // once; the hidden rows (R x H) once per tile.
     for (int64_t v0 = 0; v0 < V; v0 += tile) {
       const int64_t vn = std::min(tile, V - v0);
-      for (int64_t r0 = 0; r0 < R; r0 += chunk, ++step) {
+      for (int64_t r0 = 0; r0 < R; r0 += chunk) {
         const int64_t rn = std::min(chunk, R - r0);
-        float* buf = l.tile[pipe.slot(step)];
-        const cudaStream_t ps = pipe.produce(step);
-        if (from_logits && pipe.overlapped()) {
-          OPD_CUDA_CHECK(cudaMemcpy2DAsync(buf, static_cast<size_t>(vn) * 4, a.logits + r0 * V + v0,
-                                           static_cast<size_t>(V) * 4, static_cast<size_t>(vn) * 4,
-                                           static_cast<size_t>(rn), cudaMemcpyDeviceToDevice, ps));
-        } else if (!from_logits) {
-          linear_forward(hidden + r0 * H * esz, lm_head + v0 * H * esz, nullptr, rn, H, vn,
-                         a.dtype, DType::F32, buf, ps);
-        }
-        const cudaStream_t cs = pipe.consume(step);
-        if (from_logits && !pipe.overlapped()) {
-          row_kernel(a.logits + r0 * V + v0, V, v0, vn, r0, rn, cs);
+        if (from_logits) {
+          row_kernel(a.logits + r0 * V + v0, V, v0, vn, r0, rn);
         } else {
-          row_kernel(buf, vn, v0, vn, r0, rn, cs);
+          linear_forward(hidden + r0 * H * esz, lm_head + v0 * H * esz, nullptr, rn, H, vn,
+                         a.dtype, DType::F32, l.tile, stream);
+          row_kernel(l.tile, vn, v0, vn, r0, rn);
         }
-        pipe.consumed(step);
       }
     }
-    pipe.finish();
   };
-  for_tiles([&](const float* z, int64_t ldz, int64_t v0, int64_t vn, int64_t r0, int64_t rn,
-                cudaStream_t st) {
-    topk_tile_kernel<<<static_cast<unsigned>(rn), kThreads, tile_smem, st>>>(
+  for_tiles([&](const float* z, int64_t ldz, int64_t v0, int64_t vn, int64_t r0, int64_t rn) {
+    topk_tile_kernel<<<static_cast<unsigned>(rn), kThreads, tile_smem, stream>>>(
         z, ldz, static_cast<int>(vn), static_cast<int>(v0), inv_t, l.states + r0,
         l.kept + r0 * K, a.actual ? a.actual + r0 : nullptr, static_cast<int>(K), cand_cap,
         a.error_flag, r0);
@@ -500,9 +468,8 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
     check_launch("topk_tile_kernel");
   });
   if (a.want_ranks && a.actual) {
-    for_tiles([&](const float* z, int64_t ldz, int64_t v0, int64_t vn, int64_t r0, int64_t rn,
-                  cudaStream_t st) {
-      topk_rank_kernel<<<static_cast<unsigned>(rn), kThreads, 0, st>>>(
+    for_tiles([&](const float* z, int64_t ldz, int64_t v0, int64_t vn, int64_t r0, int64_t rn) {
+      topk_rank_kernel<<<static_cast<unsigned>(rn), kThreads, 0, stream>>>(
           z, ldz, static_cast<int>(vn), V, l.states + r0, a.actual + r0);
       check_launch("topk_rank_kernel");
     });
@@ -521,10 +488,10 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& a, void* workspace, cudaStream_
 }
 
 int32_t topk_lm_head_cuda_bad_id(const void* workspace, int64_t rows, int64_t vocab, int64_t k,
-                                 int64_t vocab_tile, int64_t row_chunk, TileOverlap overlap,
-                                 int64_t row, cudaStream_t stream) {
+                                 int64_t vocab_tile, int64_t row_chunk, int64_t row,
+                                 cudaStream_t stream) {
   const int64_t tile = std::min(vocab_tile, vocab), chunk = std::min(row_chunk, rows);
-  const Layout l = layout(const_cast<void*>(workspace), rows, vocab, k, tile, chunk, overlap);
+  const Layout l = layout(const_cast<void*>(workspace), rows, vocab, k, tile, chunk);
   RowState st;
   OPD_CUDA_CHECK(cudaMemcpyAsync(&st, l.states + row, sizeof(RowState), cudaMemcpyDeviceToHost,
                                  stream));

@@ -15,17 +15,9 @@
 // end (bitonic sort in shared memory).
 //
 // Memory (device, besides inputs and outputs):
-//   topk_lm_head_cuda_workspace_bytes = B x min(R, row_chunk) x min(V, tile) x 4  logit tiles (f32)
+//   topk_lm_head_cuda_workspace_bytes = min(R, row_chunk) x min(V, tile) x 4   logit tile (f32)
 //                                       + R x 32 + R x K x 8                 row state, kept keys
-// with B = 2 tile buffers when the overlap is on (TopKLmHeadCudaArgs::overlap_tiles), else 1,
-// i.e. O(R x K + row_chunk x tile), never [R x V].
-//
-// Overlap (off by default; OPD_LMHEAD_OVERLAP=1 or overlap_tiles = On): the GEMM of tile step
-// i + 1 runs on a side stream into the second tile buffer while the row kernels of step i run
-// on `stream` (kernels/cuda/tile_pipeline.h); the same GEMMs and kernels in the same order, so
-// the outputs are bit-identical to the serial schedule. The side stream gets its own cuBLASLt
-// workspace (32 MiB, once per process and device). Inside a graph capture the serial schedule
-// runs (a capture never forks). K <= kMaxK (8192) (shared memory of the merge:
+// i.e. O(R x K + row_chunk x tile), never [R x V]. K <= kMaxK (8192) (shared memory of the merge:
 // 16 K + 17 KiB per CTA); K <= 64 fits in 18 KiB (several CTAs per SM).
 //
 // Index safety: actual ids outside {-1} U [0, V) are reported through error_flag[1] (first bad
@@ -41,7 +33,6 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "kernels/cuda/tile_pipeline.h"  // TileOverlap
 
 typedef struct CUstream_st* cudaStream_t;
 
@@ -62,9 +53,6 @@ struct TopKLmHeadCudaArgs {
   bool want_ranks = false;
   int64_t vocab_tile = 16384;
   int64_t row_chunk = 2048;
-  // Two tile buffers, GEMMs on a second stream (header comment). The workspace must be sized
-  // with the same mode.
-  TileOverlap overlap_tiles = tile_overlap_default();
   // Outputs (device): ids/logprobs [rows, k]; actual_logprobs [rows] (NaN where none; may be
   // nullptr); actual_ranks [rows] (0 where none) when want_ranks.
   int32_t* ids = nullptr;
@@ -81,17 +69,13 @@ struct TopKLmHeadCudaArgs {
   // f32 logits [rows, vocab] on the device; when set, hidden / lm_head / dtype / hidden_dim are
   // ignored and the row kernels read each tile in place (no GEMM).
   const float* logits = nullptr;
-  // With `logits` and the overlap on, each tile is copied into the tile buffers on the side
-  // stream (the producer, in place of the GEMM), so the pipeline's ordering runs under
-  // memcheck / racecheck without cuBLAS; the row kernels read the copies.
   // Tile candidates merged in shared memory, in [1, kTopKLmHeadCandCap]; smaller values send
   // small tiles down the global-memory merge path.
   int candidate_capacity = kTopKLmHeadCandCap;
 };
 
 size_t topk_lm_head_cuda_workspace_bytes(int64_t rows, int64_t vocab, int64_t k,
-                                         int64_t vocab_tile, int64_t row_chunk,
-                                         TileOverlap overlap);
+                                         int64_t vocab_tile, int64_t row_chunk);
 
 // Stream-ordered, no host synchronization. workspace: the bytes above, device memory.
 void topk_lm_head_cuda(const TopKLmHeadCudaArgs& args, void* workspace, cudaStream_t stream);
@@ -99,7 +83,7 @@ void topk_lm_head_cuda(const TopKLmHeadCudaArgs& args, void* workspace, cudaStre
 // The first id with a non-finite logit of `row` after a run (reads the row state back from the
 // workspace: synchronizing; for error messages only). -1 when none.
 int32_t topk_lm_head_cuda_bad_id(const void* workspace, int64_t rows, int64_t vocab,
-                                 int64_t k, int64_t vocab_tile, int64_t row_chunk,
-                                 TileOverlap overlap, int64_t row, cudaStream_t stream);
+                                 int64_t k, int64_t vocab_tile, int64_t row_chunk, int64_t row,
+                                 cudaStream_t stream);
 
 }  // namespace opd::cuda

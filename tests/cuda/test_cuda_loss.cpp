@@ -7,9 +7,7 @@
 // untouched); the scratch bound at the issue's shape (8,192 x 151,936 x 1,024, K = 64) through
 // memory_stats(Device::CUDA); and the reproduction of the reported crash (issue 5, point 5): an
 // unchecked gather kept here, not in the library, for compute-sanitizer memcheck (docs/loss.md,
-// "CUDA"). The overlap of the tile GEMMs with the row kernels (CudaLossOptions::overlap_tiles):
-// on equals off bit for bit (loss sums, d hidden, d lm_head) on the sweep's problem and every
-// odd shape, every mode, both tile dtypes, forward only too. Every test skips without a GPU.
+// "CUDA"). Every test skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -418,131 +416,6 @@ TEST(CudaFusedLoss, TilePathIsDeterministic) {
   }
 }
 
-// ---- the overlap of the tile GEMMs with the row kernels ----------------------------------------
-//
-// CudaLossOptions::overlap_tiles runs the logit GEMMs of the next (tile, chunk) step on a side
-// stream into a second buffer; the same GEMMs, kernels and order, so every output must be
-// bit-identical to the serial schedule. `topk` without SFT has no tile path (and fp32 atomics
-// in d lm_head): its loss must still match exactly, its d lm_head is not compared.
-void expect_overlap_bit_identical(const Problem& p, const LossConfig& cfg, const TeacherTopK& teacher,
-                                  cuda::CudaLossOptions opt, const std::string& what) {
-  SCOPED_TRACE(what);
-  opt.overlap_tiles = cuda::TileOverlap::Off;
-  const LossRun off = run_gpu(p, cfg, &teacher, opt);
-  opt.overlap_tiles = cuda::TileOverlap::On;
-  const LossRun on = run_gpu(p, cfg, &teacher, opt);
-  EXPECT_TRUE(std::isfinite(off.res.loss)) << off.res.loss;
-  EXPECT_EQ(std::memcmp(&off.res.loss, &on.res.loss, sizeof(double)), 0)
-      << "loss off " << off.res.loss << " on " << on.res.loss;
-  EXPECT_EQ(std::memcmp(&off.res.divergence_sum, &on.res.divergence_sum, sizeof(double)), 0);
-  EXPECT_EQ(std::memcmp(&off.res.ce_sum, &on.res.ce_sum, sizeof(double)), 0);
-  EXPECT_EQ(std::memcmp(&off.res.sampled_kl_sum, &on.res.sampled_kl_sum, sizeof(double)), 0);
-  EXPECT_EQ(off.res.rows_used, on.res.rows_used);
-  EXPECT_EQ(off.res.tail_clamped, on.res.tail_clamped);
-  const bool atomics = cfg.mode == SupportMode::TopK && cfg.sft_alpha == 0;
-  const test::Diff dh = test::compare(on.dh, off.dh);
-  EXPECT_FALSE(dh.has_nan) << "d hidden has NaN/inf (unwritten?) at " << dh.worst;
-  EXPECT_EQ(std::memcmp(off.dh.raw(), on.dh.raw(), off.dh.nbytes()), 0)
-      << "d hidden differs: rel_l2 " << dh.rel_l2 << " worst index " << dh.worst;
-  if (!atomics) {
-    EXPECT_EQ(std::memcmp(off.dw.raw(), on.dw.raw(), off.dw.nbytes()), 0) << "d lm_head differs";
-  }
-  // Forward only (no gradients: passes A and B alone).
-  DeviceInputs d = to_device(p, cfg, &teacher);
-  opt.overlap_tiles = cuda::TileOverlap::Off;
-  const LossResult f_off = cuda::fused_lm_head_loss_cuda(cfg, device_args(p, cfg, d), nullptr, nullptr, opt);
-  opt.overlap_tiles = cuda::TileOverlap::On;
-  const LossResult f_on = cuda::fused_lm_head_loss_cuda(cfg, device_args(p, cfg, d), nullptr, nullptr, opt);
-  EXPECT_EQ(std::memcmp(&f_off.loss, &f_on.loss, sizeof(double)), 0)
-      << "forward-only loss off " << f_off.loss << " on " << f_on.loss;
-  EXPECT_EQ(std::memcmp(&f_off.loss, &off.res.loss, sizeof(double)), 0) << "forward-only vs with gradients";
-}
-
-// The sweep's problem (4 vocabulary tiles, the last partial; 3 row chunks, the last partial),
-// every mode, T {1, 1.3}, sft {0, 0.3}, f32 and bf16 with both tile dtypes, plus a single-tile
-// configuration (vocab_tile >= V) with several and with one row chunk.
-TEST(CudaFusedLoss, OverlapOnEqualsOffBitForBit) {
-  REQUIRE_GPU();
-  struct Dt {
-    DType in, tile;
-  };
-  for (Dt dt : {Dt{DType::F32, DType::F32}, Dt{DType::BF16, DType::F32}, Dt{DType::BF16, DType::BF16}}) {
-    const Problem p = make_problem(37, 64, 1000, 8, dt.in, dt.in == DType::F32 ? 10 : 20);
-    for (double t : {1.0, 1.3}) {
-      const TeacherTopK teacher = validated_teacher(p, t, DType::F32);
-      for (SupportMode m : kModes)
-        for (double sft : {0.0, 0.3})
-          for (auto [tile, chunk] : {std::pair<int64_t, int64_t>{256, 16}, {1024, 16}, {1024, 0}}) {
-            LossConfig cfg;
-            cfg.mode = m;
-            cfg.beta = 0.5;
-            cfg.temperature = t;
-            cfg.sft_alpha = sft;
-            cfg.vocab_tile = tile;
-            cuda::CudaLossOptions opt;
-            opt.row_chunk = chunk;
-            opt.tile_dtype = dt.tile;
-            expect_overlap_bit_identical(
-                p, cfg, teacher, opt,
-                cat(case_name(m, 0.5, t, sft), " tile ", tile, " chunk ", chunk, " ",
-                    dtype_name(dt.in), "/", dtype_name(dt.tile)));
-          }
-    }
-  }
-}
-
-// Every shape of kOddShapes with the overlap on equals off.
-TEST(CudaFusedLoss, OverlapOnEqualsOffOnOddShapes) {
-  REQUIRE_GPU();
-  for (DType dt : {DType::F32, DType::BF16}) {
-    for_each_odd_case(dt, 60, [&](const Problem& p, const TeacherTopK& teacher,
-                                  const LossConfig& cfg, const cuda::CudaLossOptions& opt,
-                                  const std::string& what) {
-      expect_overlap_bit_identical(p, cfg, teacher, opt, what);
-    });
-  }
-}
-
-// Small enough for compute-sanitizer memcheck (gpu_check.sh overlap): two tiles x two chunks,
-// full and topk+tail, bf16 with an f32 tile (the separate dZ buffer) and f32 (dZ in place).
-TEST(CudaFusedLoss, OverlapSmallForMemcheck) {
-  REQUIRE_GPU();
-  for (DType dt : {DType::BF16, DType::F32}) {
-    const Problem p = make_problem(9, 16, 100, 4, dt, 70);
-    const TeacherTopK teacher = validated_teacher(p, 1.0, DType::F32);
-    for (SupportMode m : {SupportMode::Full, SupportMode::TopKTail}) {
-      LossConfig cfg;
-      cfg.mode = m;
-      cfg.sft_alpha = 0.3;
-      cfg.vocab_tile = 64;
-      cuda::CudaLossOptions opt;
-      opt.row_chunk = 5;
-      expect_overlap_bit_identical(p, cfg, teacher, opt, cat(mode_str(m), " ", dtype_name(dt)));
-    }
-  }
-}
-
-TEST(CudaFusedLoss, OverlapScratchHoldsSecondLogitBuffers) {
-  // Host arithmetic only: a second student (and, full mode, teacher) logit tile; dZ stays single.
-  const int64_t n = 8192, v = 151936, k = 64;
-  for (SupportMode m : kModes) {
-    LossConfig cfg;
-    cfg.mode = m;
-    cfg.sft_alpha = 0.3;
-    cuda::CudaLossOptions off, on;
-    off.overlap_tiles = cuda::TileOverlap::Off;
-    on.overlap_tiles = cuda::TileOverlap::On;
-    const int64_t b_off = cuda::fused_loss_cuda_scratch_bytes(n, v, k, cfg, DType::BF16, DType::F32, off);
-    const int64_t b_on = cuda::fused_loss_cuda_scratch_bytes(n, v, k, cfg, DType::BF16, DType::F32, on);
-    // Default tile 16384 (ld 16384): whole f32 logit rows, a multiple of 128 of them (the
-    // row_chunk does not change with the overlap), one per operand (two in full mode).
-    const int64_t ld = std::min<int64_t>(cfg.vocab_tile, v), ops = m == SupportMode::Full ? 2 : 1;
-    EXPECT_GT(b_on - b_off, 0) << mode_str(m);
-    EXPECT_EQ((b_on - b_off) % (128 * ld * 4 * ops), 0) << mode_str(m);
-    EXPECT_LE(b_on - b_off, (int64_t{40} << 20)) << mode_str(m) << ": more than the tile budget";
-  }
-}
-
 TEST(CudaFusedLoss, EmptyMicroBatch) {
   REQUIRE_GPU();
   const Problem p = make_problem(4, 16, 50, 4, DType::F32, 50);
@@ -756,40 +629,29 @@ TEST(CudaFusedLoss, PeakScratchUnder64MiBAtTheIssueShape) {
     SupportMode mode;
     double sft;
     DType tile;
-    cuda::TileOverlap overlap = cuda::TileOverlap::Off;
   };
   for (const Variant& var : {Variant{SupportMode::TopKTail, 0, DType::F32},
                              Variant{SupportMode::TopKTail, 0, DType::BF16},
                              Variant{SupportMode::Sampled, 0, DType::F32},
                              Variant{SupportMode::TopK, 0, DType::F32},
-                             Variant{SupportMode::TopK, 0.1, DType::F32},
-                             Variant{SupportMode::TopKTail, 0, DType::F32, cuda::TileOverlap::On}}) {
+                             Variant{SupportMode::TopK, 0.1, DType::F32}}) {
     LossConfig cfg;
     cfg.mode = var.mode;
     cfg.sft_alpha = var.sft;
     cuda::CudaLossOptions opt;
     opt.tile_dtype = var.tile;
-    opt.overlap_tiles = var.overlap;
-    // The 64 MiB limit is the default's (overlap off); the overlap adds its second logit buffer.
-    cuda::CudaLossOptions opt_off = opt;
-    opt_off.overlap_tiles = cuda::TileOverlap::Off;
-    const int64_t second_buffer =
-        cuda::fused_loss_cuda_scratch_bytes(n, v, k, cfg, DType::BF16, DType::F32, opt) -
-        cuda::fused_loss_cuda_scratch_bytes(n, v, k, cfg, DType::BF16, DType::F32, opt_off);
     OPD_CUDA_CHECK(cudaDeviceSynchronize());
     reset_peak_memory(Device::CUDA);
     const int64_t before = memory_stats(Device::CUDA).in_use;
     const LossResult res = cuda::fused_lm_head_loss_cuda(cfg, a, &dh, &dw, opt);
     const int64_t extra = memory_stats(Device::CUDA).peak - before;
     const int64_t formula = cuda::fused_loss_cuda_scratch_bytes(n, v, k, cfg, DType::BF16, DType::F32, opt);
-    const std::string what = cat(mode_str(var.mode), " sft ", var.sft, " tile ", dtype_name(var.tile),
-                                 " overlap ", cuda::tile_overlap_name(var.overlap));
+    const std::string what = cat(mode_str(var.mode), " sft ", var.sft, " tile ", dtype_name(var.tile));
     EXPECT_TRUE(std::isfinite(res.loss)) << what;
     EXPECT_EQ(res.rows_used, n) << what;
     EXPECT_GT(extra, 0) << what;
     EXPECT_LE(extra, formula) << what;
-    EXPECT_LT(extra, limit + second_buffer) << what;
-    if (var.overlap == cuda::TileOverlap::On) EXPECT_GT(second_buffer, 0) << what;
+    EXPECT_LT(extra, limit) << what;
     std::printf("%-28s N=%lld V=%lld H=%lld K=%lld: peak extra %.2f MiB (formula %.2f MiB, limit 64; "
                 "dense f32 logits would be %.0f MiB)\n",
                 what.c_str(), (long long)n, (long long)v, (long long)h, (long long)k,

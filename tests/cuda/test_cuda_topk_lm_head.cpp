@@ -4,11 +4,8 @@
 // 20000 ids, row chunks of 1 .. 512, temperatures 0.7 .. 2, actual ids with -1 (none), ranks on
 // and off, f32 and bf16; the device memory bound (never [N x V]); determinism; bad actual ids and
 // non-finite logits rejected with the CPU's messages; and the row kernels alone on given logits
-// (no GEMM) against an exact dense reference, on both merge paths (the racecheck target).
-// The overlap of the tile GEMMs with the row kernels (TopKLmHeadCudaArgs::overlap_tiles,
-// kernels/cuda/tile_pipeline.h): on equals off bit for bit (ids, logprobs, actual logprobs,
-// ranks, error flags) on every shape above, with the GEMM and on given logits (where a copy on
-// the side stream stands in for the GEMM: the memcheck / racecheck target of the pipeline).
+// (no GEMM) against an exact dense reference, on both merge paths (the racecheck target); a
+// graph-captured call replays bit-identical to the eager one.
 // GPU only: skips cleanly without a device.
 //
 // Ids: both sides compute the same f32 logits up to the GEMM's summation order (OpenBLAS vs
@@ -21,7 +18,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -30,7 +26,6 @@
 
 #include "core/cuda/allocator.h"  // DeviceBuffer, current_stream
 #include "core/cuda/stream.h"     // Stream
-#include "kernels/cuda/tile_pipeline.h"
 #include "core/philox.h"
 #include "cuda/cuda_test_util.h"
 #include "teacher/topk_lm_head.h"
@@ -135,8 +130,8 @@ TopKInputs make_inputs(const TopKCase& c, DType dt, uint64_t seed) {
           make_actual(c.n, c.v, seed + 2)};
 }
 
-// The shapes both the CPU comparison and the overlap test run: one tile, vocabularies not a
-// multiple of the tile, row counts not a multiple of the chunk, K from 0 to 4096.
+// The shapes of the CPU comparison: one tile, vocabularies not a multiple of the tile, row
+// counts not a multiple of the chunk, K from 0 to 4096.
 std::vector<TopKCase> common_cases() {
   return {
       {"one_row", 1, 64, 1000, 5, 4096, 512, 1.0, true},
@@ -203,16 +198,12 @@ TEST(CudaTopKLmHead, DeviceMemoryIsNeverRowsTimesVocab) {
   alloc.reset_peak();
   TopKLmHeadDeviceResult r = topk_lm_head_device(hid, w, actual, K, 1.0, true, tile, chunk);
   const int64_t peak = alloc.stats().peak_in_use - before;
-  const cuda::TileOverlap mode = cuda::tile_overlap_default();  // what topk_lm_head_device used
-  const int64_t tiles = mode == cuda::TileOverlap::On ? 2 : 1;
-  const int64_t ws =
-      static_cast<int64_t>(cuda::topk_lm_head_cuda_workspace_bytes(N, V, K, tile, chunk, mode));
+  const int64_t ws = static_cast<int64_t>(cuda::topk_lm_head_cuda_workspace_bytes(N, V, K, tile, chunk));
   const int64_t outputs = N * K * 8 + N * 8;
   std::printf("[ memory ] peak %lld bytes (workspace %lld = tile %lld + state/kept %lld; outputs %lld;"
               " dense [N x V] f32 would be %lld)\n",
               static_cast<long long>(peak), static_cast<long long>(ws),
-              static_cast<long long>(tiles * chunk * tile * 4),
-              static_cast<long long>(ws - tiles * chunk * tile * 4),
+              static_cast<long long>(chunk * tile * 4), static_cast<long long>(ws - chunk * tile * 4),
               static_cast<long long>(outputs), static_cast<long long>(N * V * 4));
   // Allocator classes round up by <= 12.5%; plus the index-check flags and the error flags.
   EXPECT_LE(peak, (ws + outputs) * 9 / 8 + 64 * 1024);
@@ -286,24 +277,23 @@ DenseRef dense_reference(const std::vector<float>& z, int64_t n, int64_t v, int6
   return ref;
 }
 
-// Device outputs of one low-level call (host copies), for the on/off bit comparisons.
+// Device outputs of one low-level call (host copies), for bit comparisons.
 struct RawOutputs {
   Tensor ids, logprobs, actual_logprobs, ranks, flags;
 };
 
-void expect_same_outputs(const RawOutputs& off, const RawOutputs& on) {
-  EXPECT_TRUE(same_bits(off.ids, on.ids)) << "ids differ with the overlap on";
-  EXPECT_TRUE(same_bits(off.logprobs, on.logprobs)) << "logprobs differ with the overlap on";
-  EXPECT_TRUE(same_bits(off.actual_logprobs, on.actual_logprobs))
-      << "actual logprobs differ with the overlap on";
-  EXPECT_TRUE(same_bits(off.ranks, on.ranks)) << "ranks differ with the overlap on";
-  EXPECT_TRUE(same_bits(off.flags, on.flags)) << "error flags differ with the overlap on";
+void expect_same_outputs(const RawOutputs& want, const RawOutputs& got) {
+  EXPECT_TRUE(same_bits(want.ids, got.ids)) << "ids differ";
+  EXPECT_TRUE(same_bits(want.logprobs, got.logprobs)) << "logprobs differ";
+  EXPECT_TRUE(same_bits(want.actual_logprobs, got.actual_logprobs)) << "actual logprobs differ";
+  EXPECT_TRUE(same_bits(want.ranks, got.ranks)) << "ranks differ";
+  EXPECT_TRUE(same_bits(want.flags, got.flags)) << "error flags differ";
 }
 
 // One low-level call on the inputs set in `a` (logits, or hidden + lm_head; sizes, K, T, tiles):
-// poisoned outputs (ids -7, logprobs NaN) bound into it, the workspace for `overlap`, host
-// copies back; every error flag must stay -1.
-RawOutputs run_raw(cuda::TopKLmHeadCudaArgs a, cuda::TileOverlap overlap) {
+// poisoned outputs (ids -7, logprobs NaN) bound into it, its workspace, host copies back; every
+// error flag must stay -1.
+RawOutputs run_raw(cuda::TopKLmHeadCudaArgs a) {
   const int64_t n = a.rows, k = a.k;
   const int64_t entries = std::max<int64_t>(1, n * k);  // no zero-byte device tensors
   Tensor ids = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(entries), -7),
@@ -313,14 +303,13 @@ RawOutputs run_raw(cuda::TopKLmHeadCudaArgs a, cuda::TileOverlap overlap) {
   Tensor ranks = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(n), -7), {n})
                      .to(Device::CUDA);
   Tensor flags = Tensor::from_vector(std::vector<int32_t>(3, -1), {3}).to(Device::CUDA);
-  a.overlap_tiles = overlap;
   a.ids = k > 0 ? ids.data<int32_t>() : nullptr;
   a.logprobs = k > 0 ? lps.data<float>() : nullptr;
   a.actual_logprobs = act.data<float>();
   a.actual_ranks = a.want_ranks ? ranks.data<int32_t>() : nullptr;
   a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
   cuda::DeviceBuffer ws(
-      cuda::topk_lm_head_cuda_workspace_bytes(n, a.vocab, k, a.vocab_tile, a.row_chunk, overlap),
+      cuda::topk_lm_head_cuda_workspace_bytes(n, a.vocab, k, a.vocab_tile, a.row_chunk),
       cuda::current_stream());
   cuda::topk_lm_head_cuda(a, ws.get(), cuda::current_stream());
   RawOutputs o{ids.to(Device::CPU), lps.to(Device::CPU), act.to(Device::CPU),
@@ -329,9 +318,8 @@ RawOutputs run_raw(cuda::TopKLmHeadCudaArgs a, cuda::TileOverlap overlap) {
   return o;
 }
 
-RawOutputs run_logit_case(const LogitCase& c, uint64_t seed,
-                          cuda::TileOverlap overlap = cuda::TileOverlap::Off) {
-  SCOPED_TRACE(std::string(c.name) + " overlap " + cuda::tile_overlap_name(overlap));
+RawOutputs run_logit_case(const LogitCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
   std::vector<float> z(static_cast<size_t>(c.n * c.v));
   for (int64_t r = 0; r < c.n; ++r)
     for (int64_t j = 0; j < c.v; ++j) {
@@ -355,7 +343,7 @@ RawOutputs run_logit_case(const LogitCase& c, uint64_t seed,
   a.vocab_tile = c.tile;
   a.row_chunk = c.chunk;
   a.candidate_capacity = c.cand_cap;
-  const RawOutputs o = run_raw(a, overlap);
+  const RawOutputs o = run_raw(a);
   const Tensor &hi = o.ids, &hl = o.logprobs, &ha = o.actual_logprobs, &hr = o.ranks;
   int64_t bad_ids = 0;
   for (int64_t i = 0; i < c.n * c.k; ++i) {
@@ -397,84 +385,12 @@ TEST(CudaTopKLmHead, RowKernelsOnGivenLogitsMatchDenseReference) {
   for (const LogitCase& c : cases) run_logit_case(c, seed += 3);
 }
 
-// The pipeline without cuBLAS: each tile is copied into the two tile buffers on the side stream
-// (TopKLmHeadCudaArgs::logits with the overlap on), the row kernels read the copies. Every
-// case must match the dense reference and the serial schedule bit for bit; small enough for
-// memcheck, and the racecheck target of the overlap (kns=topk_).
-TEST(CudaTopKLmHead, RowKernelsOverlapOnEqualsOffOnGivenLogits) {
-  REQUIRE_GPU();
-  const std::vector<LogitCase> cases = {
-      {"single_tile", 5, 1000, 5, 4096, 8, 1.0, cuda::kTopKLmHeadCandCap, true},
-      {"single_tile_chunked", 7, 1000, 16, 1000, 2, 1.0, cuda::kTopKLmHeadCandCap, true},
-      {"global_merge_cap1", 5, 3001, 64, 700, 2, 0.7, 1, true},
-      {"global_merge_cap7", 9, 5003, 100, 512, 4, 1.3, 7, true},
-      {"k_equals_v_tiny_tiles", 4, 96, 96, 7, 3, 1.0, 5, true},
-      {"k0", 6, 777, 0, 100, 6, 1.0, 16, true},
-      {"k1_rows_not_multiple_of_chunk", 7, 2000, 1, 333, 3, 2.0, 3, false},
-      {"many_rows", 300, 4000, 64, 1024, 128, 1.0, cuda::kTopKLmHeadCandCap, true},
-  };
-  uint64_t seed = 400;
-  for (const LogitCase& c : cases) {
-    seed += 3;
-    const RawOutputs off = run_logit_case(c, seed, cuda::TileOverlap::Off);
-    const RawOutputs on = run_logit_case(c, seed, cuda::TileOverlap::On);
-    SCOPED_TRACE(c.name);
-    expect_same_outputs(off, on);
-  }
-}
-
-// The GEMM path: on equals off bit for bit on every shape of MatchesCpuReference (one tile,
-// vocabularies not a multiple of the tile, row counts not a multiple of the chunk), bf16 and
-// f32, outputs NaN / -7 poisoned before each run; the two runs share inputs.
-RawOutputs run_gemm_overlap(const TopKCase& c, DType dt, const Tensor& hid, const Tensor& w,
-                            const Tensor& actual, cuda::TileOverlap overlap) {
-  cuda::TopKLmHeadCudaArgs a;
-  a.hidden = hid.raw();
-  a.lm_head = w.raw();
-  a.dtype = dt;
-  a.rows = c.n;
-  a.hidden_dim = c.h;
-  a.vocab = c.v;
-  a.actual = actual.data<int32_t>();
-  a.k = c.k;
-  a.temperature = c.t;
-  a.want_ranks = c.ranks;
-  a.vocab_tile = c.tile;
-  a.row_chunk = c.chunk;
-  RawOutputs o = run_raw(a, overlap);
-  if (c.k > 0) EXPECT_FALSE(std::isnan(o.logprobs.data<float>()[0])) << "outputs not written";
-  return o;
-}
-
-TEST(CudaTopKLmHead, OverlapOnEqualsOffBitForBit) {
-  REQUIRE_GPU();
-  std::vector<TopKCase> cases = common_cases();
-  cases.push_back({"one_tile_rows_not_multiple_of_chunk", 70, 64, 3000, 64, 4096, 32, 1.0, true});
-  // The W1 vocabulary (H smaller than the teacher's 2048: host fills of V x H dominate).
-  cases.push_back({"qwen_vocab", 64, 1024, 151936, 64, 16384, 2048, 1.0, true});
-  cases.push_back({"qwen_vocab_chunks", 200, 256, 151936, 64, 16384, 64, 1.0, true});
-  for (DType dt : {DType::BF16, DType::F32}) {
-    uint64_t seed = 700;
-    for (const TopKCase& c : cases) {
-      SCOPED_TRACE(std::string(c.name) + " " + dtype_label(dt));
-      seed += 5;
-      const TopKInputs in = make_inputs(c, dt, seed);
-      const Tensor hid = dev(in.hid, dt), w = dev(in.w, dt);
-      const Tensor actual = dev_i32(Tensor::from_vector(in.actual, {c.n}));
-      const RawOutputs off = run_gemm_overlap(c, dt, hid, w, actual, cuda::TileOverlap::Off);
-      const RawOutputs on = run_gemm_overlap(c, dt, hid, w, actual, cuda::TileOverlap::On);
-      expect_same_outputs(off, on);
-    }
-  }
-}
-
-// A stream under graph capture never forks (the side stream is shared across calls): the
-// pipeline runs the serial schedule, the capture ends without an unjoined-stream error, and the
-// replayed graph gives the eager serial run's outputs bit for bit.
-TEST(CudaTopKLmHead, OverlapUnderGraphCaptureRunsTheSerialSchedule) {
+// The pass is stream-ordered without host synchronization, so it can be captured: the replayed
+// graph gives the eager run's outputs bit for bit.
+TEST(CudaTopKLmHead, GraphCaptureReplaysTheEagerRunBitForBit) {
   REQUIRE_GPU();
   const LogitCase c{"capture", 5, 3001, 64, 700, 2, 0.7, 16, true};
-  const RawOutputs eager = run_logit_case(c, 900, cuda::TileOverlap::Off);
+  const RawOutputs eager = run_logit_case(c, 900);
   std::vector<float> z(static_cast<size_t>(c.n * c.v));
   for (int64_t r = 0; r < c.n; ++r)
     for (int64_t j = 0; j < c.v; ++j) {  // run_logit_case's logits for seed 900
@@ -503,23 +419,16 @@ TEST(CudaTopKLmHead, OverlapUnderGraphCaptureRunsTheSerialSchedule) {
   a.vocab_tile = c.tile;
   a.row_chunk = c.chunk;
   a.candidate_capacity = c.cand_cap;
-  a.overlap_tiles = cuda::TileOverlap::On;
   a.ids = ids.data<int32_t>();
   a.logprobs = lps.data<float>();
   a.actual_logprobs = act.data<float>();
   a.actual_ranks = ranks.data<int32_t>();
   a.error_flag = reinterpret_cast<unsigned*>(flags.data<int32_t>());
   cuda::Stream stream;
-  cuda::DeviceBuffer ws(cuda::topk_lm_head_cuda_workspace_bytes(c.n, c.v, c.k, c.tile, c.chunk,
-                                                                cuda::TileOverlap::On),
+  cuda::DeviceBuffer ws(cuda::topk_lm_head_cuda_workspace_bytes(c.n, c.v, c.k, c.tile, c.chunk),
                         stream.get());
   OPD_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   OPD_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-  {
-    cuda::TilePipeline probe(stream.get(), cuda::TileOverlap::On);
-    EXPECT_FALSE(probe.overlapped()) << "a capturing stream must not fork";
-    EXPECT_EQ(probe.slots(), 1);
-  }
   cuda::topk_lm_head_cuda(a, ws.get(), stream.get());
   cudaGraph_t graph = nullptr;
   OPD_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
@@ -532,43 +441,6 @@ TEST(CudaTopKLmHead, OverlapUnderGraphCaptureRunsTheSerialSchedule) {
   const RawOutputs captured{ids.to(Device::CPU), lps.to(Device::CPU), act.to(Device::CPU),
                             ranks.to(Device::CPU), flags.to(Device::CPU)};
   expect_same_outputs(eager, captured);
-}
-
-// The serial schedule needs no device: one slot, every stream is the caller's, steps in order.
-TEST(CudaTopKLmHead, TilePipelineOffIsTheCallersStreamInOrder) {
-  cudaStream_t fake = reinterpret_cast<cudaStream_t>(0x1234);  // never used by the Off path
-  cuda::TilePipeline p(fake, cuda::TileOverlap::Off);
-  EXPECT_FALSE(p.overlapped());
-  EXPECT_EQ(p.slots(), 1);
-  for (int64_t step = 0; step < 3; ++step) {
-    EXPECT_EQ(p.slot(step), 0);
-    EXPECT_EQ(p.produce(step), fake);
-    EXPECT_EQ(p.consume(step), fake);
-    p.consumed(step);
-  }
-  EXPECT_NE(error_message([&] { p.produce(7); }, ErrorKind::Internal).find("out of order"),
-            std::string::npos);
-  p.finish();
-  // The process default can be replaced (benches time both modes in one run) and restored.
-  const cuda::TileOverlap before = cuda::tile_overlap_default();
-  cuda::set_tile_overlap_default(cuda::TileOverlap::On);
-  EXPECT_EQ(cuda::tile_overlap_default(), cuda::TileOverlap::On);
-  cuda::set_tile_overlap_default(cuda::TileOverlap::Off);
-  EXPECT_EQ(cuda::tile_overlap_default(), cuda::TileOverlap::Off);
-  cuda::set_tile_overlap_default(before);
-  EXPECT_STREQ(cuda::tile_overlap_name(cuda::TileOverlap::On), "on");
-}
-
-TEST(CudaTopKLmHead, OverlapWorkspaceHoldsOneMoreTile) {
-  // Host arithmetic only (no device needed): the second tile buffer, 256-byte aligned.
-  for (auto [n, v, k, tile, chunk] : {std::array<int64_t, 5>{7, 5003, 64, 1000, 3},
-                                      std::array<int64_t, 5>{4096, 151936, 64, 16384, 2048},
-                                      std::array<int64_t, 5>{5, 96, 96, 7, 2}}) {
-    const size_t off = cuda::topk_lm_head_cuda_workspace_bytes(n, v, k, tile, chunk, cuda::TileOverlap::Off);
-    const size_t on = cuda::topk_lm_head_cuda_workspace_bytes(n, v, k, tile, chunk, cuda::TileOverlap::On);
-    const size_t t = static_cast<size_t>(std::min(n, chunk) * std::min(tile, v)) * 4;
-    EXPECT_EQ(on - off, (t + 255) / 256 * 256);
-  }
 }
 
 TEST(CudaTopKLmHead, CandidateCapacityOutsideItsRangeIsRefused) {
