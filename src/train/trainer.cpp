@@ -659,6 +659,10 @@ void Trainer::build_optimizer() {
     bind_zero_buffers();
   } else {
     optimizer_ = std::make_unique<AdamW>(std::move(params), ac);
+    // The gradients exist only in the training phase (bind_grads), from the first step on: kept
+    // from here, they were in the first step's rollout and scoring (+4P bytes: W1's first
+    // rollout peaked 2.2 GiB above the later ones, H200 session 8).
+    release_grads();
   }
   schedule_.kind = parse_lr_schedule(o_.lr_scheduler_type);
   schedule_.base_lr = o_.learning_rate;

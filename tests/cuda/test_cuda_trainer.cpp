@@ -194,5 +194,34 @@ TEST_F(CudaTrainerTest, MemoryOptionsGiveBitIdenticalStepsWithLessMemory) {
   }
 }
 
+// The f32 gradients (4P bytes) exist only in the training phase, from the first step on: the
+// first step's scoring phase peaks no higher than the later ones' (before the fix, the buffers
+// built with the optimizer lived until the first AdamW step: W1's first rollout and scoring
+// peaked 4P = 2.2 GiB above the later ones on the H200). Per-phase peaks come from the trainer's
+// metrics (memory/peak_<phase>_bytes).
+TEST_F(CudaTrainerTest, GradientsExistOnlyInTheTrainingPhaseFromTheFirstStep) {
+  REQUIRE_GPU();
+  TrainOptions o = base("phases", "cuda", "bf16");
+  o.lmbda = 1;
+  o.ignore_eos = true;
+  TrainResult r = train(o);
+  ASSERT_EQ(r.steps, 3);
+  std::vector<int64_t> score, train_peak;
+  for (const auto& l : MetricsLog::read(path("phases") + "/metrics.jsonl")) {
+    if (!l.contains("memory/peak_score_bytes")) continue;
+    score.push_back(l.at("memory/peak_score_bytes").get<int64_t>());
+    train_peak.push_back(l.at("memory/peak_train_bytes").get<int64_t>());
+    EXPECT_GT(l.at("memory/peak_rollout_bytes").get<int64_t>(), 0);
+  }
+  ASSERT_EQ(score.size(), 3u);
+  const int64_t grads = 4 * gpu_tiny(64, 2).num_parameters();
+  // Every completion is 5 tokens (EOS ignored); the prompts differ by a few tokens per step,
+  // a few KB of the teacher's activations, far below 4P / 2.
+  for (size_t k = 1; k < score.size(); ++k)
+    EXPECT_LT(score[0] - score[k], grads / 2) << "step 1 scoring " << score[0] << ", step "
+                                              << k + 1 << " " << score[k] << ", 4P " << grads;
+  EXPECT_GT(train_peak[0], 0);
+}
+
 }  // namespace
 }  // namespace opd
