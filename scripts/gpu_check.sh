@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -536,6 +536,15 @@ if [[ "$what" == s8b ]]; then
     summary+=("$(printf '%-13s %s | %s' "$name" "$(grep -h 'GPU memory plan' "$OUT/mem_$name.log" | sed 's/.*peak ~//' | cut -c1-90)" \
                 "$(grep -h 'peak device mem\|whole step' "$OUT/mem_$name.log" | tr -s ' ' | tr '\n' ' ')")")
   done
+fi
+if [[ "$what" == s8d ]]; then
+  # Session 8's last call (nvidia-h200, <= 200 s): the gradient buffers released at start-up:
+  # the trainer suite, then W1 with --device-memory-budget 16 and with the defaults (every
+  # step's phase peaks).
+  run trainer 100 $B/test_cuda --gtest_filter='CudaTrainer*:*CudaWeightOffload*'
+  run w1_budget16 100 $B/opd bench w1 --work-dir /tmp/opd_w1 --device-memory-budget 16
+  run w1_default 80 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak\|phase peaks\|W1 step" "$OUT"/w1_*.log | head -40
 fi
 if [[ "$what" == s8c ]]; then
   # Session 8 (nvidia-h200, <= 580 s): the lm_head tile overlap's removal (its call sites are
