@@ -15,10 +15,8 @@
 
 namespace opd {
 
-ModelSide describe_model_dir(const std::string& dir) {
+ModelSide describe_config(const ModelConfig& c) {
   ModelSide s;
-  s.where = dir;
-  const ModelConfig c = load_model_config(dir);
   s.vocab_size = c.vocab_size;
   s.num_parameters = c.num_parameters();
   s.hidden_size = c.hidden_size;
@@ -27,6 +25,13 @@ ModelSide describe_model_dir(const std::string& dir) {
   s.num_attention_heads = c.num_attention_heads;
   s.num_key_value_heads = c.num_key_value_heads;
   s.head_dim = c.head_dim;
+  return s;
+}
+
+ModelSide describe_model_dir(const std::string& dir) {
+  const ModelConfig c = load_model_config(dir);
+  ModelSide s = describe_config(c);
+  s.where = dir;
   const TokenizerFingerprint fp = tokenizer_fingerprint(dir, c.vocab_size);
   s.fingerprint = fp.sha256;
   s.tokenizer_vocab = fp.tokenizer_vocab;

@@ -42,6 +42,8 @@ struct DoctorFinding {
 
 // Reads a model directory (config.json, tokenizer files).
 ModelSide describe_model_dir(const std::string& dir);
+// The sizes of a config only (vocabulary, parameters, shape): what the memory plan needs.
+ModelSide describe_config(const ModelConfig& config);
 
 // Compares the two sides. policy_allows_clip: --vocab-policy clip-to-student was given (a
 // vocabulary mismatch is then a warning, not an error).

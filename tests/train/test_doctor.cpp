@@ -83,17 +83,6 @@ namespace {
 // allocator's peak of every phase was measured on the H200 for five memory settings (trainer
 // metrics memory/peak_<phase>_bytes, 1 measured step each). The plan must be an upper bound of
 // each and within 10% of it.
-ModelSide w1_side(const ModelConfig& c) {
-  ModelSide m;
-  m.num_parameters = c.num_parameters();
-  m.hidden_size = c.hidden_size;
-  m.num_layers = c.num_hidden_layers;
-  m.intermediate_size = c.intermediate_size;
-  m.num_attention_heads = c.num_attention_heads;
-  m.num_key_value_heads = c.num_key_value_heads;
-  m.head_dim = c.head_dim;
-  return m;
-}
 MemoryPlanOptions w1_plan_options() {
   MemoryPlanOptions o;
   o.micro_batch_tokens = 8 * 768;
@@ -102,7 +91,7 @@ MemoryPlanOptions w1_plan_options() {
 }
 
 TEST(DoctorPlan, GpuPlanOfW1BoundsEveryMeasuredPhase) {
-  const ModelSide s = w1_side(model_preset("qwen3-0.6b")), t = w1_side(model_preset("qwen3-1.7b"));
+  const ModelSide s = describe_config(model_preset("qwen3-0.6b")), t = describe_config(model_preset("qwen3-1.7b"));
   struct Measured {
     Recompute recompute;
     bool offload;
@@ -148,7 +137,7 @@ TEST(DoctorPlan, GpuPlanOfW1BoundsEveryMeasuredPhase) {
 // --device-memory-budget: the cheapest setting whose plan fits, in the measured cost order;
 // a setting the user chose is never undone; nothing fitting gives the smallest plan.
 TEST(DoctorPlan, MemoryBudgetPicksTheCheapestSettingThatFits) {
-  const ModelSide s = w1_side(model_preset("qwen3-0.6b")), t = w1_side(model_preset("qwen3-1.7b"));
+  const ModelSide s = describe_config(model_preset("qwen3-0.6b")), t = describe_config(model_preset("qwen3-1.7b"));
   const MemoryPlanOptions base = w1_plan_options();
   auto fit = [&](double gib, bool can_offload, MemoryPlanOptions o) {
     return fit_memory_budget(s, &t, o, can_offload, static_cast<int64_t>(gib * (1 << 30)));
