@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -536,6 +536,40 @@ if [[ "$what" == s8b ]]; then
     summary+=("$(printf '%-13s %s | %s' "$name" "$(grep -h 'GPU memory plan' "$OUT/mem_$name.log" | sed 's/.*peak ~//' | cut -c1-90)" \
                 "$(grep -h 'peak device mem\|whole step' "$OUT/mem_$name.log" | tr -s ' ' | tr '\n' ' ')")")
   done
+fi
+if [[ "$what" == s8e ]]; then
+  # Session 8 (nvidia-h200, <= 200 s): where the fused loss's time goes (2.9x its lm_head GEMMs
+  # at N = 4096): one call of each (lm_head GEMMs alone, then the fused loss, f32 tile) under
+  # ncu (duration and DRAM bytes per kernel, clocks not locked), totals per kernel family.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  run ncu_loss 180 "$NCU" --clock-control none --csv --page raw \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      $B/opd bench loss --rows 4096 --tile-dtype f32 --warmup 0 --iters 1
+  python3 tools/ncu_summary.py --totals "$OUT/ncu_loss.log" > "$OUT/ncu_loss_totals.txt" 2>&1
+  cat "$OUT/ncu_loss_totals.txt" | head -30
+fi
+if [[ "$what" == s8f ]]; then
+  # Session 8 (nvidia-h200, <= 150 s): the fused loss's tile GEMMs ran at ~63% of the whole
+  # lm_head GEMMs' rate (ncu, s8e): its vocabulary tile and row chunk swept at W1's N = 4096.
+  for vt in 4096 8192 16384; do
+    for rc in 0 2048 4096; do
+      echo "{\"sweep\": \"vocab_tile $vt row_chunk $rc\"}" >>"$OUT/loss_sweep.json"
+      timeout 40 $B/opd bench loss --rows 4096 --tile-dtype f32 --vocab-tile $vt --row-chunk $rc \
+          --warmup 2 --iters 10 --json >>"$OUT/loss_sweep.json" 2>>"$OUT/loss_sweep.err"
+    done
+  done
+  python3 - "$OUT/loss_sweep.json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    j = json.loads(line)
+    if "sweep" in j:
+        print(j["sweep"], end=": ")
+        continue
+    print({k: j.get(k) for k in ("vocab_tile", "fused_ms", "fused_forward_ms", "fused_backward_ms", "gemms_ms", "ratio_fused_over_gemms", "extra_peak_bytes", "loss")})
+PY
 fi
 if [[ "$what" == s8d ]]; then
   # Session 8's last call (nvidia-h200, <= 200 s): the gradient buffers released at start-up:

@@ -6,7 +6,10 @@ and parameters; cuBLAS's nvjet kernels keep their full tile name), in launch ord
 of launches and the mean of each metric over them (a bench case's timed repeats become one
 row), so a profile of `opd bench kernels --filter decode_linear` shows the cuBLASLt kernels of
 the 64-row decode GEMMs (issue 6: why they are latency-bound) and their metrics side by side.
-Usage: tools/ncu_summary.py ncu.csv
+With --totals: one row per kernel family over the whole profile (launches, and each metric's
+sum over them), largest first by the first metric: where a multi-kernel op (e.g. the fused
+loss's tile loop, `opd bench loss --rows 4096 --iters 1`) spends its time.
+Usage: tools/ncu_summary.py [--totals] ncu.csv
 """
 import csv
 import re
@@ -22,7 +25,9 @@ def family(name):
 
 
 def main():
-    with open(sys.argv[1], newline="") as f:
+    totals = "--totals" in sys.argv[1:]
+    path = [a for a in sys.argv[1:] if a != "--totals"][0]
+    with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]
     reader = csv.reader(lines)
     header = next(reader)
@@ -34,6 +39,11 @@ def main():
     table = []  # [family, launches, sums], one entry per run of consecutive launches
     for row in reader:
         fam = family(row[name_col])
+        if totals:  # one entry per family, wherever its launches are
+            hit = [t for t in table if t[0] == fam]
+            if hit:
+                table.remove(hit[0])
+                table.append(hit[0])
         if not table or table[-1][0] != fam:
             table.append([fam, 0, [0.0] * len(cols)])
         acc = table[-1][1:]
@@ -46,6 +56,12 @@ def main():
     short = [header[i].replace("__", ".")[:28] for i in cols]
     print("launches  " + "  ".join(f"{s:>28}" for s in short) + "  kernel")
     print("          " + "  ".join(f"{units[i][:28]:>28}" for i in cols))
+    if totals:
+        table.sort(key=lambda t: -t[2][0] if t[2] else 0)
+        print("(totals: each metric summed over the family's launches)")
+        for fam, count, sums in table:
+            print(f"{count:8d}  " + "  ".join(f"{v:28.3f}" for v in sums) + f"  {fam}")
+        return
     for fam, count, sums in table:
         print(f"{count:8d}  " + "  ".join(f"{v / count:28.3f}" for v in sums) + f"  {fam}")
 

@@ -217,6 +217,7 @@ OpdResult run_opd(const BenchTrainOptions& o, const ModelConfig& c) {
   OPD_CHECK(o.loss_tile == "bf16" || o.loss_tile == "f32", InvalidArgument,
             "bench train: --loss-tile must be bf16 or f32, got ", o.loss_tile);
   loss_opt.tile_dtype = o.loss_tile == "bf16" ? DType::BF16 : DType::F32;
+  loss_opt.tile_budget_bytes = kTrainingLossTileBudgetBytes;  // as opd train
 
   OpdResult res;
   res.params = master.num_parameters();

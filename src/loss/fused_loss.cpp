@@ -556,11 +556,19 @@ int64_t fused_loss_scratch_bytes(int64_t n, int64_t vocab, int64_t k, const Loss
 
 LossResult fused_lm_head_loss(const LossConfig& config, const FusedLossArgs& args,
                               Tensor* d_hidden, Tensor* d_lm_head) {
+  return fused_lm_head_loss(config, args, d_hidden, d_lm_head, 0);
+}
+
+LossResult fused_lm_head_loss(const LossConfig& config, const FusedLossArgs& args,
+                              Tensor* d_hidden, Tensor* d_lm_head, int64_t cuda_tile_budget_bytes) {
   OPD_CHECK(args.hidden.defined(), InvalidArgument, "fused loss: hidden is missing");
   if (args.hidden.device() == Device::CUDA) {
 #if defined(OPD_WITH_CUDA)
-    return cuda::fused_lm_head_loss_cuda(config, args, d_hidden, d_lm_head);
+    cuda::CudaLossOptions options;
+    if (cuda_tile_budget_bytes > 0) options.tile_budget_bytes = cuda_tile_budget_bytes;
+    return cuda::fused_lm_head_loss_cuda(config, args, d_hidden, d_lm_head, options);
 #else
+    (void)cuda_tile_budget_bytes;
     OPD_FAIL(Unsupported, "fused loss: hidden is a device tensor but this build has no CUDA "
              "backend");
 #endif

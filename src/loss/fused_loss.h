@@ -93,4 +93,15 @@ int64_t fused_loss_scratch_bytes(int64_t n, int64_t vocab, int64_t k, const Loss
 LossResult fused_lm_head_loss(const LossConfig& config, const FusedLossArgs& args,
                               Tensor* d_hidden, Tensor* d_lm_head);
 
+// The trainer's budget for the CUDA path's [row_chunk, vocab_tile] buffers (CudaLossOptions::
+// tile_budget_bytes; the library default is 40 MiB, which keeps the issue shape's extra memory
+// under 64 MiB). 128 MiB makes a W1 micro-batch (4,096 completion rows, tile 4,096) one row
+// chunk: bigger tile GEMMs, 11.45 instead of 14.37 ms per call for 107 instead of 41 MB of
+// scratch (H200, `opd bench loss --row-chunk`, session 8). Loss and d_hidden are bit-identical;
+// d_lm_head sums the rows in fewer GEMM calls (f32 rounding).
+inline constexpr int64_t kTrainingLossTileBudgetBytes = int64_t{128} << 20;
+// fused_lm_head_loss with that budget on CUDA (0 = the library default); the CPU ignores it.
+LossResult fused_lm_head_loss(const LossConfig& config, const FusedLossArgs& args,
+                              Tensor* d_hidden, Tensor* d_lm_head, int64_t cuda_tile_budget_bytes);
+
 }  // namespace opd

@@ -82,8 +82,9 @@ int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unkno
 //   training:   activations of one micro-batch, T x layers x (14 H + 3 I) x dtype without
 //               recompute, T x layers x (9 H + 2 I) x dtype with elementwise recompute, or
 //               T x H x dtype per layer + two layers' worth with per-layer recompute; + the
-//               workspace: the loss head's scratch (two 40 MiB logit tiles, O(T x K) rows), the
-//               f32 d_hidden and the cuBLAS workspaces, T x 4 (H + 4 H) + 256 MiB.
+//               workspace: the loss head's scratch (its tile buffers, up to the trainer's
+//               128 MiB budget, and O(T x K) rows), the f32 d_hidden and the cuBLAS
+//               workspaces, T x 4 (H + 4 H) + 256 MiB.
 struct MemoryPlanOptions {
   DType dtype = DType::BF16;   // compute dtype on the GPU
   Recompute recompute = Recompute::Off;

@@ -1255,7 +1255,8 @@ TrainResult Trainer::run_steps() {
       // The loss accumulates into the lm_head's (tied: the embedding's) gradient: on CUDA it
       // waits for the previous micro-batch's ZeRO-2 reductions, which clear the local buckets.
       if (zero_) zero_->wait_reductions();
-      LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head);
+      LossResult lr = fused_lm_head_loss(loss_, args, &d_rows, &grads_.lm_head,
+                                         kTrainingLossTileBudgetBytes);
       loss += lr.loss;
       div_sum += lr.divergence_sum;
       ce_sum += lr.ce_sum;

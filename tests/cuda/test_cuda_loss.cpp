@@ -416,6 +416,30 @@ TEST(CudaFusedLoss, TilePathIsDeterministic) {
   }
 }
 
+// The row chunk (CudaLossOptions::row_chunk, or the rows that fit tile_budget_bytes: the
+// trainer's kTrainingLossTileBudgetBytes makes a W1 micro-batch one chunk) changes how many rows
+// each tile GEMM takes, not what a row computes: loss and d_hidden are bit-identical; d_lm_head
+// sums the rows in fewer GEMM calls (f32 rounding only).
+TEST(CudaFusedLoss, RowChunkChangesOnlyTheOrderOfTheLmHeadGradientSum) {
+  REQUIRE_GPU();
+  const Problem p = make_problem(300, 128, 3001, 64, DType::BF16, 40);
+  const TeacherTopK teacher = validated_teacher(p, 1.0, DType::F32);
+  for (SupportMode m : {SupportMode::TopKTail, SupportMode::Sampled, SupportMode::Full}) {
+    LossConfig cfg;
+    cfg.mode = m;
+    cfg.sft_alpha = 0.3;
+    cfg.vocab_tile = 1000;
+    cuda::CudaLossOptions chunked, whole;
+    chunked.row_chunk = 128;
+    whole.tile_budget_bytes = kTrainingLossTileBudgetBytes;  // all 300 rows in one chunk
+    const LossRun a = run_gpu(p, cfg, &teacher, chunked);
+    const LossRun b = run_gpu(p, cfg, &teacher, whole);
+    EXPECT_EQ(a.res.loss, b.res.loss) << mode_str(m);
+    EXPECT_EQ(std::memcmp(a.dh.raw(), b.dh.raw(), a.dh.nbytes()), 0) << mode_str(m) << " d hidden";
+    EXPECT_TRUE(test::close(b.dw, a.dw, 1e-4, 1e-6, 1e-5)) << mode_str(m) << " d lm_head";
+  }
+}
+
 TEST(CudaFusedLoss, EmptyMicroBatch) {
   REQUIRE_GPU();
   const Problem p = make_problem(4, 16, 50, 4, DType::F32, 50);
