@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -547,6 +547,16 @@ if [[ "$what" == s8e ]]; then
       $B/opd bench loss --rows 4096 --tile-dtype f32 --warmup 0 --iters 1
   python3 tools/ncu_summary.py --totals "$OUT/ncu_loss.log" > "$OUT/ncu_loss_totals.txt" 2>&1
   cat "$OUT/ncu_loss_totals.txt" | head -30
+fi
+if [[ "$what" == s8g ]]; then
+  # Session 8 (nvidia-h200, <= 300 s): the trainer's 128 MiB loss tile budget: the loss and
+  # trainer suites, then `opd bench train` and W1 (defaults, and --device-memory-budget 16).
+  run loss_trainer 150 $B/test_cuda --gtest_filter='CudaFusedLoss.*:CudaTrainer*:CudaLossRepro.*'
+  run bench_train 60 $B/opd bench train
+  run w1_default 100 $B/opd bench w1 --work-dir /tmp/opd_w1
+  run w1_budget16 80 $B/opd bench w1 --work-dir /tmp/opd_w1 --device-memory-budget 16
+  grep -h "MFU\|opd:" "$OUT/bench_train.log" | grep -v '^{' | head -5
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak\|phase peaks" "$OUT"/w1_*.log | head -20
 fi
 if [[ "$what" == s8f ]]; then
   # Session 8 (nvidia-h200, <= 150 s): the fused loss's tile GEMMs ran at ~63% of the whole
