@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -547,6 +547,17 @@ if [[ "$what" == s8e ]]; then
       $B/opd bench loss --rows 4096 --tile-dtype f32 --warmup 0 --iters 1
   python3 tools/ncu_summary.py --totals "$OUT/ncu_loss.log" > "$OUT/ncu_loss_totals.txt" 2>&1
   cat "$OUT/ncu_loss_totals.txt" | head -30
+fi
+if [[ "$what" == s8h ]]; then
+  # Session 8 (nvidia-h200, <= 240 s): where W1's training step goes, kernel family by family:
+  # one `opd bench train` step (f32 loss tile, as opd train) under ncu (durations only, clocks not
+  # locked), totals per family.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  run ncu_train 220 "$NCU" --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
+      $B/opd bench train --loss-tile f32 --warmup 0 --steps 1
+  python3 tools/ncu_summary.py --totals "$OUT/ncu_train.log" > "$OUT/ncu_train_totals.txt" 2>&1
+  head -45 "$OUT/ncu_train_totals.txt" | cut -c1-150
+  gzip -f "$OUT/ncu_train.log"
 fi
 if [[ "$what" == s8g ]]; then
   # Session 8 (nvidia-h200, <= 300 s): the trainer's 128 MiB loss tile budget: the loss and
