@@ -19,7 +19,7 @@ import sys
 def family(name):
     if "nvjet" in name:
         return name.split("(")[0][:60]
-    n = name.replace("(anonymous namespace)::", "")
+    n = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     n = re.sub(r"<.*", "", n.split("(")[0]).strip()
     return (n[5:] if n.startswith("void ") else n)[:60]
 
