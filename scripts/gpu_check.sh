@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -547,6 +547,16 @@ if [[ "$what" == s8e ]]; then
       $B/opd bench loss --rows 4096 --tile-dtype f32 --warmup 0 --iters 1
   python3 tools/ncu_summary.py --totals "$OUT/ncu_loss.log" > "$OUT/ncu_loss_totals.txt" 2>&1
   cat "$OUT/ncu_loss_totals.txt" | head -30
+fi
+if [[ "$what" == s8i ]]; then
+  # Session 8's last call (nvidia-h200, <= 300 s): RMSNorm of bf16 rows of 1024 in training
+  # batches as a warp per row: the norm, model, trainer and rollout suites, the norm kernels
+  # alone, W1 (train phase, rollout unchanged).
+  run norm_tests 150 $B/test_cuda --gtest_filter='*CudaRmsnorm*:*CudaModel*:CudaTrainer*:CudaRollout.*:*QkvNorm*'
+  run bench_norm 40 $B/opd bench kernels --filter rmsnorm
+  run w1 100 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "rmsnorm" "$OUT/bench_norm.log" | grep -v '^{' | head -8
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s8h ]]; then
   # Session 8 (nvidia-h200, <= 240 s): where W1's training step goes, kernel family by family:

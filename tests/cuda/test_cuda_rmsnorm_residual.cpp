@@ -92,14 +92,15 @@ TEST_P(CudaRmsnormPaths, PlainMatchesCpu) {
   }
 }
 
-// h = 128 with many rows: q/k norm (warp per row); 1024: the W1 hidden size (block, one
-// vector per thread in bf16); 2048/4096: two and four vectors; 8192 f32 and 10000: long rows;
+// h = 128 with many rows: q/k norm (warp per row); 1024: the W1 hidden size (768 rows: block,
+// one vector per thread in bf16; 6,145 rows: warp per row, four vectors per lane); 2048/4096: two and four vectors; 8192 f32 and 10000: long rows;
 // 1, 7, 255, 1000 + 3: scalar paths; n = 0: nothing to do.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaRmsnormPaths,
     ::testing::Values(NormCase{1, 1}, NormCase{3, 7}, NormCase{17, 255}, NormCase{98304, 128},
                       NormCase{257, 256}, NormCase{4097, 128}, NormCase{33, 1003},
-                      NormCase{768, 1024}, NormCase{100, 2048}, NormCase{1000, 4096},
+                      NormCase{768, 1024}, NormCase{6145, 1024}, NormCase{100, 2048},
+                      NormCase{1000, 4096},
                       NormCase{64, 8192}, NormCase{9, 10000}, NormCase{0, 64}),
     [](const auto& info) {
       return "n" + std::to_string(info.param.n) + "_h" + std::to_string(info.param.h);
