@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -547,6 +547,20 @@ if [[ "$what" == s8e ]]; then
       $B/opd bench loss --rows 4096 --tile-dtype f32 --warmup 0 --iters 1
   python3 tools/ncu_summary.py --totals "$OUT/ncu_loss.log" > "$OUT/ncu_loss_totals.txt" 2>&1
   cat "$OUT/ncu_loss_totals.txt" | head -30
+fi
+if [[ "$what" == s8j ]]; then
+  # Session 8 (nvidia-h200, <= 150 s): A/B of the RMSNorm launch shape in one call: the same
+  # commit built twice (opd_block: a 256-thread block per row of 1024; opd_warp: a warp per
+  # row), alternating: the norm kernels alone, then one training bench each (f32 loss tile).
+  for i in 1 2 3; do
+    for v in block warp; do
+      timeout 20 $B/opd_$v bench kernels --filter rmsnorm 2>&1 | grep -v '^{' | grep "^rmsnorm" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
+    done
+  done
+  for v in block warp block warp; do
+    timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
+  done
+  cat "$OUT/norm_ab.txt"
 fi
 if [[ "$what" == s8i ]]; then
   # Session 8's last call (nvidia-h200, <= 300 s): RMSNorm of bf16 rows of 1024 in training

@@ -92,8 +92,8 @@ TEST_P(CudaRmsnormPaths, PlainMatchesCpu) {
   }
 }
 
-// h = 128 with many rows: q/k norm (warp per row); 1024: the W1 hidden size (768 rows: block,
-// one vector per thread in bf16; 6,145 rows: warp per row, four vectors per lane); 2048/4096: two and four vectors; 8192 f32 and 10000: long rows;
+// h = 128 with many rows: q/k norm (warp per row); 1024: the W1 hidden size (block, one
+// vector per thread in bf16; 768 rows and a training batch's 6,145); 2048/4096: two and four vectors; 8192 f32 and 10000: long rows;
 // 1, 7, 255, 1000 + 3: scalar paths; n = 0: nothing to do.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaRmsnormPaths,

@@ -285,12 +285,6 @@ bool try_fast(const Args& a, bool forward) {
   const int64_t chunks = a.h / W;
   if (chunks <= 32) launch_fast<T, W, 32, 1, kRes>(a, forward);
   else if (chunks <= 64) launch_fast<T, W, 32, 2, kRes>(a, forward);
-  // bf16 rows of 1024 (W1's hidden size) in training-sized batches: a warp per row (4 vectors
-  // per lane, warp reductions only) instead of a 256-thread block whose upper half idles (128
-  // vectors) and which synchronizes twice per row. Small batches (decode steps) keep a block per
-  // row: 8 rows per block would leave most SMs without a row. ncu on the H200 (session 8):
-  // rms_fwd_fast 16 us and rms_bwd_fast 26 us per launch at 6,144 x 1,024, ~2.5x their bytes.
-  else if (chunks <= 128 && a.n >= 2048) launch_fast<T, W, 32, 4, kRes>(a, forward);
   else if (chunks <= 256) launch_fast<T, W, 256, 1, kRes>(a, forward);
   else if (chunks <= 512) launch_fast<T, W, 256, 2, kRes>(a, forward);
   else if (chunks <= 1024) launch_fast<T, W, 256, 4, kRes>(a, forward);
