@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "rollout/engine.h"
+#include "teacher/scorer.h"  // SharedPromptOptions
 #include "tokenizer/fingerprint.h"
 #include "tokenizer/tokenizer.h"
 
@@ -150,6 +151,16 @@ MemoryPlan plan_gpu_memory(const ModelSide& s, const ModelSide* teacher,
                         teacher->head_dim;
     m.scoring = o.scorer_batch_tokens * (6 * Ht + 2 * qkv + 4 * It) * bytes +
                 o.scorer_row_chunk * o.scorer_vocab_tile * 4;
+    if (o.shared_prompt_tokens > 0) {
+      const int64_t kv_row = teacher->num_key_value_heads * teacher->head_dim * bytes;
+      const int64_t block = SharedPromptOptions{}.block_size;
+      const int64_t cache_tokens = o.shared_prompt_tokens +
+                                   std::max(o.scorer_batch_tokens, o.shared_completion_tokens) +
+                                   block * std::max<int64_t>(1, o.shared_group);
+      m.scoring += cache_tokens * 2 * teacher->num_layers * kv_row +
+                   2 * std::max<int64_t>(1, o.shared_group) *
+                       (o.shared_prompt_tokens + o.shared_completion_tokens) * kv_row;
+    }
   }
   m.teacher_whole_run = !o.offload_teacher;
   const int64_t H = s.hidden_size, I = s.intermediate_size, T = o.micro_batch_tokens;

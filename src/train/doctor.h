@@ -78,7 +78,11 @@ int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unkno
 //               decode weights (q|k|v and gate|up, ~P x dtype x 0.5);
 //   scoring:    an in-process teacher's forward over one packed batch of scorer_batch_tokens,
 //               B x (6 H + 2 (Hq + 2 Hkv) D + 4 I) x dtype at its widest point, + its top-K
-//               logit tile (f32 scorer_row_chunk x scorer_vocab_tile);
+//               logit tile (f32 scorer_row_chunk x scorer_vocab_tile); with shared prompts
+//               also a step's K/V cache (prompt + max(B, completion) + one block per
+//               completion, 2 x layers x Hkv x D x dtype per token) and the context gather
+//               (2 x group x (prompt + completion) x Hkv x D x dtype): a bound from the
+//               scorer's code, not measured;
 //   training:   activations of one micro-batch, T x layers x (14 H + 3 I) x dtype without
 //               recompute, T x layers x (9 H + 2 I) x dtype with elementwise recompute, or
 //               T x H x dtype per layer + two layers' worth with per-layer recompute; + the
@@ -95,6 +99,10 @@ struct MemoryPlanOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;
   // The in-process CUDA scorer's batch and top-K tile (teacher/cuda_scorer.h Options defaults).
   int64_t scorer_batch_tokens = 16384, scorer_row_chunk = 2048, scorer_vocab_tile = 16384;
+  // Shared-prompt scoring (--num-generations > 1: the scorer may run a prompt's completions
+  // over its cached K/V, teacher/score_plan.h): the longest prompt and completion and the
+  // completions per prompt. 0 prompt tokens: no sharing planned for.
+  int64_t shared_prompt_tokens = 0, shared_completion_tokens = 0, shared_group = 1;
 };
 struct MemoryPlan {
   int64_t model = 0, master = 0, optimizer = 0, grads = 0, teacher = 0;

@@ -574,6 +574,15 @@ MemoryPlanOptions Trainer::memory_plan_options() {
   const int64_t kv_needed = tokens_needed * 2 * sc.num_hidden_layers * sc.num_key_value_heads *
                             sc.head_dim * static_cast<int64_t>(dtype_size(compute_dtype_));
   po.kv_cache_bytes = std::min<int64_t>(static_cast<int64_t>(o_.kv_cache_gb * (1 << 30)), kv_needed);
+  if (o_.num_generations > 1 && !o_.teacher.empty()) {  // the scorer may share prompts
+    int64_t longest_prompt = 0;
+    for (size_t i = 0; i < data_->size(); ++i)
+      longest_prompt = std::max<int64_t>(longest_prompt,
+                                         static_cast<int64_t>((*data_)[i].prompt_ids.size()));
+    po.shared_prompt_tokens = longest_prompt;
+    po.shared_completion_tokens = o_.max_completion_length;
+    po.shared_group = o_.num_generations;
+  }
   return po;
 }
 

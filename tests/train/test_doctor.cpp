@@ -134,6 +134,26 @@ TEST(DoctorPlan, GpuPlanOfW1BoundsEveryMeasuredPhase) {
   EXPECT_EQ(z.grads, p.grads);
 }
 
+// Shared-prompt scoring (--num-generations > 1) adds the scorer's step K/V cache and context
+// gather to the scoring phase, by the formula of train/doctor.h; without it nothing changes.
+TEST(DoctorPlan, SharedPromptScoringAddsItsCacheToTheScoringPhase) {
+  const ModelSide s = describe_config(model_preset("qwen3-0.6b")), t = describe_config(model_preset("qwen3-1.7b"));
+  MemoryPlanOptions o = w1_plan_options();
+  const MemoryPlan dense = plan_gpu_memory(s, &t, o);
+  o.shared_prompt_tokens = 2048;
+  o.shared_completion_tokens = 64;
+  o.shared_group = 8;
+  const MemoryPlan shared = plan_gpu_memory(s, &t, o);
+  const int64_t kv_row = t.num_key_value_heads * t.head_dim * 2;  // bf16
+  const int64_t cache = (2048 + o.scorer_batch_tokens + 16 * 8) * 2 * t.num_layers * kv_row;
+  const int64_t gather = 2 * 8 * (2048 + 64) * kv_row;
+  EXPECT_EQ(shared.scoring - dense.scoring, cache + gather);
+  EXPECT_EQ(shared.training_phase(), dense.training_phase());
+  EXPECT_EQ(shared.rollout_phase(), dense.rollout_phase());
+  // W1's teacher: ~2.0 GiB more in the scoring phase (one step's cache of 18.5k tokens).
+  EXPECT_NEAR(static_cast<double>(cache + gather) / (1 << 30), 2.0, 0.1);
+}
+
 // --device-memory-budget: the cheapest setting whose plan fits, in the measured cost order;
 // a setting the user chose is never undone; nothing fitting gives the smallest plan.
 TEST(DoctorPlan, MemoryBudgetPicksTheCheapestSettingThatFits) {
