@@ -78,13 +78,7 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
 }
 
 WeightOffload::~WeightOffload() {
-  // The model keeps the weights bound now (they share the flat buffer); it only forgets us.
-  if (in_flight_) {
-#ifdef OPD_WITH_CUDA
-    (void)cudaStreamWaitEvent(cuda::current_stream(), layered_->arrived.back()->get(), 0);
-#endif
-    model_->set_weight_arrival(nullptr);
-  }
+  forget_layered();  // the model keeps the weights bound (they share the flat buffer)
 }
 
 void WeightOffload::bind(const Tensor& flat) {
@@ -106,12 +100,26 @@ void WeightOffload::upload() {
   // reads the weights next; the host copy is never written after construction.
   OPD_CUDA_CHECK(cudaMemcpyAsync(flat.raw(), host_.get(), static_cast<size_t>(bytes_),
                                  cudaMemcpyHostToDevice, cuda::current_stream()));
+  make_resident(flat, /*layered=*/false);
+#endif
+}
+
+void WeightOffload::make_resident(const Tensor& flat, bool layered) {
   device_ = flat;
   bind(flat);
+  model_->set_weight_arrival(layered ? this : nullptr);
+  in_flight_ = layered;
+  ++uploads_;
+}
+
+void WeightOffload::forget_layered() noexcept {
+  if (!in_flight_) return;
+#ifdef OPD_WITH_CUDA
+  // Stream-ordered free of the buffer (or its last reader's queue): after the last copy landed.
+  (void)cudaStreamWaitEvent(cuda::current_stream(), layered_->arrived.back()->get(), 0);
+#endif
   model_->set_weight_arrival(nullptr);
   in_flight_ = false;
-  ++uploads_;
-#endif
 }
 
 void WeightOffload::upload_layered() {
@@ -140,11 +148,7 @@ void WeightOffload::upload_layered() {
     layered_->arrived[g]->record(layered_->copy.get());
     begin = end;
   }
-  device_ = flat;
-  bind(flat);
-  model_->set_weight_arrival(this);
-  in_flight_ = true;
-  ++uploads_;
+  make_resident(flat, /*layered=*/true);
 #endif
 }
 
@@ -161,14 +165,7 @@ void WeightOffload::wait(int64_t group, cudaStream_t stream) const {
 
 void WeightOffload::release() {
   if (!resident()) return;
-  if (in_flight_) {
-#ifdef OPD_WITH_CUDA
-    // Stream-ordered free: the buffer may be reused only after the last copy into it landed.
-    wait(static_cast<int64_t>(group_end_.size()) - 1, cuda::current_stream());
-#endif
-    model_->set_weight_arrival(nullptr);
-    in_flight_ = false;
-  }
+  forget_layered();
   bind(Tensor());
   device_ = Tensor();  // back to the caching allocator (stream-ordered: queued readers finish first)
 }

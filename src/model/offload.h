@@ -57,6 +57,10 @@ class WeightOffload : public WeightArrival {
     int64_t offset = 0;  // elements into the flat buffer
   };
   void bind(const Tensor& flat);  // points the model's weights at views of `flat`
+  // flat is the model's now; layered: its copies are in flight (the model waits through us).
+  void make_resident(const Tensor& flat, bool layered);
+  // A layered upload's copies: the current stream waits for the last one, the model forgets us.
+  void forget_layered() noexcept;
 
   std::shared_ptr<Transformer> model_;
   DType dtype_;

@@ -589,9 +589,10 @@ MemoryPlanOptions Trainer::memory_plan_options() {
 void Trainer::fit_memory_budget_or_fail() {
   if (o_.device_memory_budget_gb <= 0 || device_ != Device::CUDA) return;
   const int64_t budget = static_cast<int64_t>(o_.device_memory_budget_gb * (1 << 30));
-  // The in-process teacher's shape (the scorer's batch counts in the scoring phase).
+  // The in-process teacher's shape (the scorer's batch counts in the scoring phase): its
+  // config only (setup_teacher reads the tokenizer files for the doctor checks).
   std::optional<ModelSide> teacher;
-  if (!o_.sft && !o_.teacher.empty()) teacher = describe_model_dir(o_.teacher);
+  if (!o_.sft && !o_.teacher.empty()) teacher = describe_config(load_model_config(o_.teacher));
   const bool can_offload = teacher && loss_.mode != SupportMode::Full;
   MemoryChoice smallest;
   const std::optional<MemoryChoice> c =
