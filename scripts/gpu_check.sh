@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -561,6 +561,35 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s9a ]]; then
+  # Session 9's first call (nvidia-h200, <= 560 s): session 8's last refactor (offload
+  # make_resident / forget_layered) under the trainer and offload suites; the memory plan's
+  # shared-prompt scoring term against a run that shares (8 prompts x 8 generations of 3072 +
+  # 256 tokens) and the same lengths unshared (64 prompts); then where W1's scoring and the
+  # training step's memory-bound kernels go, by kernel family and launch shape, with DRAM bytes.
+  run trainer 110 $B/test_cuda --gtest_filter='CudaTrainer*:*CudaWeightOffload*'
+  run w1_shared 110 $B/opd bench w1 --work-dir /tmp/opd_w1s --prompts 8 --num-generations 8 \
+      --prompt-len 3072 --completion-len 256 --kv-cache-gb 24 --warmup 0 --steps 1
+  run w1_unshared 90 $B/opd bench w1 --work-dir /tmp/opd_w1s --prompts 64 \
+      --prompt-len 3072 --completion-len 256 --kv-cache-gb 24 --warmup 0 --steps 1
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  run ncu_score 120 "$NCU" --clock-control none --csv --page raw --print-units base \
+      --metrics gpu__time_duration.sum,dram__bytes.sum \
+      $B/opd bench score --no-server --warmup 0 --iters 1
+  python3 tools/ncu_summary.py --by-grid "$OUT/ncu_score.log" > "$OUT/ncu_score_totals.txt" 2>&1
+  gzip -f "$OUT/ncu_score.log"
+  if (( SECONDS < 380 )); then
+    run ncu_train_mem 150 "$NCU" --clock-control none --csv --page raw --print-units base \
+        --kernel-name regex:'rms|rope|swiglu|norm|add|silu|residual|copy|convert|cast' \
+        --metrics gpu__time_duration.sum,dram__bytes.sum \
+        $B/opd bench train --loss-tile f32 --warmup 0 --steps 1
+    python3 tools/ncu_summary.py --by-grid "$OUT/ncu_train_mem.log" > "$OUT/ncu_train_mem_totals.txt" 2>&1
+    gzip -f "$OUT/ncu_train_mem.log"
+  fi
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak\|GPU memory plan" "$OUT"/w1_*.log | cut -c1-400 | head -20
+  head -30 "$OUT/ncu_score_totals.txt" | cut -c1-170
+  head -30 "$OUT/ncu_train_mem_totals.txt" 2>/dev/null | cut -c1-170
 fi
 if [[ "$what" == s8i ]]; then
   # Session 8's last call (nvidia-h200, <= 300 s): RMSNorm of bf16 rows of 1024 in training

@@ -50,6 +50,7 @@ struct BenchW1Options {
   std::string student = "qwen3-0.6b", teacher = "qwen3-1.7b";
   int64_t layers = 0, teacher_layers = 0;  // 0 = the preset's
   int64_t prompts = 64, prompt_len = 256, completion_len = 512, k = 64, micro_batch = 8;
+  int64_t num_generations = 1;  // opd train --num-generations (sequences = prompts x this)
   int warmup = 1, steps = 2;
   double kv_cache_gb = 8;
   bool recompute = false, offload_teacher = false;
@@ -82,6 +83,8 @@ void make_model(const std::string& dir, const ModelConfig& c, uint64_t seed,
 void run_bench_w1(const BenchW1Options& o) {
   namespace fs = std::filesystem;
   OPD_CHECK(o.steps >= 1 && o.warmup >= 0, InvalidArgument, "--steps >= 1 and --warmup >= 0");
+  OPD_CHECK(!o.with_torch || o.num_generations == 1, InvalidArgument, "--with-torch runs W1's "
+            "anchor, one sample per prompt: leave --num-generations at 1");
   OPD_CHECK(device_hooks::cuda_device_count() > 0, Unsupported,
             "opd bench w1 needs a CUDA device (none is usable here)");
   OPD_CHECK(fs::exists(o.tokenizer + "/tokenizer.json"), InvalidArgument, "--tokenizer ",
@@ -155,6 +158,7 @@ void run_bench_w1(const BenchW1Options& o) {
   t.teacher_top_k = o.k;
   t.temperature = 1;
   t.max_completion_length = o.completion_len;
+  t.num_generations = o.num_generations;
   t.ignore_eos = true;
   t.kv_cache_gb = o.kv_cache_gb;
   t.batch_size = o.prompts;
@@ -215,10 +219,11 @@ void run_bench_w1(const BenchW1Options& o) {
   const double n = median(tokens), rs = median(rollout), ss = median(score), ts = median(trainp),
                st = median(step);
   const double seq_len = static_cast<double>(o.prompt_len + o.completion_len);
+  const double sequences = static_cast<double>(o.prompts * o.num_generations);
   const double flops =
-      6.0 * static_cast<double>(sc.num_parameters()) * static_cast<double>(o.prompts) * seq_len +
+      6.0 * static_cast<double>(sc.num_parameters()) * sequences * seq_len +
       3.0 * 2.0 * seq_len * seq_len * static_cast<double>(sc.head_dim * sc.num_attention_heads) *
-          static_cast<double>(sc.num_hidden_layers * o.prompts);
+          static_cast<double>(sc.num_hidden_layers) * sequences;
   const double mfu = flops / ts / kMeasuredPeak;
   const double peak_gib = static_cast<double>(peak) / (1024.0 * 1024 * 1024);
   const char* ws = std::getenv("WORLD_SIZE");
@@ -234,6 +239,7 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"student", o.student},
                       {"teacher", o.teacher},
                       {"prompts", o.prompts},
+                      {"num_generations", o.num_generations},
                       {"prompt_len", o.prompt_len},
                       {"completion_len", o.completion_len},
                       {"k", o.k},
@@ -248,7 +254,7 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"score_s", ss},
                       {"score_tok_s", ss > 0 ? n / ss : 0},
                       {"train_s", ts},
-                      {"train_tok_s", ts > 0 ? static_cast<double>(o.prompts) * seq_len / ts : 0},
+                      {"train_tok_s", ts > 0 ? sequences * seq_len / ts : 0},
                       {"train_mfu", mfu},
                       {"step_s", st},
                       {"peak_device_gib", peak_gib}};
@@ -261,7 +267,8 @@ void run_bench_w1(const BenchW1Options& o) {
   } else {
     std::printf("W1 step through opd train (%s student, %s teacher, %lld x (%lld + %lld) tokens, "
                 "K %lld, micro-batch %lld%s), median of %zu steps after %d warm-up:\n",
-                o.student.c_str(), o.teacher.c_str(), static_cast<long long>(o.prompts),
+                o.student.c_str(), o.teacher.c_str(),
+                static_cast<long long>(o.prompts * o.num_generations),
                 static_cast<long long>(o.prompt_len), static_cast<long long>(o.completion_len),
                 static_cast<long long>(o.k), static_cast<long long>(o.micro_batch),
                 (recompute_used != "none" ? cat(", recompute ", recompute_used) : std::string())
@@ -398,6 +405,11 @@ void register_bench_w1(CLI::App& bench) {
   c->add_option("--teacher-layers", o->teacher_layers, "teacher layers (0 = the preset's)")
       ->capture_default_str();
   c->add_option("--prompts", o->prompts, "prompts per step")->capture_default_str();
+  c->add_option("--num-generations", o->num_generations, "student samples per prompt (opd "
+                "train's flag; sequences per step = prompts x this; > 1 lets the teacher share "
+                "each prompt's K/V across its samples)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   c->add_option("--prompt-len", o->prompt_len, "prompt tokens")->capture_default_str();
   c->add_option("--completion-len", o->completion_len, "completion tokens (EOS ignored)")
       ->capture_default_str();
