@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -561,6 +561,25 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s9b ]]; then
+  # Session 9 (nvidia-h200, <= 420 s): the top-K tile kernel's 16-byte row loads (s9a: 211 us
+  # per 2048 x 16384 tile, ~0.7 TB/s): the top-K and scorer suites, memcheck and racecheck of the
+  # row kernels, then `opd bench score --no-server` A/B against the previous build (opd_base,
+  # carried) alternating, and W1.
+  run topk 150 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaScorer*'
+  run memcheck_topk 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter="$RACE_TOPK:CudaTopKLmHead.Bad*"
+  run racecheck_topk 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name "kns=topk_" $B/test_cuda --gtest_filter="$RACE_TOPK"
+  for v in base new base new; do
+    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+    timeout 60 $bin bench score --no-server --work-dir /tmp/opd_score --json 2>/dev/null | \
+        grep '^{' | sed "s/^/$v /" >>"$OUT/score_ab.txt"
+  done
+  run w1 100 $B/opd bench w1 --work-dir /tmp/opd_w1
+  cut -c1-300 "$OUT/score_ab.txt"
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s9a ]]; then
   # Session 9's first call (nvidia-h200, <= 560 s): session 8's last refactor (offload

@@ -38,7 +38,11 @@ def main():
     units = next(reader)  # --page raw: the second row holds the units
     skip = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
             "Device", "CC", "Block Size", "Grid Size", "Section Name"}
-    cols = [i for i, h in enumerate(header) if h not in skip and "__" in h]
+    # The requested metrics: --print-units base also prints every device attribute; of a metric
+    # with .avg/.max/.min/.sum rollups, the .sum.
+    cols = [i for i, h in enumerate(header) if h not in skip and "__" in h and
+            h.startswith(("gpu__", "dram__", "sm__", "smsp__", "l1tex__", "lts__")) and
+            not h.endswith((".avg", ".max", ".min"))]
     name_col = header.index("Kernel Name")
     grid_cols = [header.index(h) for h in ("Grid Size", "Block Size") if h in header]
     table = []  # [family, launches, sums], one entry per run of consecutive launches

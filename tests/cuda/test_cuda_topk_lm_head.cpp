@@ -375,6 +375,9 @@ TEST(CudaTopKLmHead, RowKernelsOnGivenLogitsMatchDenseReference) {
       {"smem_merge", 3, 1000, 5, 4096, 8, 1.0, cuda::kTopKLmHeadCandCap, true},
       {"global_merge_cap1", 5, 3001, 64, 700, 2, 0.7, 1, true},
       {"global_merge_cap7", 9, 5003, 100, 512, 4, 1.3, 7, true},
+      // Vocabulary and tiles multiples of 4: the 16-byte row loads, also in the global merge.
+      {"global_merge_cap7_vec", 9, 5004, 100, 512, 4, 1.3, 7, true},
+      {"smem_merge_vec_short_tail", 5, 4100, 64, 1024, 3, 0.9, cuda::kTopKLmHeadCandCap, true},
       {"k_equals_v_tiny_tiles", 4, 96, 96, 7, 3, 1.0, 5, true},
       {"k0", 6, 777, 0, 100, 6, 1.0, 16, true},
       {"k1", 7, 2000, 1, 333, 7, 2.0, 3, false},
