@@ -154,6 +154,36 @@ TEST(DoctorPlan, SharedPromptScoringAddsItsCacheToTheScoringPhase) {
   EXPECT_NEAR(static_cast<double>(cache + gather) / (1 << 30), 2.0, 0.1);
 }
 
+// A second shape measured on the H200 (session 9, `gpu_check.sh s9a`: `opd bench w1 --prompt-len
+// 3072 --completion-len 256 --kv-cache-gb 24 --warmup 0 --steps 1`, 64 sequences): once unshared
+// (--prompts 64) and once with 8 prompts x --num-generations 8, where the teacher shared each
+// prompt's K/V (scoring 0.42 s vs 1.30 s). Every phase is under its plan; the shared-prompt term
+// is a loose bound (its cache counts a full scorer batch of suffix tokens, the run needed 8 x 256).
+TEST(DoctorPlan, GpuPlanBoundsTheLongPromptRuns) {
+  const ModelSide s = describe_config(model_preset("qwen3-0.6b")), t = describe_config(model_preset("qwen3-1.7b"));
+  MemoryPlanOptions o;
+  o.micro_batch_tokens = 8 * (3072 + 256);
+  // What the rollout allocates: 64 x 3328 tokens of K/V (under the 24 GiB budget).
+  o.kv_cache_bytes = int64_t{64} * 3328 * 2 * s.num_layers * s.num_key_value_heads * s.head_dim * 2;
+  const MemoryPlan unshared = plan_gpu_memory(s, &t, o);
+  o.shared_prompt_tokens = 3072;
+  o.shared_completion_tokens = 256;
+  o.shared_group = 8;
+  const MemoryPlan shared = plan_gpu_memory(s, &t, o);
+  auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
+  // Measured (GiB): rollout 33.91, scoring 12.08 (unshared) / 11.92 (shared), training 45.57.
+  for (const MemoryPlan* p : {&unshared, &shared}) {
+    EXPECT_GE(gib(p->rollout_phase()), 33.91);
+    EXPECT_LE(gib(p->rollout_phase()), 1.1 * 33.91);
+    EXPECT_GE(gib(p->training_phase()), 45.57);
+    EXPECT_LE(gib(p->training_phase()), 1.1 * 45.57);
+  }
+  EXPECT_GE(gib(unshared.scoring_phase()), 12.08);
+  EXPECT_LE(gib(unshared.scoring_phase()), 1.1 * 12.08);
+  EXPECT_GE(gib(shared.scoring_phase()), 11.92);
+  EXPECT_LE(gib(shared.scoring_phase()), 1.3 * 11.92);
+}
+
 // --device-memory-budget: the cheapest setting whose plan fits, in the measured cost order;
 // a setting the user chose is never undone; nothing fitting gives the smallest plan.
 TEST(DoctorPlan, MemoryBudgetPicksTheCheapestSettingThatFits) {
