@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -561,6 +561,49 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s9d ]]; then
+  # Session 9 (nvidia-h200, <= 560 s): decode-sized norms (<= 256 rows) back to a row per block,
+  # the backward's grid at 512 blocks, and the cluster sampler's e / Z by reciprocals with one
+  # exponential per id at T = 1: the norm, model, trainer, rollout and sampler suites, the
+  # sampler under memcheck and racecheck; A/B against opd_base (alternating): the norm and
+  # sampler kernels, `opd bench rollout`, `opd bench train`; then W1.
+  run suites 200 $B/test_cuda --gtest_filter='*CudaRmsnorm*:*CudaModel*:CudaTrainer*:CudaRollout.*:*QkvNorm*:CudaSampler.*'
+  run memcheck_sampler 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaSampler.SanitizerSized*:CudaSampler.Greedy*'
+  run racecheck_sampler 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name "kns=sample_" $B/test_cuda --gtest_filter='CudaSampler.SanitizerSized*'
+  for v in base new base new; do
+    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+    timeout 40 $bin bench kernels --filter rmsnorm 2>&1 | grep "^rmsnorm" | sed "s/^/$v /" >>"$OUT/ab.txt"
+    timeout 40 $bin bench kernels --filter sample 2>&1 | grep "^sample" | sed "s/^/$v /" >>"$OUT/ab.txt"
+    timeout 60 $bin bench rollout --runs 3 2>&1 | grep "^opd: \|split:\|decode step" | head -3 | sed "s/^/$v /" >>"$OUT/ab.txt"
+    timeout 40 $bin bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/ab.txt"
+  done
+  run w1 100 $B/opd bench w1 --work-dir /tmp/opd_w1
+  cut -c1-170 "$OUT/ab.txt"
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
+fi
+if [[ "$what" == s9c ]]; then
+  # Session 9 (nvidia-h200, <= 480 s): RMSNorm rows owned by power-of-two thread groups with no
+  # idle lane (1024 bf16: 128 threads; q/k heads: 16) and the backward's loads issued before its
+  # reduction: the norm, model, trainer and rollout suites; `opd bench kernels --filter rmsnorm`
+  # and `opd bench train` A/B against opd_base (alternating); the sampler's cluster kernel and
+  # the new norm backward under ncu --set full (why 92 us / why not the copy rate); W1.
+  run norm_tests 170 $B/test_cuda --gtest_filter='*CudaRmsnorm*:*CudaModel*:CudaTrainer*:CudaRollout.*:*QkvNorm*'
+  for v in base new base new; do
+    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+    timeout 40 $bin bench kernels --filter rmsnorm 2>&1 | grep "^rmsnorm" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
+    timeout 40 $bin bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
+  done
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  run ncu_sampler 90 "$NCU" --clock-control none --set full -k regex:sample_cluster --launch-skip 3 \
+      --launch-count 1 --csv --page details $B/opd bench kernels --filter sample.t1
+  run ncu_normbwd 90 "$NCU" --clock-control none --set full -k regex:rms_bwd_fast --launch-skip 4 \
+      --launch-count 2 --csv --page details $B/opd bench kernels --filter rmsnorm
+  run w1 100 $B/opd bench w1 --work-dir /tmp/opd_w1
+  cat "$OUT/norm_ab.txt" | cut -c1-160
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s9b ]]; then
   # Session 9 (nvidia-h200, <= 420 s): the top-K tile kernel's 16-byte row loads (s9a: 211 us

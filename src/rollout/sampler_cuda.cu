@@ -501,16 +501,20 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
   const double inv_t = greedy ? 1.0 : 1.0 / P.temperature;
   const bool use_k = !greedy && P.top_k > 0 && P.top_k < V;
   const double m = static_cast<double>(zmax) * inv_t;
+  // At T = 1, exp(z / T - m) is the model's own exp(z - zmax) (the f64 difference of two floats,
+  // rounded to float, is the float difference): one exponential per id serves both sums below.
+  const bool unit_t = inv_t == 1.0;
   auto e_of = [&](float x) -> double {
+    if (unit_t) return static_cast<double>(expf(x - zmax));
     return static_cast<double>(expf(static_cast<float>(static_cast<double>(x) * inv_t - m)));
   };
 
   // ---- model log-sum-exp (temperature 1, unfiltered); without top-k the kept mass Z1 of the
-  // same pass (both need only zmax).
+  // same pass (both need only zmax; at T = 1 they are the same sum).
   double model_lse, Z1 = 0;
   {
     double acc = 0, acc1 = 0;
-    const bool with_z1 = !greedy && !use_k;
+    const bool with_z1 = !greedy && !use_k && !unit_t;
     for (int j = tid; j < n; j += kCT) {
       const float x = zs[j];
       acc += static_cast<double>(expf(x - zmax));
@@ -534,7 +538,7 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
     }
     __syncthreads();
     model_lse = static_cast<double>(zmax) + log(sh.result.d0);
-    Z1 = sh.result.d1;
+    Z1 = unit_t && !use_k ? sh.result.d0 : sh.result.d1;
   }
   if (greedy) {
     if (writer) {
@@ -584,6 +588,10 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
     }
     Z1 = cluster_sum(cl, sh, round, acc);
   }
+  // Probabilities are e times reciprocals of the normalizers (one f64 multiply per id instead
+  // of a division; the one-CTA kernel divides, as the CPU does: the two agree to the last
+  // bits of a probability, so picks can differ only for a u within ~1e-16 of a CDF boundary).
+  const double r1 = 1.0 / Z1;
 
   // ---- top-p: t = the largest z with mass{kept, z >= t} >= top_p.
   const bool use_p = P.top_p < 1.0;
@@ -603,7 +611,7 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
         if (x < floor_z) continue;
         const unsigned k = fkey(x);
         if ((k & mask) == prefix)
-          atomicAdd(&sh.hist_m[b][(k >> shift) & 255u], static_cast<u64>(e_of(x) / Z1 * kFixedOne));
+          atomicAdd(&sh.hist_m[b][(k >> shift) & 255u], static_cast<u64>(e_of(x) * r1 * kFixedOne));
       }
       sum_histograms(cl, sh.hist_m[b], sh.tot_m);
       if (tid == 0) {
@@ -633,20 +641,21 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
     double acc = 0;
     for (int j = tid; j < n; j += kCT) {
       const float x = zs[j];
-      if (x >= floor_z && x >= t_p) acc += e_of(x) / Z1;
+      if (x >= floor_z && x >= t_p) acc += e_of(x) * r1;
     }
     Z2 = cluster_sum(cl, sh, round, acc);
   }
+  const double r2 = 1.0 / Z2;
   auto p2_of = [&](float x) -> double {
-    double p = e_of(x) / Z1;
-    if (use_p) p /= Z2;
+    double p = e_of(x) * r1;
+    if (use_p) p *= r2;
     return p;
   };
   // ---- min-p: keep p2 >= min_p * max p2 (max p2 is zmax's: e = 1).
   const bool use_min = P.min_p > 0.0;
   double cut = 0, Z3 = 1.0;
   if (use_min) {
-    cut = P.min_p * (use_p ? (1.0 / Z1) / Z2 : 1.0 / Z1);
+    cut = P.min_p * (use_p ? r1 * r2 : r1);
     double acc = 0;
     for (int j = tid; j < n; j += kCT) {
       const float x = zs[j];
@@ -657,12 +666,13 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
     }
     Z3 = cluster_sum(cl, sh, round, acc);
   }
+  const double r3 = 1.0 / Z3;
   auto p_of = [&](float x) -> double {
     if (x < floor_z || x < t_p) return 0.0;
     double p = p2_of(x);
     if (use_min) {
       if (p < cut) return 0.0;
-      p /= Z3;
+      p *= r3;
     }
     return p;
   };

@@ -101,7 +101,11 @@ INSTANTIATE_TEST_SUITE_P(
                       NormCase{257, 256}, NormCase{4097, 128}, NormCase{33, 1003},
                       NormCase{768, 1024}, NormCase{6145, 1024}, NormCase{100, 2048},
                       NormCase{1000, 4096},
-                      NormCase{64, 8192}, NormCase{9, 10000}, NormCase{0, 64}),
+                      NormCase{64, 8192}, NormCase{9, 10000}, NormCase{0, 64},
+                      // Groups of 8 and 64 threads per bf16 row, rows left over in the last block.
+                      NormCase{1001, 64}, NormCase{515, 512},
+                      // Decode-sized batches (<= 256 rows): a row per block or per warp.
+                      NormCase{64, 1024}, NormCase{200, 128}),
     [](const auto& info) {
       return "n" + std::to_string(info.param.n) + "_h" + std::to_string(info.param.h);
     });

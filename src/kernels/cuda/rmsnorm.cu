@@ -5,8 +5,9 @@
 // the norm, so forward and backward see the same s that is stored (as PyTorch does).
 //
 // Fast path (h a multiple of the 16-byte vector, aligned pointers, h <= 1024 vectors): a row
-// is owned by a warp (short rows, e.g. per-head q/k norm) or by the 256-thread block, each
-// thread keeps its elements and w in registers, so x (and r) are read once and y (and s)
+// is owned by a group of 8-256 threads, the smallest power of two that holds its vectors (a
+// 1024-wide bf16 row: 128 threads; a q/k head of 128: 16), several rows per 256-thread block;
+// each thread keeps its elements and w in registers, so x (and r) are read once and y (and s)
 // written once. The backward accumulates dw in registers over the rows a block owns, combines
 // the block's warps in a fixed order, writes one partial row per block, and a fixed-order
 // tree over blocks adds it to dw: deterministic, no float atomics. The grid depends only on
@@ -32,10 +33,31 @@ namespace {
 using dev::Pack;
 constexpr int kBlock = 256;
 
+// Sum over the kGroup consecutive threads that own a row (kGroup a power of two, 8 .. kBlock),
+// in a fixed order; every thread of the group gets it. Groups of <= 32 threads shuffle inside
+// their warp; wider groups add their warps' sums through `red` (kBlock / 32 floats of shared
+// memory) between two barriers, so every thread of the block must call it the same number of
+// times (the row loops below have a block-uniform trip count).
 template <int kGroup>
-__device__ __forceinline__ float group_sum(float v) {
-  if constexpr (kGroup == 32) return dev::warp_sum(v);
-  else return dev::block_sum<kBlock>(v);
+__device__ __forceinline__ float group_sum(float v, float* red) {
+  static_assert(kGroup >= 8 && kGroup <= kBlock && (kGroup & (kGroup - 1)) == 0, "group size");
+  if constexpr (kGroup <= 32) {
+#pragma unroll
+    for (int o = kGroup / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  } else {
+    v = dev::warp_sum(v);
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    constexpr int kWarps = kGroup / 32;
+    const int first = warp / kWarps * kWarps;
+    float total = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) total += red[first + i];
+    __syncthreads();  // red[] is reused by the next call
+    return total;
+  }
 }
 
 // ---------------------------------------------------------------- fast path
@@ -60,15 +82,18 @@ __global__ void __launch_bounds__(kBlock)
     // their weights now; cuBLASLt's GEMMs are launched plainly, for which this is a no-op.
     dev::pdl_launch_dependents();
   }
-  // The trip count is uniform within a group (block_sum needs every thread of the block).
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kGroup;
-       row < n; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+  __shared__ float red[kBlock / 32];
+  // Block-uniform trip count (group_sum's barriers): a group past the last row idles along.
+  for (int64_t base = blockIdx.x * static_cast<int64_t>(kRowsPerBlock); base < n;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t row = base + threadIdx.x / kGroup;
+    const bool active = row < n;
     Pack<T, W> v[kE];
     float ss = 0;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
-      if (col < h) {
+      if (active && col < h) {
         v[e].load(x + row * h + col);
         if constexpr (kRes) {
           Pack<T, W> rr;
@@ -82,7 +107,8 @@ __global__ void __launch_bounds__(kBlock)
         for (int i = 0; i < W; ++i) ss += v[e].f[i] * v[e].f[i];
       }
     }
-    const float rs = rsqrtf(group_sum<kGroup>(ss) / static_cast<float>(h) + eps);
+    const float rs = rsqrtf(group_sum<kGroup>(ss, red) / static_cast<float>(h) + eps);
+    if (!active) continue;
     if (lane == 0) rstd[row] = rs;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
@@ -112,22 +138,30 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
     for (int i = 0; i < W; ++i) dw[e][i] = 0;
   }
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kGroup;
-       row < n; row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    Pack<T, W> dyv[kE], xv[kE];
+  __shared__ float red[kBlock / 32];
+  // Block-uniform trip count (group_sum's barriers): a group past the last row idles along.
+  // Every load of a row (dy, x, rstd and the residual's gradient) is issued before the
+  // reduction, so a row costs one memory round trip.
+  for (int64_t base = blockIdx.x * static_cast<int64_t>(kRowsPerBlock); base < n;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t row = base + threadIdx.x / kGroup;
+    const bool active = row < n;
+    Pack<T, W> dyv[kE], xv[kE], dv[kE];
     float dot = 0;  // sum_i x_i * w_i * dy_i
+    const float rs = active ? rstd[row] : 0.f;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
-      if (col < h) {
+      if (active && col < h) {
         dyv[e].load(dy + row * h + col);
         xv[e].load(x + row * h + col);
+        if constexpr (kRes) dv[e].load_rw(dres + row * h + col);  // dres may alias dx
 #pragma unroll
         for (int i = 0; i < W; ++i) dot += xv[e].f[i] * wv[e].f[i] * dyv[e].f[i];
       }
     }
-    const float mean = group_sum<kGroup>(dot) / static_cast<float>(h);
-    const float rs = rstd[row];
+    const float mean = group_sum<kGroup>(dot, red) / static_cast<float>(h);
+    if (!active) continue;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
@@ -137,12 +171,7 @@ __global__ void __launch_bounds__(kBlock)
         for (int i = 0; i < W; ++i) {
           o.f[i] = rs * (wv[e].f[i] * dyv[e].f[i] - xv[e].f[i] * rs * rs * mean);
           dw[e][i] += dyv[e].f[i] * xv[e].f[i] * rs;
-        }
-        if constexpr (kRes) {
-          Pack<T, W> d;
-          d.load_rw(dres + row * h + col);  // dres may alias dx
-#pragma unroll
-          for (int i = 0; i < W; ++i) o.f[i] += d.f[i];
+          if constexpr (kRes) o.f[i] += dv[e].f[i];
         }
         o.store(dx + row * h + col);
       }
@@ -243,10 +272,14 @@ struct Args {
   bool pdl = false;  // forward fast path: programmatic dependent launch (pdl.cuh)
 };
 
+// Batches of at most this many rows are decode-sized (try_fast).
+constexpr int64_t kFewRows = 256;
+
 // Blocks of the backward: each writes one partial row of dw, so their number trades
 // parallelism against the partial traffic; it depends only on the shape.
 int64_t bwd_blocks(int64_t n, int rows_per_block, int64_t h) {
-  const int64_t cap = h <= 1024 ? 1024 : 512;
+  // 512: one wave on an H200 at the fast path's 4 blocks per SM (63 registers per thread).
+  const int64_t cap = 512;
   return std::max<int64_t>(1, std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, cap));
 }
 
@@ -282,9 +315,20 @@ void launch_fast(const Args& a, bool forward) {
 // Picks the register layout for `chunks` accesses of W elements per row; false if too long.
 template <typename T, int W, bool kRes>
 bool try_fast(const Args& a, bool forward) {
+  // A row of `chunks` W-wide accesses is owned by the smallest power-of-two group that holds it
+  // (no idle lane for power-of-two rows: 1024 bf16 = 128 threads, two rows per block; a q/k
+  // head of 128 = 16 threads, sixteen rows per block), longer rows by the block, kE accesses
+  // per thread.
+  // Decode-sized batches (<= kFewRows rows) keep a row per warp or per block: the few rows then
+  // spread over as many SMs as possible (latency bounds them, not bandwidth; two 1024-wide rows
+  // per block made the W1 rollout ~25 ms slower).
   const int64_t chunks = a.h / W;
-  if (chunks <= 32) launch_fast<T, W, 32, 1, kRes>(a, forward);
-  else if (chunks <= 64) launch_fast<T, W, 32, 2, kRes>(a, forward);
+  const bool few = a.n <= kFewRows;
+  if (chunks <= 8 && !few) launch_fast<T, W, 8, 1, kRes>(a, forward);
+  else if (chunks <= 16 && !few) launch_fast<T, W, 16, 1, kRes>(a, forward);
+  else if (chunks <= 32) launch_fast<T, W, 32, 1, kRes>(a, forward);
+  else if (chunks <= 64 && !few) launch_fast<T, W, 64, 1, kRes>(a, forward);
+  else if (chunks <= 128 && !few) launch_fast<T, W, 128, 1, kRes>(a, forward);
   else if (chunks <= 256) launch_fast<T, W, 256, 1, kRes>(a, forward);
   else if (chunks <= 512) launch_fast<T, W, 256, 2, kRes>(a, forward);
   else if (chunks <= 1024) launch_fast<T, W, 256, 4, kRes>(a, forward);
