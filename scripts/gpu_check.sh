@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -561,6 +561,19 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s9e ]]; then
+  # Session 9's last call (nvidia-h200, <= 580 s): the fused loss's LSE tile pass with 4 row
+  # loads in flight per thread; the whole GPU suite minus the forward wgmma sweep (unchanged this
+  # session); `opd bench loss` A/B against opd_base; W1 with its HF transformers anchor.
+  run cuda 230 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  for v in base new base new; do
+    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+    timeout 40 $bin bench loss --rows 4096 --tile-dtype f32 --iters 10 2>&1 | grep "fused loss fwd\|  loss  " | head -3 | sed "s/^/$v /" >>"$OUT/loss_ab.txt"
+  done
+  run w1_torch 260 $B/opd bench w1 --work-dir /tmp/opd_w1 --with-torch
+  cut -c1-170 "$OUT/loss_ab.txt"
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak\|anchor\|total\|x faster\|HF" "$OUT/w1_torch.log" | head -20
 fi
 if [[ "$what" == s9d ]]; then
   # Session 9 (nvidia-h200, <= 560 s): decode-sized norms (<= 256 rows) back to a row per block,
