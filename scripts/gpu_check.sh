@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -561,6 +561,14 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s9f ]]; then
+  # Session 9 (nvidia-h200-x2, <= 300 s): W2 after the session's kernel changes (RMSNorm groups,
+  # cluster sampler, top-K loads): `opd bench w2 --nproc 2 --zero-stage 2` (W1 on one GPU, then
+  # W1 per GPU on two, scaling efficiency; the goal's thinner margin is ZeRO-2's ~1 point).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run bench_w2_z2 280 $B/opd bench w2 --nproc 2 --zero-stage 2
+  grep -h "step\|scaling\|peak" "$OUT/bench_w2_z2.log" | grep -v "^\[" | head -20
 fi
 if [[ "$what" == s9e ]]; then
   # Session 9's last call (nvidia-h200, <= 580 s): the fused loss's LSE tile pass with 4 row
