@@ -439,24 +439,14 @@ __device__ void sample_cluster_body(cg::cluster_group& cl, ClusterShared& sh, fl
   int done = 0;  // elements staged by the vector loop
   if ((reinterpret_cast<uintptr_t>(zr) & 15u) == 0) {
     const int n4 = n / 4;
-    const float4* z4 = reinterpret_cast<const float4*>(zr);
-    for (int base = tid; base < n4; base += kCT * kLoadUnroll) {
-      float4 v[kLoadUnroll];
-#pragma unroll
-      for (int u = 0; u < kLoadUnroll; ++u)
-        if (base + u * kCT < n4) v[u] = z4[base + u * kCT];
-#pragma unroll
-      for (int u = 0; u < kLoadUnroll; ++u) {
-        const int i = base + u * kCT;
-        if (i < n4) {
-          reinterpret_cast<float4*>(zs)[i] = v[u];
-          see(v[u].x, b0 + 4 * i);
-          see(v[u].y, b0 + 4 * i + 1);
-          see(v[u].z, b0 + 4 * i + 2);
-          see(v[u].w, b0 + 4 * i + 3);
-        }
-      }
-    }
+    dev::for_each_float4<kCT, kLoadUnroll>(
+        reinterpret_cast<const float4*>(zr), n4, tid, [&](const float4& v, int i) {
+          reinterpret_cast<float4*>(zs)[i] = v;
+          see(v.x, b0 + 4 * i);
+          see(v.y, b0 + 4 * i + 1);
+          see(v.z, b0 + 4 * i + 2);
+          see(v.w, b0 + 4 * i + 3);
+        });
     done = 4 * n4;
   }
   for (int j = done + tid; j < n; j += kCT) {

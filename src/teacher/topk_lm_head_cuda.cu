@@ -107,24 +107,13 @@ constexpr int kUnroll = 4;
 template <typename F>
 __device__ __forceinline__ void for_each_logit(const float* zr, int vn, bool vec, int tid, F&& f) {
   if (vec) {
-    const float4* z4 = reinterpret_cast<const float4*>(zr);
-    const int n4 = vn >> 2;
-    for (int i0 = tid; i0 < n4; i0 += kThreads * kUnroll) {
-      float4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (i0 + u * kThreads < n4) v[u] = z4[i0 + u * kThreads];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * kThreads;
-        if (i < n4) {
-          f(v[u].x, 4 * i);
-          f(v[u].y, 4 * i + 1);
-          f(v[u].z, 4 * i + 2);
-          f(v[u].w, 4 * i + 3);
-        }
-      }
-    }
+    dev::for_each_float4<kThreads, kUnroll>(reinterpret_cast<const float4*>(zr), vn >> 2, tid,
+                                            [&](const float4& v, int i) {
+                                              f(v.x, 4 * i);
+                                              f(v.y, 4 * i + 1);
+                                              f(v.z, 4 * i + 2);
+                                              f(v.w, 4 * i + 3);
+                                            });
   } else {
     for (int j = tid; j < vn; j += kThreads) f(zr[j], j);
   }

@@ -233,6 +233,67 @@ TEST(Protocol, LyingCountsWithValidCrcAreRejectedBeforeAllocating) {
                  "bad magic");
 }
 
+// A remote teacher that sends wrong numbers in a well-formed message: byte flips in the body,
+// resealed with a correct header and CRC so they pass the transport checks. Each response must be
+// rejected as InvalidData by the decoder, the shape check against its request or the payload
+// validation the client runs, or pass all three with values inside their limits; each request
+// must be rejected (InvalidData by the decoder, InvalidArgument by check_score_request) or be a
+// request the scorer may run. Nothing else (the ASan build also checks every memory access).
+TEST(Protocol, ResealedByteFlipsAreRejectedOrPassTheClientChecks) {
+  const ScoreResponse base = sample_response();  // 2 sequences: 3 rows from 2, 1 row from 1
+  ScoreRequest req;
+  req.k = base.k;
+  req.temperature = base.temperature;
+  req.sequences.push_back({{5, 17, 3, 42, 9}, 2, 5});
+  req.sequences.push_back({{1, 8}, 1, 2});
+  LossConfig cfg;
+  cfg.temperature = base.temperature;
+  const std::string res_body = encode_score_response(base).substr(kTeacherHeaderBytes);
+  const std::string req_body = encode_score_request(sample_request()).substr(kTeacherHeaderBytes);
+  const int64_t vocab = base.vocab_size;
+  int rejected[2] = {0, 0}, accepted[2] = {0, 0};
+  for (uint64_t t = 0; t < 4000; ++t) {
+    const bool is_req = t % 2;
+    std::string b = is_req ? req_body : res_body;
+    const int flips = 1 + static_cast<int>(philox_u32(5, t, 0) % 3);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = philox_u32(5, t, 1 + 2 * f) % b.size();
+      b[at] = static_cast<char>(b[at] ^ (1 + philox_u32(5, t, 2 + 2 * f) % 255));
+    }
+    const std::string m = seal(b, is_req ? 1 : 2);
+    try {
+      if (is_req) {
+        const ScoreRequest q = decode_score_request(m);
+        check_score_request(q, vocab, ScoreLimits{});
+        for (const auto& s : q.sequences)
+          for (int32_t id : s.ids) ASSERT_TRUE(id >= 0 && id < vocab) << id;
+      } else {
+        const ScoreResponse r = decode_score_response(m);
+        check_response_matches(r, req);
+        const TeacherTopK v = validate_teacher_payload(to_teacher_payload(r), completion_layout(req),
+                                                       vocab, cfg, DType::F32);
+        for (int64_t i = 0; i < v.rows * v.k; ++i) {
+          const int32_t id = v.ids.data<int32_t>()[i];
+          ASSERT_TRUE(id == kEmptySlot || (id >= 0 && id < vocab)) << id;
+          ASSERT_TRUE(std::isfinite(v.logprobs.data<float>()[i]) || id == kEmptySlot);
+        }
+      }
+      ++accepted[is_req];
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.kind() == ErrorKind::InvalidData ||
+                  (is_req && e.kind() == ErrorKind::InvalidArgument))
+          << e.what();
+      ++rejected[is_req];
+    }
+  }
+  std::printf("[ resealed ] responses: %d rejected, %d passed; requests: %d rejected, %d passed\n",
+              rejected[0], accepted[0], rejected[1], accepted[1]);
+  // Flips in ids, counts and offsets are caught; flips in low mantissa bits pass (still valid).
+  EXPECT_GT(rejected[0], 1000);
+  EXPECT_GT(rejected[1], 1000);
+  EXPECT_GT(accepted[0] + accepted[1], 0);
+}
+
 TEST(Protocol, MalformedJsonIsNamed) {
   expect_invalid([] { parse_json("{\"k\": 3,", "score request"); }, "malformed JSON");
   auto req = [](const char* text) { return score_request_from_json(parse_json(text, "t")); };

@@ -148,6 +148,22 @@ __host__ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+// Calls f(v, i) for every float4 v = p[i], i in [0, n4), strided over kThreads threads (thread
+// `tid`), kUnroll 16-byte loads issued before any is used: a row pass bound by the loads in
+// flight (one per thread) gets kUnroll times as many. Each thread sees its i in increasing order.
+template <int kThreads, int kUnroll, typename F>
+__device__ __forceinline__ void for_each_float4(const float4* p, int n4, int tid, F&& f) {
+  for (int i0 = tid; i0 < n4; i0 += kThreads * kUnroll) {
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kThreads < n4) v[u] = p[i0 + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kThreads < n4) f(v[u], i0 + u * kThreads);
+  }
+}
+
 }  // namespace opd::cuda::dev
 
 namespace opd::cuda {
