@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -561,6 +561,14 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s9g ]]; then
+  # Session 9's last call (nvidia-h200, <= 200 s): the session's final binaries: dev::for_each_float4
+  # (the top-K tile kernel's and the cluster sampler's loads) and the fused loss as reverted: the
+  # top-K, sampler, loss and scorer suites, then W1.
+  run suites 110 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaSampler.*:CudaFusedLoss.*:CudaLossRepro.*:CudaScorer*'
+  run w1 80 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s9f ]]; then
   # Session 9 (nvidia-h200-x2, <= 300 s): W2 after the session's kernel changes (RMSNorm groups,
