@@ -60,6 +60,14 @@ run() {  # name, limit_s, command...
   local tail=$(grep -E "^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY|tests? (ran|from)|^opd: |^     MFU|^opd vs PyTorch|whole step|^HF anchor|scaling efficiency|^\{.bench|^torch:" "$OUT/$name.log" | tail -3 | tr '\n' ' ')
   summary+=("$(printf '%-16s rc=%-3d %7.1fs  %s' "$name" "$rc" "$((ms / 100))e-1" "${tail:0:160}")")
 }
+# A/B runs (modes s9b-s9e): version (base = the carried opd_base, new = opd), file under $OUT, a
+# grep pattern, a time limit, the opd arguments; the matching lines, prefixed with the version,
+# are appended to the file. Modes alternate base new base new in one call.
+ab_run() {
+  local v=$1 file=$2 pat=$3 limit=$4; shift 4
+  local bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+  timeout "$limit" "$bin" "$@" 2>&1 | grep -- "$pat" | sed "s/^/$v /" >>"$OUT/$file"
+}
 if [[ "$what" == tests || "$what" == all ]]; then
   run cuda 300 $B/test_cuda
   # The whole model on CUDA (f32 and bf16 vs the CPU, recompute bit-identical, batch checks).
@@ -584,8 +592,7 @@ if [[ "$what" == s9e ]]; then
   # session); `opd bench loss` A/B against opd_base; W1 with its HF transformers anchor.
   run cuda 230 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
   for v in base new base new; do
-    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
-    timeout 40 $bin bench loss --rows 4096 --tile-dtype f32 --iters 10 2>&1 | grep "fused loss fwd\|  loss  " | head -3 | sed "s/^/$v /" >>"$OUT/loss_ab.txt"
+    ab_run $v loss_ab.txt "fused loss fwd\|  loss  " 40 bench loss --rows 4096 --tile-dtype f32 --iters 10
   done
   run w1_torch 260 $B/opd bench w1 --work-dir /tmp/opd_w1 --with-torch
   cut -c1-170 "$OUT/loss_ab.txt"
@@ -603,11 +610,10 @@ if [[ "$what" == s9d ]]; then
   run racecheck_sampler 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name "kns=sample_" $B/test_cuda --gtest_filter='CudaSampler.SanitizerSized*'
   for v in base new base new; do
-    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
-    timeout 40 $bin bench kernels --filter rmsnorm 2>&1 | grep "^rmsnorm" | sed "s/^/$v /" >>"$OUT/ab.txt"
-    timeout 40 $bin bench kernels --filter sample 2>&1 | grep "^sample" | sed "s/^/$v /" >>"$OUT/ab.txt"
-    timeout 60 $bin bench rollout --runs 3 2>&1 | grep "^opd: \|split:\|decode step" | head -3 | sed "s/^/$v /" >>"$OUT/ab.txt"
-    timeout 40 $bin bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/ab.txt"
+    ab_run $v ab.txt "^rmsnorm" 40 bench kernels --filter rmsnorm
+    ab_run $v ab.txt "^sample" 40 bench kernels --filter sample
+    ab_run $v ab.txt "^opd: \|split:\|decode step" 60 bench rollout --runs 3
+    ab_run $v ab.txt "^opd:" 40 bench train --loss-tile f32
   done
   run w1 100 $B/opd bench w1 --work-dir /tmp/opd_w1
   cut -c1-170 "$OUT/ab.txt"
@@ -621,9 +627,8 @@ if [[ "$what" == s9c ]]; then
   # the new norm backward under ncu --set full (why 92 us / why not the copy rate); W1.
   run norm_tests 170 $B/test_cuda --gtest_filter='*CudaRmsnorm*:*CudaModel*:CudaTrainer*:CudaRollout.*:*QkvNorm*'
   for v in base new base new; do
-    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
-    timeout 40 $bin bench kernels --filter rmsnorm 2>&1 | grep "^rmsnorm" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
-    timeout 40 $bin bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
+    ab_run $v norm_ab.txt "^rmsnorm" 40 bench kernels --filter rmsnorm
+    ab_run $v norm_ab.txt "^opd:" 40 bench train --loss-tile f32
   done
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   run ncu_sampler 90 "$NCU" --clock-control none --set full -k regex:sample_cluster --launch-skip 3 \
@@ -645,9 +650,7 @@ if [[ "$what" == s9b ]]; then
   run racecheck_topk 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name "kns=topk_" $B/test_cuda --gtest_filter="$RACE_TOPK"
   for v in base new base new; do
-    bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
-    timeout 60 $bin bench score --no-server --work-dir /tmp/opd_score --json 2>/dev/null | \
-        grep '^{' | sed "s/^/$v /" >>"$OUT/score_ab.txt"
+    ab_run $v score_ab.txt "^{" 60 bench score --no-server --work-dir /tmp/opd_score --json
   done
   run w1 100 $B/opd bench w1 --work-dir /tmp/opd_w1
   cut -c1-300 "$OUT/score_ab.txt"
