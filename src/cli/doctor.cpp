@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "loss/loss_config.h"
 #include "teacher/client.h"
 #include "model/transformer.h"
 #include "train/doctor.h"
@@ -23,6 +24,7 @@ struct DoctorOptions {
   bool recompute = false;
   std::string recompute_granularity = "none";
   bool offload_teacher = false;
+  std::string loss_support = "topk+tail";  // as opd train: full keeps the teacher resident
   double device_memory_budget_gb = 0;  // as opd train --device-memory-budget
   int nproc = 1, zero_stage = 1;
 };
@@ -36,6 +38,12 @@ std::string gib(int64_t b) {
 void run_doctor(const DoctorOptions& o) {
   OPD_CHECK(o.teacher.empty() != o.teacher_url.empty(), InvalidArgument,
             "give exactly one of --teacher DIR or --teacher-url URL");
+  // As opd train: with full support the dense teacher runs inside the training phase, so it is
+  // never offloaded (neither asked for nor chosen by --device-memory-budget).
+  const bool full = parse_support_mode(o.loss_support) == SupportMode::Full;
+  OPD_CHECK(!o.offload_teacher || !full, InvalidArgument,
+            "--offload-teacher cannot be used with --loss-support full (the dense teacher runs "
+            "inside the training phase, so its weights must stay on the GPU)");
   const ModelSide s = describe_model_dir(o.student);
   ModelSide t;
   if (!o.teacher.empty()) {
@@ -95,7 +103,7 @@ void run_doctor(const DoctorOptions& o) {
       const int64_t budget = static_cast<int64_t>(o.device_memory_budget_gb * (1 << 30));
       MemoryChoice smallest;
       const auto c = fit_memory_budget(s, o.teacher.empty() ? nullptr : &t, po,
-                                       !o.teacher.empty(), budget, &smallest);
+                                       !o.teacher.empty() && !full, budget, &smallest);
       const MemoryChoice& shown = c ? *c : smallest;
       std::printf("%s memory budget   %g GiB: %s recompute %s%s, planned peak %s (rollout %s, "
                   "scoring %s, training %s)\n",
@@ -151,6 +159,9 @@ void register_doctor(CLI::App& app) {
       ->capture_default_str();
   c->add_flag("--offload-teacher", o->offload_teacher, "plan with the in-process teacher on the "
               "GPU only while it scores (as opd train --offload-teacher)");
+  c->add_option("--loss-support", o->loss_support, "as opd train: topk | topk+tail | sampled | "
+                "full (full keeps the in-process teacher on the GPU: never offloaded)")
+      ->capture_default_str();
   c->add_option("--device-memory-budget", o->device_memory_budget_gb, "with --device cuda: GiB "
                 "of device memory; prints the memory setting opd train --device-memory-budget "
                 "would choose (an error when nothing fits)")

@@ -117,5 +117,26 @@ TEST(CliPredict, OutOfVocabularyIdIsANamedError) {
   EXPECT_NE(r.out.find("token id -1"), std::string::npos) << r.out;
 }
 
+// `opd doctor --device-memory-budget` reports what `opd train` would choose, so it follows the
+// trainer's rule: with --loss-support full the dense teacher runs in the training phase and is
+// never offloaded (the plan runs on any machine: no GPU needed).
+TEST(CliDoctor, MemoryBudgetOffloadsTheTeacherOnlyWhereTheTrainerMay) {
+  const std::string teacher = test::source_dir() + "/demo/teacher";
+  const std::string base = "doctor --student " + teacher + " --teacher " + teacher +
+                           " --device cuda --device-memory-budget 0.001";
+  Result r = run(base);
+  EXPECT_EQ(r.code, 1) << r.out;  // nothing fits 1 MiB: an error
+  EXPECT_NE(r.out.find("nothing fits; the smallest plan is recompute"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("teacher offloaded, planned peak"), std::string::npos) << r.out;
+  r = run(base + " --loss-support full");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("nothing fits; the smallest plan is recompute"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("teacher offloaded"), std::string::npos) << r.out;
+  r = run(base + " --loss-support full --offload-teacher");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--offload-teacher cannot be used with --loss-support full"),
+            std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace opd
