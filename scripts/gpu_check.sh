@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,27 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10a ]]; then
+  # Session 10 (nvidia-h200, <= 420 s): opd's decode linear v4 (kernels/cuda/decode_linear.cu,
+  # W streamed into registers before the PDL wait): its tests, the rollout/decode-fused/paged
+  # attention suites (the PDL trigger moves), memcheck and racecheck of the kernel; its kernel
+  # rows against cuBLASLt; `opd bench rollout` with --no-decode-linear / --decode-linear
+  # alternating (2 runs each).
+  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
+  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
+  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
+  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+  for v in off on off on; do
+    flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
+    timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \
+        | sed "s/^/$v /" >>"$OUT/rollout_ab.txt"
+  done
+  grep "decode_linear\." "$OUT/bench_dl.log" | cut -c1-150
+  grep -h "FAILED\|Failure\|error" "$OUT/dl_tests.log" | head -20
+  cat "$OUT/rollout_ab.txt"
 fi
 if [[ "$what" == s9g ]]; then
   # Session 9's last call (nvidia-h200, <= 200 s): the session's final binaries: dev::for_each_float4

@@ -29,6 +29,7 @@
 #include "core/cuda/allocator.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/decode_linear.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/ops.h"
 #include "rollout/sampler_cuda.h"
@@ -191,10 +192,11 @@ void add_mem_case(std::vector<Case>& cases, const std::string& name, const std::
                    [sets, call](int s) { call((*sets)[s]); }, nullptr, syncs});
 }
 
-// The GEMMs of one W1 decode step (64 sequences: y[64, n] = x[64, k] W[n, k]^T, bf16) on
-// cuBLASLt (linear_forward, the heuristic's algorithm: what the rollout runs), in GB/s of the
-// fewest bytes (W + x + y) against the copy rate. (opd's own weight-streaming decode GEMMs were
-// slower three times and were removed: docs/rollout.md "opd's decode GEMM".)
+// The GEMMs of one W1 decode step (64 sequences: y[64, n] = x[64, k] W[n, k]^T, bf16), in GB/s
+// of the fewest bytes (W + x + y) against the copy rate: opd's decode linear
+// (kernels/cuda/decode_linear.h) where it has a plan for the shape, plain launches (no PDL
+// overlap: what an isolated launch costs), against cuBLASLt (linear_forward, the heuristic's
+// algorithm) as the library row; cuBLASLt alone where opd has no plan (the lm_head).
 void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, int64_t m,
                             int64_t n, int64_t k, DType out) {
   struct Bufs {
@@ -213,10 +215,19 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
          }
        },
        [=](int s) {
+         if (out == DType::BF16 && cuda::decode_linear_supports(b->x[s].raw(), b->w[s].raw(),
+                                                                b->y[s].raw(), m, k, n, out)) {
+           cuda::decode_linear(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, out,
+                               b->y[s].raw(), g_stream, false);
+           return;
+         }
          cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
                               b->y[s].raw(), g_stream);
        },
-       nullptr});
+       [=](int s) {
+         cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
+                              b->y[s].raw(), g_stream);
+       }});
 }
 
 void add_decode_linear_cases(std::vector<Case>& cases) {
@@ -227,6 +238,8 @@ void add_decode_linear_cases(std::vector<Case>& cases) {
   add_decode_linear_case(cases, "decode_linear.gate_up_m64", 64, 2 * I, H, bf);
   add_decode_linear_case(cases, "decode_linear.down_m64", 64, H, I, bf);
   add_decode_linear_case(cases, "decode_linear.lm_head_m64", 64, V, H, DType::F32);
+  add_decode_linear_case(cases, "decode_linear.gate_up_m16", 16, 2 * I, H, bf);
+  add_decode_linear_case(cases, "decode_linear.down_m1", 1, H, I, bf);
 }
 
 // Rollout and scoring kernels (issues 6 and 7) at the W1 shapes:

@@ -88,6 +88,9 @@ const Switch kSwitches[] = {
     {"pdl", "pdl", &EngineOptions::cuda_pdl,
      "decode steps launch opd's kernels that follow a kernel with programmatic dependent launch "
      "(same results)"},
+    {"decode-linear", "decode_linear", &EngineOptions::cuda_decode_linear,
+     "decode steps run the per-layer GEMMs on opd's decode linear (weights streamed under the "
+     "PDL wait) instead of cuBLASLt; --no-decode-linear: cuBLASLt"},
     {"fresh-prefill", "fresh_prefill", &EngineOptions::cuda_fresh_prefill,
      "prompt chunks starting at position 0 attend with the tensor-core varlen attention instead "
      "of the paged kernel (bf16, head_dim 64/128)"},

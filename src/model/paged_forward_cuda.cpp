@@ -27,6 +27,7 @@
 #include "core/cuda/allocator.h"    // current_stream, DeviceBuffer
 #include "core/cuda/stream.h"       // OPD_CUDA_CHECK
 #include "kernels/cuda/cuda_ops.h"  // raw kernels: embedding, rmsnorm, rope, paged ops, rows
+#include "kernels/cuda/decode_linear.h"
 #include "kernels/cuda/gemm.h"      // linear_forward (cuBLASLt)
 
 namespace opd {
@@ -220,10 +221,16 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   // steps only (prefill steps are long enough that the gaps do not matter, and run the general
   // attention kernel, which is never launched early).
   const bool pdl = pdl_ && s.max_q_len <= 1;
-  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias) on cuBLASLt. (opd's own 64-row decode GEMMs
-  // were slower on the H200 three times and were removed: docs/rollout.md "opd's decode GEMM".)
+  // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): opd's decode linear for decode-sized bf16
+  // steps when switched on (set_decode_linear; it streams W under the PDL wait), else cuBLASLt.
+  // (Three earlier decode GEMMs of opd were slower than cuBLASLt: docs/rollout.md.)
   auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
                     int64_t n, DType out_dt, void* out, bool tuned) {
+    if (decode_linear_ && out_dt == dt &&
+        cuda::decode_linear_supports(in, w, out, rows, k, n, dt)) {
+      cuda::decode_linear(in, w, b, rows, k, n, dt, out, stream, pdl);
+      return;
+    }
     cuda::linear_forward(in, w, b, rows, k, n, dt, out_dt, out, stream, tuned);
   };
   void* x = ws.x.raw();

@@ -91,6 +91,11 @@ struct EngineOptions {
   // between kernels. On: W1 decode forward 1.096 -> 1.080 s per rollout on the H200
   // (docs/perf.md, session 5).
   bool cuda_pdl = true;
+  // CUDA bf16 models: decode steps (<= 64 tokens) run the per-layer GEMMs on opd's decode
+  // linear (PagedForward::set_decode_linear, kernels/cuda/decode_linear.h), which streams its
+  // weights under the PDL wait, instead of cuBLASLt. Off until measured faster on the H200
+  // (docs/rollout.md "Decode linear v4").
+  bool cuda_decode_linear = false;
   // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
   // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
   // distribution; for A/B measurements). On: W1 sampling 0.074 -> 0.051 s per rollout on the

@@ -768,6 +768,46 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
       expect_same(other[r].samples[k], want[r].samples[k], cat("one-CTA sampler, request ", r), 1e-5);
 }
 
+// Greedy rollouts with the decode linear on are the full forward's argmax at every step
+// (bf16 near-ties allowed), on a small bf16 model and on 2 layers of the W1 student's shape
+// (random weights), eager and from graphs (kernels/cuda/decode_linear.h; its own tests are in
+// test_cuda_decode_linear.cpp).
+TEST(CudaRollout, DecodeLinearGreedyIsTheFullForwardArgmax) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3-0.6b");
+  c.num_hidden_layers = 2;
+  ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
+  uint64_t seed = 1901;
+  w.for_each([&](const std::string&, Tensor& t) {
+    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 0.8f, 1.2f, nullptr);
+    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, nullptr);
+  });
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Transformer w1(c, std::move(w));
+  Transformer small = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::BF16);
+  for (const Transformer* model : {&small, &w1}) {
+    const int64_t V = model->config().vocab_size;
+    for (bool graphs : {false, true}) {
+      const std::string what = cat(model == &w1 ? "W1 shape" : "qwen3 fixture",
+                                   graphs ? " graphs" : " eager");
+      EngineOptions opt;
+      opt.kv_cache_bytes = int64_t{256} << 20;
+      opt.cuda_graphs = graphs;
+      opt.cuda_decode_linear = true;
+      std::vector<GenerationRequest> reqs;
+      for (int i = 0; i < 6; ++i) {
+        GenerationRequest r = request(seeded_prompt(1950 + i, 5 + 7 * i, V), 12, 0.0);
+        r.ignore_eos = true;
+        reqs.push_back(r);
+      }
+      RolloutEngine engine(*model, opt, {});
+      auto out = engine.generate(reqs);
+      if (graphs) EXPECT_GT(engine.stats().graph_steps, 5) << what;
+      expect_greedy_is_full_forward_argmax(*model, reqs, out, 12, what);
+    }
+  }
+}
+
 // EOS (and ignore_eos), a stop token id, max_new_tokens on the CUDA engine, with the CPU
 // engine's outputs as the reference (f32 model).
 TEST(CudaRollout, StopsOnEosStopTokenAndMaxTokens) {

@@ -139,8 +139,8 @@ __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-
 template <typename T>
 __global__ void swiglu_packed_kernel(const T* __restrict__ gu, int64_t n, int64_t inter,
                                      T* __restrict__ out) {
-  dev::pdl_wait();  // nothing to do before the gate|up GEMM's output is there (PDL: launch latency)
   dev::pdl_launch_dependents();  // the down GEMM (opd's, PDL-launched) may stream its weights now
+  dev::pdl_wait();  // nothing to do before the gate|up GEMM's output is there (PDL: launch latency)
   const int64_t total = n * inter;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * kThreads) {

@@ -286,6 +286,10 @@ __global__ void __launch_bounds__(kThreads)
     paged_attention_combine_kernel(const float* __restrict__ part_acc,
                                    const float* __restrict__ part_ml, int64_t rows, int splits,
                                    int d, T* __restrict__ out) {
+  // PDL (decode steps, pdl.cuh): the partials are the attention's output; the successor (the o
+  // projection; opd's decode linear streams its weights before its own wait) is released at once.
+  dev::pdl_wait();
+  dev::pdl_launch_dependents();
   const int64_t row = blockIdx.x;  // (query row, head) flattened
   float M = -INFINITY;
   for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[2 * (s * rows + row)]);
@@ -590,6 +594,9 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       step += kDecodeWarps;
     }
   }
+  // Every K/V load of this CTA is done: the successor (the combine, or the o projection) may
+  // start its prologue (no memory ordering: it waits for this grid to complete).
+  dev::pdl_launch_dependents();
 
   // ---- merge the warp's streams (lanes sub and sub ^ 1, ... hold the same slice of other
   // rows): butterfly over the row bits of the lane index, fixed order.
@@ -909,14 +916,20 @@ void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t 
   }
   if (l.num_splits > 1) {
     const int64_t rows = a.total_q * a.hq;
+    // PDL only behind the decode kernel (the general kernel is never launched early).
+    const bool pdl = a.pdl && l.decode;
+    const unsigned grid_rows = static_cast<unsigned>(rows);
     if (a.dtype == DType::BF16) {
-      paged_attention_combine_kernel<bf16><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          p.part_acc, p.part_ml, rows, l.num_splits, d, static_cast<bf16*>(a.out));
+      launch_kernel("paged_attention_combine_kernel", paged_attention_combine_kernel<bf16>,
+                    dim3(grid_rows), dim3(kThreads), 0, stream, pdl,
+                    static_cast<const float*>(p.part_acc), static_cast<const float*>(p.part_ml),
+                    rows, l.num_splits, d, static_cast<bf16*>(a.out));
     } else {
-      paged_attention_combine_kernel<float><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          p.part_acc, p.part_ml, rows, l.num_splits, d, static_cast<float*>(a.out));
+      launch_kernel("paged_attention_combine_kernel", paged_attention_combine_kernel<float>,
+                    dim3(grid_rows), dim3(kThreads), 0, stream, pdl,
+                    static_cast<const float*>(p.part_acc), static_cast<const float*>(p.part_ml),
+                    rows, l.num_splits, d, static_cast<float*>(a.out));
     }
-    check_launch("paged_attention_combine_kernel");
   }
 }
 

@@ -77,10 +77,12 @@ __global__ void __launch_bounds__(kBlock)
     if (col < h) wv[e].load(w + col);
   }
   if constexpr (kPdl) {
-    dev::pdl_wait();
-    // The next kernel is a GEMM: with opd's decode GEMM (PDL-launched) its CTAs start streaming
-    // their weights now; cuBLASLt's GEMMs are launched plainly, for which this is a no-op.
+    // The next kernel is a GEMM: with opd's decode linear (PDL-launched) its CTAs start
+    // streaming their weights as soon as they fit beside this kernel (released before this
+    // kernel's own wait: pdl.cuh, the chain stays ordered); cuBLASLt's GEMMs are launched
+    // plainly, for which this is a no-op.
     dev::pdl_launch_dependents();
+    dev::pdl_wait();
   }
   __shared__ float red[kBlock / 32];
   // Block-uniform trip count (group_sum's barriers): a group past the last row idles along.
