@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,58 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10c ]]; then
+  # Session 10 (nvidia-h200, <= 420 s): decode linear v4 after s10b's profile (lane-private x
+  # fragments without divisions, one cp.async group per k step, independent products
+  # interleaved, plans of 16/32/48-row blocks within the device's resident clusters): s10a's
+  # tests and A/B, then ncu durations and stall reasons of the four W1 shapes (ours, then
+  # cuBLASLt's kernels for the same shapes).
+  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
+  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
+  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
+  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+  for v in off on off on; do
+    flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
+    timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \
+        | sed "s/^/$v /" >>"$OUT/rollout_ab.txt"
+  done
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  m="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,smsp__inst_executed.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+  for f in qkv_m64 o_m64 gate_up_m64 down_m64; do
+    timeout 60 "$NCU" --clock-control none --metrics "$m" -k 'regex:decode_linear_kernel' --launch-count 1 \
+        $B/opd bench kernels --filter "decode_linear.$f" --iters 20 --warmup 1 2>&1 \
+        | grep -E "decode_linear_kernel<|gpu__time|dram__|lts__|inst_exec|stalled" | sed "s/^/$f /" >>"$OUT/ncu.txt"
+  done
+  grep "decode_linear\.\|decode_linear plan" "$OUT/bench_dl.log" "$OUT/dl_tests.log" | cut -c1-150
+  grep -h "FAILED\|Failure" "$OUT/dl_tests.log" | head -20
+  cat "$OUT/rollout_ab.txt"
+  cut -c1-150 "$OUT/ncu.txt"
+fi
+if [[ "$what" == s10b ]]; then
+  # Session 10 (nvidia-h200, <= 300 s): why the decode linear v4 is slower than cuBLASLt: ncu
+  # (serialized, clocks not locked) on its W1 shapes and on cuBLASLt's kernels for the same
+  # shapes: speed of light, memory workload, occupancy (max active clusters), launch, scheduler
+  # and the stall reasons per issued instruction.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  st=""
+  for r in long_scoreboard short_scoreboard barrier membar mio_throttle lg_throttle math_pipe_throttle \
+           wait not_selected selected dispatch_stall no_instruction drain imc_miss branch_resolving \
+           sleeping tex_throttle misc; do
+    st="$st,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+  done
+  for f in qkv_m64 o_m64 gate_up_m64 down_m64; do
+    run "ncu_$f" 70 "$NCU" --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats \
+        --metrics "${st:1}" -k 'regex:decode_linear_kernel|nvjet' --launch-count 3 \
+        $B/opd bench kernels --filter "decode_linear.$f" --iters 20 --warmup 1
+  done
+  for f in qkv_m64 o_m64; do
+    grep -E "^  [a-z_]*decode_linear|^  nvjet|^  [a-zA-Z_0-9]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Max Active Clusters|Cluster Size|Waves Per SM|Issued Warp|No Eligible|stalled_(long|short|barrier|mio|lg|math|wait|membar|dispatch|no_inst)" \
+        "$OUT/ncu_$f.log" | grep -v "^==" | cut -c1-110 | head -80
+  done
 fi
 if [[ "$what" == s10a ]]; then
   # Session 10 (nvidia-h200, <= 420 s): opd's decode linear v4 (kernels/cuda/decode_linear.cu,

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -41,17 +42,18 @@ struct Shape3 {
   int64_t m, n, k;
 };
 
-TEST(CudaDecodeLinearPlan, W1ShapesFillOneWaveAndTheLmHeadIsLeftToCublas) {
-  // Runs without a GPU: the plan depends on (n, k, SMs) only.
+TEST(CudaDecodeLinearPlan, W1ShapesFillOneWaveWithinTheClustersTheDeviceHolds) {
+  // Runs without a GPU: the plan depends on (n, k), the SMs and the cluster capacity only.
   const int sms = 132;
+  const int caps[4] = {132, 66, 30, 15};  // clusters of 1, 2, 4, 8 resident at once (H200-like)
   struct Want {
     int64_t n, k;
     int rows16, splits;
   };
-  for (const Want& w : {Want{4096, 1024, 2, 1}, Want{1024, 2048, 2, 4}, Want{6144, 1024, 3, 1},
-                        Want{1024, 3072, 2, 4}}) {
+  for (const Want& w : {Want{4096, 1024, 2, 1}, Want{1024, 2048, 1, 2}, Want{6144, 1024, 3, 1},
+                        Want{1024, 3072, 1, 2}}) {
     SCOPED_TRACE(cat("n ", w.n, " k ", w.k));
-    const cuda::DecodeLinearPlan p = cuda::decode_linear_plan(w.n, w.k, sms);
+    const cuda::DecodeLinearPlan p = cuda::decode_linear_plan(w.n, w.k, sms, caps);
     ASSERT_TRUE(p.ok);
     EXPECT_EQ(p.rows16, w.rows16);
     EXPECT_EQ(p.splits, w.splits);
@@ -60,12 +62,19 @@ TEST(CudaDecodeLinearPlan, W1ShapesFillOneWaveAndTheLmHeadIsLeftToCublas) {
     EXPECT_LE(p.smem_bytes, size_t{227} * 1024);
     EXPECT_EQ(p.row_blocks, (w.n + 16 * p.rows16 - 1) / (16 * p.rows16));
   }
-  EXPECT_FALSE(cuda::decode_linear_plan(151936, 1024, sms).ok);  // more row blocks than SMs
-  EXPECT_FALSE(cuda::decode_linear_plan(4096, 1020, sms).ok);    // k % 8 != 0
-  EXPECT_FALSE(cuda::decode_linear_plan(64, 0, sms).ok);
-  EXPECT_FALSE(cuda::decode_linear_plan(4096, 1 << 20, sms).ok);  // a warp's k range too long
+  // Fewer resident clusters of 2 than the o projection's 64 row blocks: the plan takes the best
+  // that fits (clusters of 4 over 48-row blocks: 22 clusters, 88 CTAs), never a second wave.
+  const int tight[4] = {132, 60, 30, 15};
+  const cuda::DecodeLinearPlan o = cuda::decode_linear_plan(1024, 2048, sms, tight);
+  ASSERT_TRUE(o.ok);
+  EXPECT_LE(o.row_blocks, o.splits == 2 ? 60 : o.splits == 4 ? 30 : o.splits == 8 ? 15 : sms);
+  EXPECT_EQ(o.row_blocks * o.splits, 88);
+  EXPECT_FALSE(cuda::decode_linear_plan(151936, 1024, sms, caps).ok);  // more row blocks than SMs
+  EXPECT_FALSE(cuda::decode_linear_plan(4096, 1020, sms, caps).ok);    // k % 8 != 0
+  EXPECT_FALSE(cuda::decode_linear_plan(64, 0, sms, caps).ok);
+  EXPECT_FALSE(cuda::decode_linear_plan(4096, 1 << 20, sms, caps).ok);  // a warp's k range too long
   // A narrow, long shape splits k over a cluster of 8.
-  const cuda::DecodeLinearPlan narrow = cuda::decode_linear_plan(32, 4096, sms);
+  const cuda::DecodeLinearPlan narrow = cuda::decode_linear_plan(32, 4096, sms, caps);
   ASSERT_TRUE(narrow.ok);
   EXPECT_EQ(narrow.splits, 8);
 }
@@ -80,10 +89,15 @@ TEST(CudaDecodeLinear, MatchesTheCpuLinear) {
       {9, 300, 512},    {16, 6144, 1024}, {2, 1024, 3072}};
   for (const Shape3& s : shapes) {
     for (bool with_bias : {false, true}) {
-      const cuda::DecodeLinearPlan plan = cuda::decode_linear_plan(s.n, s.k, cuda::sm_count());
+      const cuda::DecodeLinearPlan plan = cuda::decode_linear_device_plan(s.n, s.k);
       SCOPED_TRACE(cat("m ", s.m, " n ", s.n, " k ", s.k, with_bias ? " bias" : "", " (rows16 ",
-                       plan.rows16, ", splits ", plan.splits, ")"));
+                       plan.rows16, ", splits ", plan.splits, ", ", plan.row_blocks * plan.splits,
+                       " CTAs)"));
       ASSERT_TRUE(plan.ok);
+      if (!with_bias && s.m == 64)
+        std::printf("decode_linear plan n %lld k %lld: rows16 %d, splits %d, %lld CTAs\n",
+                    (long long)s.n, (long long)s.k, plan.rows16, plan.splits,
+                    (long long)(plan.row_blocks * plan.splits));
       const Tensor x = rand_in({s.m, s.k}, DType::BF16, seed++, -1, 1);
       const Tensor w = rand_in({s.n, s.k}, DType::BF16, seed++, -0.1, 0.1);
       const Tensor b = rand_in({s.n}, DType::BF16, seed++, -1, 1);

@@ -8,31 +8,39 @@
 // every CTA here issues its W loads first, into registers, and only then waits
 // (griddepcontrol.wait) for the kernel that writes x.
 //
-// Work split (decode_linear_plan; depends on (n, k, SMs) only):
-//   - a CTA owns 16 * R16 consecutive W rows (R16 = 2 or 3) and a contiguous range of 32-wide k
-//     steps; `splits` CTAs of one row block form a thread-block cluster that splits k;
+// Work split (decode_linear_plan; depends on (n, k) and the device only, never on m):
+//   - a CTA owns 16 * R16 consecutive W rows (R16 = 1, 2 or 3) and a contiguous range of 32-wide
+//     k steps; `splits` CTAs of one row block form a thread-block cluster that splits k; the plan
+//     takes the most CTAs that run in one wave (one per SM; clusters only as many as the device
+//     holds at once: GPC boundaries leave fewer than SMs / size);
 //   - the CTA's 8 warps split its k steps again; a warp computes all 16 * R16 rows x 8 * MT x
 //     rows over its k steps (MT = 1, 2, 4, 8 groups of 8 x rows, chosen by m);
 //   - fragment loads without shared memory for W: lane (g, t) loads 16 bytes of row g (and of
 //     row g + 8) at k = 32 s + 8 t ... + 7 and uses them as the A fragments of two m16n8k16
 //     products with a permuted k: logical k (2t, 2t+1, 2t+8, 2t+9) <- physical 8t + (0, 1, 2, 3)
 //     for the first, 8t + (4, 5, 6, 7) for the second. x (the B operand) uses the same
-//     permutation: one 16-byte shared-memory load of x[row][32 s + 8 t ...] is the B fragment
-//     of both. A dot product does not depend on the order of its k's, so this is x W^T;
-//     a warp load of W covers 8 rows x 64 contiguous bytes (16 full 32-byte sectors);
-//   - x: each warp copies only its own k range of the (<= 64) rows into its shared-memory region
-//     (cp.async, rows >= m and k >= K zero-filled; row pitch = 64 bytes mod 128, so the 16-byte
-//     fragment loads of 8 rows are conflict-free), after the wait;
+//     permutation, so lane (g, t) needs exactly x[8 j + g][32 s + 8 t ...] (16 bytes) for both.
+//     A dot product does not depend on the order of its k's, so this is x W^T; a warp load of W
+//     covers 8 rows x 64 contiguous bytes (16 full 32-byte sectors);
+//   - x: each lane copies its own fragments (cp.async, rows >= m and k >= K zero-filled) into a
+//     lane-private slice of its warp's shared-memory region after the wait, one commit group per
+//     k step, and computes step i as soon as group i has landed;
 //   - reductions in fixed orders: the 8 warps' partials through shared memory (warp 0 + 1 + ...),
 //     then the cluster's CTAs through distributed shared memory (rank 0 + 1 + ...). No atomics,
 //     the same bits every run, and a row's result does not depend on m.
 //   - PDL (pdl.cuh rules): before pdl_wait() only W loads (weights no kernel of the step writes);
 //     the successor is released after the k loop.
+// Measured on the H200: docs/rollout.md "Decode linear v4".
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention_mma.h"  // attn::cp_async_16 / commit / wait, smem_addr
@@ -61,7 +69,6 @@ struct Params {
   int m, k, n;
   int steps;       // ceil(k / 32)
   int splits;      // cluster size (1: no cluster)
-  int pitch;       // bytes per x row in a warp's region
   int warp_bytes;  // bytes per warp region (x slice, later its partial)
   int part_offset; // the CTA's summed partial (splits > 1)
 };
@@ -84,10 +91,25 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   return r;
 }
 
+// cp.async.wait_group with a run-time count (the immediate it needs, by cases; n >= the
+// groups in flight returns at once).
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: attn::cp_async_wait<0>(); break;
+    case 1: attn::cp_async_wait<1>(); break;
+    case 2: attn::cp_async_wait<2>(); break;
+    case 3: attn::cp_async_wait<3>(); break;
+    case 4: attn::cp_async_wait<4>(); break;
+    case 5: attn::cp_async_wait<5>(); break;
+    case 6: attn::cp_async_wait<6>(); break;
+    default: attn::cp_async_wait<7>(); break;
+  }
+}
+
 // c += A B, m16n8k16, bf16 in, f32 accumulate: A = 16 W rows x 16 (permuted) k, B = 16 k x 8 x rows.
 __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(  // not volatile: the compiler may interleave independent products
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -162,24 +184,34 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
 
   dev::pdl_wait();  // x is the predecessor's output
 
-  // ---- this warp's x slice: rows [0, 8 MT), steps [s0, s0 + ns) -> its shared region.
+  // ---- this warp's x slice, lane-private: lane (g, t) copies exactly the 16 bytes it uses as
+  // B fragments, x[8 j + g][32 (s0 + i) + 8 t ...] for every step i and x group j, to
+  // region[((i * MT + j) * 32 + lane) * 16] (consecutive lanes, consecutive 16 bytes: no bank
+  // conflicts, no exchange between lanes, so no barrier). One commit group per step, so step i
+  // is computed as soon as its group has landed.
   unsigned char* region = smem + warp * p.warp_bytes;
-  const uint32_t xs = attn::smem_addr(region);
+  const uint32_t xs = attn::smem_addr(region) + lane * 16;
   {
-    const int per_row = 4 * ns;  // 16-byte chunks per row
-    for (int c = lane; c < 8 * MT * per_row; c += 32) {
-      const int row = c / per_row, q = c % per_row;
-      const int kk = s0 * kStepK + 8 * q;
-      const bool ok = row < p.m && kk < p.k;
-      attn::cp_async_16(xs + row * p.pitch + 16 * q,
-                        ok ? p.x + static_cast<int64_t>(row) * p.k + kk : p.x, ok);
+    const bf16* xrow[MT];
+    bool rok[MT];
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      rok[j] = 8 * j + g < p.m;
+      xrow[j] = p.x + static_cast<int64_t>(rok[j] ? 8 * j + g : 0) * p.k + 8 * t;
     }
-    attn::cp_async_commit();
-    attn::cp_async_wait<0>();
-    __syncwarp();
+    for (int i = 0; i < ns; ++i) {
+      const int kk = (s0 + i) * kStepK;
+      const bool kin = kk + 8 * t < p.k;
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const bool ok = rok[j] && kin;
+        attn::cp_async_16(xs + (i * MT + j) * kFragBytes, ok ? xrow[j] + kk : p.x, ok);
+      }
+      attn::cp_async_commit();
+    }
   }
 
-  // ---- the k loop: W of step i + kDepth is issued before step i is computed.
+  // ---- the k loop: step i's products, then W of step i + kDepth into the freed ring slot.
   float acc[R16][MT][4];
 #pragma unroll
   for (int rt = 0; rt < R16; ++rt)
@@ -192,30 +224,33 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
     for (int d = 0; d < kDepth; ++d) {
       const int i = i0 + d;
       if (i < ns) {
-        uint4 wv[R16][2];
+        cp_async_wait_dyn(ns - 1 - i);  // step i's x group has landed (this lane's own copies)
+        uint4 xv[MT];
 #pragma unroll
-        for (int rt = 0; rt < R16; ++rt) {
-          wv[rt][0] = ring[d][rt][0];
-          wv[rt][1] = ring[d][rt][1];
-        }
+        for (int j = 0; j < MT; ++j) xv[j] = ld_shared_v4(xs + (i * MT + j) * kFragBytes);
+        // The first k16 half of every (row tile, x group), then the second: 16 or more
+        // independent products between two that accumulate into the same fragment.
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int rt = 0; rt < R16; ++rt)
+            mma(acc[rt][j], ring[d][rt][0].x, ring[d][rt][1].x, ring[d][rt][0].y,
+                ring[d][rt][1].y, xv[j].x, xv[j].y);
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int rt = 0; rt < R16; ++rt)
+            mma(acc[rt][j], ring[d][rt][0].z, ring[d][rt][1].z, ring[d][rt][0].w,
+                ring[d][rt][1].w, xv[j].z, xv[j].w);
         if (i + kDepth < ns) load_w(s0 + i + kDepth, ring[d]);
-        const uint32_t xb = xs + g * p.pitch + i * 64 + t * 16;
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-          const uint4 xv = ld_shared_v4(xb + j * 8 * p.pitch);
-#pragma unroll
-          for (int rt = 0; rt < R16; ++rt) {
-            mma(acc[rt][j], wv[rt][0].x, wv[rt][1].x, wv[rt][0].y, wv[rt][1].y, xv.x, xv.y);
-            mma(acc[rt][j], wv[rt][0].z, wv[rt][1].z, wv[rt][0].w, wv[rt][1].w, xv.z, xv.w);
-          }
-        }
       }
     }
   }
   dev::pdl_launch_dependents();  // the successor's prologue may start
 
   // ---- the 8 warps' partials, summed in warp order.
-  __syncwarp();  // every lane of this warp is done with its x region
+  // The partials reuse the region in the same lane-private layout (fragment q of lane l at
+  // (q * 32 + l) * 16): a lane overwrites only slots it alone read, after its last x read.
   {
     float4* red = reinterpret_cast<float4*>(region);
 #pragma unroll
@@ -261,15 +296,28 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
 }
 
 template <int R16>
-constexpr int depth_for() {
-  return R16 == 2 ? 4 : 3;  // W steps in flight per warp (registers: 8 R16 per step)
+constexpr int depth_for() {  // W steps in flight per warp (8 R16 registers per step)
+  return R16 == 1 ? 6 : R16 == 2 ? 4 : 2;
+}
+
+constexpr int kSmemLimit = 227 * 1024;
+
+// The kernel may use up to kSmemLimit of dynamic shared memory: set once per (kernel, device).
+void allow_smem(const void* kernel) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  int device = 0;
+  OPD_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.insert({kernel, device}).second)
+    OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kSmemLimit));
 }
 
 template <int R16, int MT>
 void launch(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
   auto* kernel = decode_linear_kernel<R16, MT, depth_for<R16>()>;
-  OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(plan.smem_bytes)));
+  allow_smem(reinterpret_cast<const void*>(kernel));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.row_blocks * plan.splits));
   cfg.blockDim = dim3(kThreads);
@@ -300,7 +348,7 @@ void launch(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, 
 }
 
 template <int R16>
-void launch_mt(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
+void launch_r16(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
   if (p.m <= 8) {
     launch<R16, 1>(p, plan, stream, pdl);
   } else if (p.m <= 16) {
@@ -312,35 +360,35 @@ void launch_mt(const Params& p, const DecodeLinearPlan& plan, cudaStream_t strea
   }
 }
 
-int pitch_bytes(int warp_steps) {  // 64 bytes mod 128: conflict-free 16-byte loads of 8 rows
-  return warp_steps * 64 + (warp_steps % 2 == 0 ? 64 : 0);
-}
-// A warp's region holds its x slice (64 rows), later its f32 partial (R16 x 8 fragments).
+// A warp's region: its x slice (steps x 8 groups x 32 lanes x 16 bytes, sized for m = 64), later
+// its f32 partial (R16 x 8 fragments of 32 lanes x 16 bytes), both lane-private.
 int warp_region_bytes(int warp_steps, int rows16) {
-  return std::max(static_cast<int>(kDecodeLinearMaxRows) * pitch_bytes(warp_steps),
-                  rows16 * 8 * kFragBytes);
+  return std::max(warp_steps, rows16) * 8 * kFragBytes;
 }
 
 }  // namespace
 
-DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms) {
+DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms,
+                                    const int (&max_clusters)[4]) {
   DecodeLinearPlan best;
   if (n < 1 || k < 8 || k % 8 != 0 || sms < 1 || n >= (int64_t{1} << 30) ||
       k >= (int64_t{1} << 30) || n * k >= (int64_t{1} << 40)) {
     return best;
   }
   const int64_t steps = (k + kStepK - 1) / kStepK;
-  for (int r16 : {2, 3}) {
+  int64_t best_ctas = 0;
+  for (int r16 : {1, 2, 3}) {
     const int64_t rb = (n + 16 * r16 - 1) / (16 * r16);
-    for (int s : {1, 2, 4, 8}) {
+    for (int si = 0; si < 4; ++si) {
+      const int s = 1 << si;
       if (s > steps) break;
       const int64_t ctas = rb * s;
-      const int64_t cta_steps = (steps + s - 1) / s;
-      const int64_t ws = (cta_steps + kWarps - 1) / kWarps;
-      if (ctas > sms || ws > kMaxWarpSteps) continue;
-      // Most CTAs (one wave), then fewer splits, then fewer rows per CTA.
-      const int64_t best_ctas = best.ok ? best.row_blocks * best.splits : 0;
-      if (best.ok && ctas <= best_ctas) continue;
+      const int64_t ws = ((steps + s - 1) / s + kWarps - 1) / kWarps;
+      // One wave: every CTA (one per SM) and, for clusters, every cluster resident at once.
+      if (ctas > sms || ws > kMaxWarpSteps || (s > 1 && rb > max_clusters[si])) continue;
+      // Most CTAs, then fewer splits, then fewer rows per CTA (the loop order).
+      if (ctas <= best_ctas) continue;
+      best_ctas = ctas;
       best.ok = true;
       best.rows16 = r16;
       best.splits = s;
@@ -354,11 +402,55 @@ DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms) {
   return best;
 }
 
+// The plan for this device: its SMs and how many clusters of 2, 4, 8 CTAs (one per SM: the
+// kernel's registers and shared memory) can be resident at once (GPC boundaries: fewer than
+// SMs / size), from the occupancy API once per device.
+DecodeLinearPlan decode_linear_device_plan(int64_t n, int64_t k) {
+  static std::mutex mu;
+  static std::map<int, std::array<int, 4>> caps;
+  int device = 0;
+  OPD_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = sm_count();
+  std::array<int, 4> cap{};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = caps.find(device);
+    if (it == caps.end()) {
+      const void* kernel = reinterpret_cast<const void*>(decode_linear_kernel<2, 8, 4>);
+      allow_smem(kernel);
+      cap[0] = sms;
+      for (int si = 1; si < 4; ++si) {
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(static_cast<unsigned>(sms / (1 << si) * (1 << si)));
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = 96 * 1024;  // one CTA per SM, as every plan's CTAs
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = static_cast<unsigned>(1 << si);
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int c = 0;
+        if (cudaOccupancyMaxActiveClusters(&c, kernel, &cfg) != cudaSuccess) {
+          (void)cudaGetLastError();
+          c = 0;  // no clusters of this size
+        }
+        cap[si] = c;
+      }
+      it = caps.emplace(device, cap).first;
+    }
+    cap = it->second;
+  }
+  const int arr[4] = {cap[0], cap[1], cap[2], cap[3]};
+  return decode_linear_plan(n, k, sms, arr);
+}
+
 bool decode_linear_supports(const void* x, const void* w, const void* y, int64_t m, int64_t k,
                             int64_t n, DType dtype) {
   if (dtype != DType::BF16 || m < 1 || m > kDecodeLinearMaxRows) return false;
   if (!dev::aligned16(x) || !dev::aligned16(w) || !dev::aligned16(y)) return false;
-  return decode_linear_plan(n, k, sm_count()).ok;
+  return decode_linear_device_plan(n, k).ok;
 }
 
 void decode_linear(const void* x, const void* w, const void* bias, int64_t m, int64_t k,
@@ -366,7 +458,7 @@ void decode_linear(const void* x, const void* w, const void* bias, int64_t m, in
   OPD_CHECK(decode_linear_supports(x, w, y, m, k, n, dtype), Unsupported,
             "decode_linear: ", m, " x ", k, " x ", n, " ", dtype_name(dtype),
             " (needs bf16, 1..64 rows, k % 8 == 0, 16-byte aligned x / W / y, a plan for n, k)");
-  const DecodeLinearPlan plan = decode_linear_plan(n, k, sm_count());
+  const DecodeLinearPlan plan = decode_linear_device_plan(n, k);
   Params p{};
   p.x = static_cast<const bf16*>(x);
   p.w = static_cast<const bf16*>(w);
@@ -377,13 +469,12 @@ void decode_linear(const void* x, const void* w, const void* bias, int64_t m, in
   p.n = static_cast<int>(n);
   p.steps = static_cast<int>((k + kStepK - 1) / kStepK);
   p.splits = plan.splits;
-  p.pitch = pitch_bytes(plan.warp_steps);
   p.warp_bytes = warp_region_bytes(plan.warp_steps, plan.rows16);
   p.part_offset = kWarps * p.warp_bytes;
-  if (plan.rows16 == 2) {
-    launch_mt<2>(p, plan, stream, pdl);
-  } else {
-    launch_mt<3>(p, plan, stream, pdl);
+  switch (plan.rows16) {
+    case 1: launch_r16<1>(p, plan, stream, pdl); break;
+    case 2: launch_r16<2>(p, plan, stream, pdl); break;
+    default: launch_r16<3>(p, plan, stream, pdl); break;
   }
 }
 
