@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,28 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10d ]]; then
+  # Session 10 (nvidia-h200, <= 300 s): every PDL-launched decode kernel asks for the GEMMs'
+  # L1/shared split (carveout 100 %, pdl.cuh prefer_max_shared), so a PDL launch can start beside
+  # its predecessor: the PDL and decode linear tests; `opd bench rollout` of the previous build
+  # (opd_base) and this one, each with cuBLASLt (off) and the decode linear (on), alternating;
+  # then this build's decode linear without PDL.
+  run pdl_tests 120 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*'
+  for round in 1 2; do
+    for v in base new; do
+      for dl in off on; do
+        bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+        flag=--no-decode-linear; [[ $dl == on ]] && flag=--decode-linear
+        timeout 60 $bin bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|decode step" \
+            | sed "s/^/$v $dl /" >>"$OUT/rollout_ab.txt"
+      done
+    done
+  done
+  timeout 60 $B/opd bench rollout --runs 2 --decode-linear --no-pdl 2>&1 | grep "^opd:\|decode step" \
+      | sed "s/^/new on-nopdl /" >>"$OUT/rollout_ab.txt"
+  grep -h "FAILED\|Failure" "$OUT/pdl_tests.log" | head -20
+  cat "$OUT/rollout_ab.txt"
 fi
 if [[ "$what" == s10c ]]; then
   # Session 10 (nvidia-h200, <= 420 s): decode linear v4 after s10b's profile (lane-private x
