@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,25 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10e ]]; then
+  # Session 10 (nvidia-h200, <= 300 s): the decode linear's second version again (the third,
+  # row groups sharing x, was slower in s10c-2 and is reverted) per GEMM: its tests and
+  # racecheck, then `opd bench rollout` with cuBLASLt (off) and with the decode linear on each
+  # subset of the per-layer GEMMs (--decode-linear-gemms: 1 q|k|v, 2 o, 4 gate|up, 8 down), two
+  # rounds alternating.
+  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*'
+  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
+  for round in 1 2; do
+    for mask in off 15 1 2 4 8 10; do
+      args="--no-decode-linear"; [[ $mask != off ]] && args="--decode-linear --decode-linear-gemms $mask"
+      timeout 60 $B/opd bench rollout --runs 2 $args 2>&1 | grep "decode step" \
+          | sed "s/^/$mask /" >>"$OUT/rollout_ab.txt"
+    done
+  done
+  grep -h "FAILED\|Failure" "$OUT/dl_tests.log" | head -20
+  cat "$OUT/rollout_ab.txt"
 fi
 if [[ "$what" == s10d ]]; then
   # Session 10 (nvidia-h200, <= 300 s): every PDL-launched decode kernel asks for the GEMMs'

@@ -66,6 +66,7 @@ struct BenchRolloutOptions {
   bool tuned_gemm = false;
   EngineOptions switches;  // the on/off CUDA engine switches of kSwitches, at their defaults
   bool keep_state = false;
+  unsigned decode_linear_gemms = 15;
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -159,6 +160,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_graphs = !o.no_graphs;
   eo.cuda_fused = !o.no_fused;
   eo.cuda_tuned_gemm = o.tuned_gemm;
+  eo.cuda_decode_linear_gemms = o.decode_linear_gemms;
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
@@ -253,6 +255,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   j["tuned_gemm"] = o.tuned_gemm;
   for (const Switch& w : kSwitches) j[w.key] = o.switches.*w.member;
   j["keep_state"] = o.keep_state;
+  j["decode_linear_gemms"] = o.decode_linear_gemms;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
   j["generated_tokens"] = generated;
@@ -352,6 +355,10 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_option("--runs", o->runs, "timed rollouts (median reported)")->capture_default_str();
   cmd->add_option("--kv-cache-gb", o->kv_cache_gb, "KV cache budget in GiB")->capture_default_str();
   cmd->add_option("--block-size", o->block_size, "tokens per KV block")->capture_default_str();
+  cmd->add_option("--decode-linear-gemms", o->decode_linear_gemms,
+                  "with --decode-linear: which per-layer GEMMs run on it, a bit mask (1 q|k|v, 2 o, "
+                  "4 gate|up, 8 down)")
+      ->capture_default_str();
   cmd->add_option("--max-step-tokens", o->max_step_tokens, "tokens per step (prefill chunk budget)")
       ->capture_default_str();
   cmd->add_option("--max-running", o->max_running, "sequences in the running batch")

@@ -180,11 +180,13 @@ class PagedForward {
   // does not depend on it (norm weights, block tables, positions, RoPE terms) and then waits for
   // it. Bit-identical results; cuBLASLt's GEMMs are launched as before.
   void set_pdl(bool on) { pdl_ = on; }
-  // Decode-sized bf16 steps (<= 64 tokens) run the per-layer GEMMs (q|k|v, o, gate|up, down) on
-  // opd's decode linear (kernels/cuda/decode_linear.h) instead of cuBLASLt: with PDL on, each
-  // streams its weights while the kernel before it runs. Shapes it has no plan for stay on
-  // cuBLASLt. Results differ from cuBLASLt's in the f32 summation order only.
-  void set_decode_linear(bool on) { decode_linear_ = on; }
+  // Decode-sized bf16 steps (<= 64 tokens) run the per-layer GEMMs named in `gemms` (bits
+  // kDecodeLinear*) on opd's decode linear (kernels/cuda/decode_linear.h) instead of cuBLASLt:
+  // with PDL on, each streams its weights while the kernel before it runs. Shapes it has no
+  // plan for stay on cuBLASLt. Results differ from cuBLASLt's in the f32 summation order only.
+  static constexpr unsigned kDecodeLinearQkv = 1, kDecodeLinearO = 2, kDecodeLinearGateUp = 4,
+                            kDecodeLinearDown = 8, kDecodeLinearAll = 15;
+  void set_decode_linear(unsigned gemms) { decode_linear_ = gemms; }
   // Prompt chunks that start at position 0 (no cached context) attend with the tensor-core
   // varlen attention (kernels/cuda/attention_fwd.cu, bf16 with head_dim 64/128) instead of the
   // paged kernel, whose CUDA-core loop reads a chunk's K/V once per 8 rows (W1 prefill: 0.136 s
@@ -247,7 +249,7 @@ class PagedForward {
   bool fused_ = false;      // CUDA models with packed weights below
   bool tuned_gemm_ = false;
   bool pdl_ = false;
-  bool decode_linear_ = false;
+  unsigned decode_linear_ = 0;  // kDecodeLinear* bits
   bool fresh_prefill_ = true;
   bool context_prefill_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]

@@ -224,9 +224,9 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): opd's decode linear for decode-sized bf16
   // steps when switched on (set_decode_linear; it streams W under the PDL wait), else cuBLASLt.
   // (Three earlier decode GEMMs of opd were slower than cuBLASLt: docs/rollout.md.)
-  auto linear = [&](const void* in, const void* w, const void* b, int64_t rows, int64_t k,
-                    int64_t n, DType out_dt, void* out, bool tuned) {
-    if (decode_linear_ && out_dt == dt &&
+  auto linear = [&](unsigned which, const void* in, const void* w, const void* b, int64_t rows,
+                    int64_t k, int64_t n, DType out_dt, void* out, bool tuned) {
+    if ((decode_linear_ & which) != 0 && out_dt == dt &&
         cuda::decode_linear_supports(in, w, out, rows, k, n, dt)) {
       cuda::decode_linear(in, w, b, rows, k, n, dt, out, stream, pdl);
       return;
@@ -314,7 +314,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     const LayerWeights& L = W.layers[li];
     if (fused_) {  // 10 kernels per layer (decode_fused.cu)
       const int64_t R = (Hq + 2 * Hkv) * D;
-      linear(h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
+      linear(kDecodeLinearQkv, h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
       cuda::QkvNormRopeStoreArgs f;
       f.set_packed_qkv(ws.qkv.raw(), Hq, Hkv, D, dt);
       f.q_norm = c.qk_norm ? L.q_norm.raw() : nullptr;
@@ -336,12 +336,14 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.pdl = pdl;
       cuda::qkv_norm_rope_store(f, stream);
       attend(li, ws.qn.raw(), nullptr, nullptr);
-      linear(ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt, ws.o.raw(), tune);
+      linear(kDecodeLinearO, ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt,
+             ws.o.raw(), tune);
       cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
                                      ws.rstd.data<float>(), stream, pdl);
-      linear(h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
+      linear(kDecodeLinearGateUp, h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
       cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream, pdl);
-      linear(ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(), tune);
+      linear(kDecodeLinearDown, ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(),
+             tune);
       const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
       cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
                                      ws.rstd.data<float>(), stream, pdl);

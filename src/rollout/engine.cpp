@@ -230,7 +230,8 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     }
     device_->forward->set_tuned_gemm(options_.cuda_tuned_gemm);
     device_->forward->set_pdl(options_.cuda_pdl);
-    device_->forward->set_decode_linear(options_.cuda_decode_linear);
+    device_->forward->set_decode_linear(
+        options_.cuda_decode_linear ? options_.cuda_decode_linear_gemms : 0u);
     device_->forward->set_fresh_prefill(options_.cuda_fresh_prefill);
     device_->forward->set_context_prefill(options_.cuda_context_prefill);
     OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));

@@ -96,6 +96,9 @@ struct EngineOptions {
   // weights under the PDL wait, instead of cuBLASLt. Off until measured faster on the H200
   // (docs/rollout.md "Decode linear v4").
   bool cuda_decode_linear = false;
+  // Which of them with cuda_decode_linear (PagedForward::kDecodeLinear* bits: 1 q|k|v, 2 o,
+  // 4 gate|up, 8 down).
+  unsigned cuda_decode_linear_gemms = 15;
   // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
   // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
   // distribution; for A/B measurements). On: W1 sampling 0.074 -> 0.051 s per rollout on the

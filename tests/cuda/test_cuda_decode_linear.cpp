@@ -42,44 +42,37 @@ struct Shape3 {
   int64_t m, n, k;
 };
 
-TEST(CudaDecodeLinearPlan, W1ShapesReadTheLeastXInOneWave) {
+TEST(CudaDecodeLinearPlan, W1ShapesFillOneWaveWithinTheClustersTheDeviceHolds) {
   // Runs without a GPU: the plan depends on (n, k), the SMs and the cluster capacity only.
-  // The capacities are an H200-like example (clusters of c CTAs resident at once, c = 1..8);
-  // the wanted layouts were worked out by hand from the rule in decode_linear.cu.
   const int sms = 132;
-  const int caps[8] = {132, 66, 44, 30, 26, 22, 18, 15};
+  const int caps[4] = {132, 66, 30, 15};  // clusters of 1, 2, 4, 8 resident at once (H200-like)
   struct Want {
     int64_t n, k;
-    int rows16, row_groups, splits;
+    int rows16, splits;
   };
-  for (const Want& w : {Want{4096, 1024, 3, 2, 3},    // q|k|v: 43 blocks of 96 rows x 3 splits
-                        Want{1024, 2048, 2, 2, 7},    // o: 16 blocks of 64 rows x 7
-                        Want{6144, 1024, 3, 2, 2},    // gate|up: 64 blocks of 96 rows x 2
-                        Want{1024, 3072, 2, 2, 7}}) {  // down: 16 blocks of 64 rows x 7
+  for (const Want& w : {Want{4096, 1024, 2, 1}, Want{1024, 2048, 1, 2}, Want{6144, 1024, 3, 1},
+                        Want{1024, 3072, 1, 2}}) {
     SCOPED_TRACE(cat("n ", w.n, " k ", w.k));
     const cuda::DecodeLinearPlan p = cuda::decode_linear_plan(w.n, w.k, sms, caps);
     ASSERT_TRUE(p.ok);
     EXPECT_EQ(p.rows16, w.rows16);
-    EXPECT_EQ(p.row_groups, w.row_groups);
     EXPECT_EQ(p.splits, w.splits);
-    const int64_t rows = 16 * p.rows16 * p.row_groups;
-    EXPECT_EQ(p.row_blocks, (w.n + rows - 1) / rows);
-    EXPECT_LE(p.row_blocks * p.splits, sms);                       // one wave
-    EXPECT_GE(10 * p.row_blocks * p.splits, 7 * sms);              // most SMs busy
-    if (p.splits > 1) EXPECT_LE(p.row_blocks, caps[p.splits - 1]);  // every cluster resident
-    EXPECT_LE(p.smem_bytes, size_t{200} * 1024);
+    EXPECT_EQ(p.row_blocks * p.splits, 128);  // one wave on 132 SMs
+    EXPECT_LE(p.warp_steps, 6);
+    EXPECT_LE(p.smem_bytes, size_t{227} * 1024);
+    EXPECT_EQ(p.row_blocks, (w.n + 16 * p.rows16 - 1) / (16 * p.rows16));
   }
-  // Without clusters: no split; a CTA's whole k range of x (2048 x 64 rows) would not fit its
-  // shared memory, so the o projection is left to cuBLASLt, q|k|v (k = 1024) is not.
-  const int none[8] = {132, 0, 0, 0, 0, 0, 0, 0};
-  const cuda::DecodeLinearPlan flat = cuda::decode_linear_plan(4096, 1024, sms, none);
-  ASSERT_TRUE(flat.ok);
-  EXPECT_EQ(flat.splits, 1);
-  EXPECT_FALSE(cuda::decode_linear_plan(1024, 2048, sms, none).ok);
+  // Fewer resident clusters of 2 than the o projection's 64 row blocks: the plan takes the best
+  // that fits (clusters of 4 over 48-row blocks: 22 clusters, 88 CTAs), never a second wave.
+  const int tight[4] = {132, 60, 30, 15};
+  const cuda::DecodeLinearPlan o = cuda::decode_linear_plan(1024, 2048, sms, tight);
+  ASSERT_TRUE(o.ok);
+  EXPECT_LE(o.row_blocks, o.splits == 2 ? 60 : o.splits == 4 ? 30 : o.splits == 8 ? 15 : sms);
+  EXPECT_EQ(o.row_blocks * o.splits, 88);
   EXPECT_FALSE(cuda::decode_linear_plan(151936, 1024, sms, caps).ok);  // more row blocks than SMs
   EXPECT_FALSE(cuda::decode_linear_plan(4096, 1020, sms, caps).ok);    // k % 8 != 0
   EXPECT_FALSE(cuda::decode_linear_plan(64, 0, sms, caps).ok);
-  EXPECT_FALSE(cuda::decode_linear_plan(4096, 1 << 20, sms, caps).ok);  // x slice > shared memory
+  EXPECT_FALSE(cuda::decode_linear_plan(4096, 1 << 20, sms, caps).ok);  // a warp's k range too long
   // A narrow, long shape splits k over a cluster of 8.
   const cuda::DecodeLinearPlan narrow = cuda::decode_linear_plan(32, 4096, sms, caps);
   ASSERT_TRUE(narrow.ok);
@@ -98,12 +91,12 @@ TEST(CudaDecodeLinear, MatchesTheCpuLinear) {
     for (bool with_bias : {false, true}) {
       const cuda::DecodeLinearPlan plan = cuda::decode_linear_device_plan(s.n, s.k);
       SCOPED_TRACE(cat("m ", s.m, " n ", s.n, " k ", s.k, with_bias ? " bias" : "", " (rows16 ",
-                       plan.rows16, ", row groups ", plan.row_groups, ", splits ", plan.splits,
-                       ", ", plan.row_blocks * plan.splits, " CTAs)"));
+                       plan.rows16, ", splits ", plan.splits, ", ", plan.row_blocks * plan.splits,
+                       " CTAs)"));
       ASSERT_TRUE(plan.ok);
       if (!with_bias && s.m == 64)
-        std::printf("decode_linear plan n %lld k %lld: rows16 %d, row groups %d, splits %d, %lld CTAs\n",
-                    (long long)s.n, (long long)s.k, plan.rows16, plan.row_groups, plan.splits,
+        std::printf("decode_linear plan n %lld k %lld: rows16 %d, splits %d, %lld CTAs\n",
+                    (long long)s.n, (long long)s.k, plan.rows16, plan.splits,
                     (long long)(plan.row_blocks * plan.splits));
       const Tensor x = rand_in({s.m, s.k}, DType::BF16, seed++, -1, 1);
       const Tensor w = rand_in({s.n, s.k}, DType::BF16, seed++, -0.1, 0.1);

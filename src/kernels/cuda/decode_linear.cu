@@ -9,15 +9,12 @@
 // (griddepcontrol.wait) for the kernel that writes x.
 //
 // Work split (decode_linear_plan; depends on (n, k) and the device only, never on m):
-//   - a warp owns 16 * R16 consecutive W rows (R16 = 1, 2 or 3); a CTA's 8 warps are RG row
-//     groups (1 or 2) x 8 / RG k groups: it owns 16 * R16 * RG rows and a contiguous range of
-//     32-wide k steps, which its k groups split again; `splits` CTAs of one row block form a
-//     thread-block cluster that splits k. The plan takes, among the layouts that run in one wave
-//     (one CTA per SM; clusters only as many as the device holds at once: GPC boundaries leave
-//     fewer than SMs / size) and keep >= 70% of the SMs busy, the one that reads the fewest x
-//     bytes from L2 (every CTA reads x over its k range once: more rows per CTA, fewer reads);
-//   - a warp computes its 16 * R16 rows x 8 * MT x rows over its k group's steps (MT = 1, 2, 4,
-//     8 groups of 8 x rows, chosen by m);
+//   - a CTA owns 16 * R16 consecutive W rows (R16 = 1, 2 or 3) and a contiguous range of 32-wide
+//     k steps; `splits` CTAs of one row block form a thread-block cluster that splits k; the plan
+//     takes the most CTAs that run in one wave (one per SM; clusters only as many as the device
+//     holds at once: GPC boundaries leave fewer than SMs / size);
+//   - the CTA's 8 warps split its k steps again; a warp computes all 16 * R16 rows x 8 * MT x
+//     rows over its k steps (MT = 1, 2, 4, 8 groups of 8 x rows, chosen by m);
 //   - fragment loads without shared memory for W: lane (g, t) loads 16 bytes of row g (and of
 //     row g + 8) at k = 32 s + 8 t ... + 7 and uses them as the A fragments of two m16n8k16
 //     products with a permuted k: logical k (2t, 2t+1, 2t+8, 2t+9) <- physical 8t + (0, 1, 2, 3)
@@ -25,12 +22,11 @@
 //     permutation, so lane (g, t) needs exactly x[8 j + g][32 s + 8 t ...] (16 bytes) for both.
 //     A dot product does not depend on the order of its k's, so this is x W^T; a warp load of W
 //     covers 8 rows x 64 contiguous bytes (16 full 32-byte sectors);
-//   - x: staged once per CTA in shared memory after the wait, in fragment order (lane (g, t)'s
-//     16 bytes of step i, x group j at one 16-byte slot: conflict-free), copied by the k group's
-//     row-group warps (cp.async, rows >= m and k >= K zero-filled), one commit group per step,
-//     and step i is computed as soon as it has landed (a named barrier per k group);
-//   - reductions in fixed orders: the k groups' partials through shared memory (k group 0 + 1 +
-//     ...), then the cluster's CTAs through distributed shared memory (rank 0 + 1 + ...). No atomics,
+//   - x: each lane copies its own fragments (cp.async, rows >= m and k >= K zero-filled) into a
+//     lane-private slice of its warp's shared-memory region after the wait, one commit group per
+//     k step, and computes step i as soon as group i has landed;
+//   - reductions in fixed orders: the 8 warps' partials through shared memory (warp 0 + 1 + ...),
+//     then the cluster's CTAs through distributed shared memory (rank 0 + 1 + ...). No atomics,
 //     the same bits every run, and a row's result does not depend on m.
 //   - PDL (pdl.cuh rules): before pdl_wait() only W loads (weights no kernel of the step writes);
 //     the successor is released after the k loop.
@@ -61,8 +57,8 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kStepK = 32;         // k per step (two m16n8k16 products)
+constexpr int kMaxWarpSteps = 6;   // bounds a warp's x region (64 rows x 6 x 64 B + pad)
 constexpr int kMaxSplits = 8;      // portable cluster size
-constexpr int kSmemBudget = 200 * 1024;  // a plan's dynamic shared memory at most
 constexpr int kFragBytes = 32 * 16;  // one accumulator fragment of a warp (32 lanes x float4)
 
 struct Params {
@@ -71,9 +67,10 @@ struct Params {
   const bf16* bias;
   bf16* y;
   int m, k, n;
-  int steps;        // ceil(k / 32)
-  int splits;       // cluster size (1: no cluster)
-  int part_offset;  // the CTA's summed partial (splits > 1), after the x / warp-partial area
+  int steps;       // ceil(k / 32)
+  int splits;      // cluster size (1: no cluster)
+  int warp_bytes;  // bytes per warp region (x slice, later its partial)
+  int part_offset; // the CTA's summed partial (splits > 1)
 };
 
 // Streaming 16-byte load of weights: no L1 allocation, read-only path. volatile keeps it where
@@ -144,24 +141,18 @@ __device__ __forceinline__ void store_fragment(const Params& p, int row0, int f,
   }
 }
 
-// CTA = RG row groups x KG = 8 / RG k groups of warps; warp (rg, kg) = warp % RG, warp / RG owns
-// 16 * R16 rows (row group rg) over the k steps of k group kg. The CTA's x fragments are staged
-// once in shared memory and read by the RG warps of each k group.
-template <int R16, int RG, int MT, int kDepth>
+template <int R16, int MT, int kDepth>
 __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
-  constexpr int KG = kWarps / RG;
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int rg = warp % RG, kg = warp / RG;
   const int split = static_cast<int>(blockIdx.x) % p.splits;  // == the rank in the cluster
   const int rb = static_cast<int>(blockIdx.x) / p.splits;
-  const int cta_row0 = rb * 16 * R16 * RG;
-  const int row0 = cta_row0 + rg * 16 * R16;
-  // k steps [c0, c1) of the CTA; [g0, g0 + ns) of the warp's k group (local index from c0).
+  const int row0 = rb * 16 * R16;
+  // k steps [c0, c1) of the CTA, [s0, s0 + ns) of the warp.
   const int c0 = split * p.steps / p.splits, c1 = (split + 1) * p.steps / p.splits;
-  const int g0 = kg * (c1 - c0) / KG;
-  const int ns = (kg + 1) * (c1 - c0) / KG - g0;
+  const int s0 = c0 + warp * (c1 - c0) / kWarps;
+  const int ns = c0 + (warp + 1) * (c1 - c0) / kWarps - s0;
 
   // ---- prologue: this warp's first kDepth steps of W into registers (W is never written by a
   // kernel of the step, so this runs before the PDL wait and overlaps the predecessor).
@@ -189,17 +180,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
   uint4 ring[kDepth][R16][2];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d)
-    if (d < ns) load_w(c0 + g0 + d, ring[d]);
+    if (d < ns) load_w(s0 + d, ring[d]);
 
   dev::pdl_wait();  // x is the predecessor's output
 
-  // ---- x fragments of the k group's steps: block (i, j) = 32 lanes x 16 bytes at
-  // smem[((g0 + i) * MT + j) * 512 + lane * 16] holds x[8 j + g][32 (c0 + g0 + i) + 8 t ...] for
-  // lane (g, t): the B fragments of step i, x group j (rows >= m and k >= K zero-filled).
-  // Warp rg of the k group copies the blocks with j % RG == rg, one commit group per step; a step
-  // is used after this warp's group has landed and the k group's RG warps have met at a named
-  // barrier (bar.sync orders their shared-memory writes before the reads).
-  const uint32_t xs = attn::smem_addr(smem) + lane * 16;
+  // ---- this warp's x slice, lane-private: lane (g, t) copies exactly the 16 bytes it uses as
+  // B fragments, x[8 j + g][32 (s0 + i) + 8 t ...] for every step i and x group j, to
+  // region[((i * MT + j) * 32 + lane) * 16] (consecutive lanes, consecutive 16 bytes: no bank
+  // conflicts, no exchange between lanes, so no barrier). One commit group per step, so step i
+  // is computed as soon as its group has landed.
+  unsigned char* region = smem + warp * p.warp_bytes;
+  const uint32_t xs = attn::smem_addr(region) + lane * 16;
   {
     const bf16* xrow[MT];
     bool rok[MT];
@@ -209,13 +200,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
       xrow[j] = p.x + static_cast<int64_t>(rok[j] ? 8 * j + g : 0) * p.k + 8 * t;
     }
     for (int i = 0; i < ns; ++i) {
-      const int kk = (c0 + g0 + i) * kStepK;
+      const int kk = (s0 + i) * kStepK;
       const bool kin = kk + 8 * t < p.k;
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        if (j % RG != rg) continue;
         const bool ok = rok[j] && kin;
-        attn::cp_async_16(xs + ((g0 + i) * MT + j) * kFragBytes, ok ? xrow[j] + kk : p.x, ok);
+        attn::cp_async_16(xs + (i * MT + j) * kFragBytes, ok ? xrow[j] + kk : p.x, ok);
       }
       attn::cp_async_commit();
     }
@@ -234,13 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
     for (int d = 0; d < kDepth; ++d) {
       const int i = i0 + d;
       if (i < ns) {
-        cp_async_wait_dyn(ns - 1 - i);  // this warp's copies of step i have landed
-        if constexpr (RG > 1) {  // ... and those of the other row groups of the k group
-          asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(32 * RG) : "memory");
-        }
+        cp_async_wait_dyn(ns - 1 - i);  // step i's x group has landed (this lane's own copies)
         uint4 xv[MT];
 #pragma unroll
-        for (int j = 0; j < MT; ++j) xv[j] = ld_shared_v4(xs + ((g0 + i) * MT + j) * kFragBytes);
+        for (int j = 0; j < MT; ++j) xv[j] = ld_shared_v4(xs + (i * MT + j) * kFragBytes);
         // The first k16 half of every (row tile, x group), then the second: 16 or more
         // independent products between two that accumulate into the same fragment.
 #pragma unroll
@@ -255,19 +242,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
           for (int rt = 0; rt < R16; ++rt)
             mma(acc[rt][j], ring[d][rt][0].z, ring[d][rt][1].z, ring[d][rt][0].w,
                 ring[d][rt][1].w, xv[j].z, xv[j].w);
-        if (i + kDepth < ns) load_w(c0 + g0 + i + kDepth, ring[d]);
+        if (i + kDepth < ns) load_w(s0 + i + kDepth, ring[d]);
       }
     }
   }
   dev::pdl_launch_dependents();  // the successor's prologue may start
 
-  // ---- the KG warps' partials of each row group, summed in k-group order. The partials reuse
-  // the x area (after the barrier: every warp is done reading it): warp w's fragment q of lane l
-  // at ((w * R16 * MT + q) * 32 + l) * 16.
-  __syncthreads();
-  constexpr int kWarpFrags = R16 * MT * 32;
+  // ---- the 8 warps' partials, summed in warp order.
+  // The partials reuse the region in the same lane-private layout (fragment q of lane l at
+  // (q * 32 + l) * 16): a lane overwrites only slots it alone read, after its last x read.
   {
-    float4* red = reinterpret_cast<float4*>(smem) + warp * kWarpFrags;
+    float4* red = reinterpret_cast<float4*>(region);
 #pragma unroll
     for (int rt = 0; rt < R16; ++rt)
 #pragma unroll
@@ -276,17 +261,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
             make_float4(acc[rt][j][0], acc[rt][j][1], acc[rt][j][2], acc[rt][j][3]);
   }
   __syncthreads();
-  // CTA fragment f = rg * kWarpFrags + (rt * MT + j) * 32 + lane.
-  constexpr int kFrags = RG * kWarpFrags;
-  const float4* red = reinterpret_cast<const float4*>(smem);
+  constexpr int kFrags = R16 * MT * 32;
   float4* part = reinterpret_cast<float4*>(smem + p.part_offset);
   for (int f = static_cast<int>(threadIdx.x); f < kFrags; f += kThreads) {
-    const int frg = f / kWarpFrags, q = f % kWarpFrags;
-    float4 s = red[frg * kWarpFrags + q];  // warp (frg, 0)
-#pragma unroll
-    for (int c = 1; c < KG; ++c) s = add4(s, red[(c * RG + frg) * kWarpFrags + q]);
+    float4 s = reinterpret_cast<const float4*>(smem)[f];
+    for (int w = 1; w < kWarps; ++w)
+      s = add4(s, reinterpret_cast<const float4*>(smem + w * p.warp_bytes)[f]);
     if (p.splits == 1) {
-      store_fragment<MT>(p, cta_row0 + frg * 16 * R16, q, s);
+      store_fragment<MT>(p, row0, f, s);
     } else {
       part[f] = s;
     }
@@ -308,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
 #pragma unroll
     for (int r = 1; r < kMaxSplits; ++r)
       if (r < p.splits) s = add4(s, v[r]);
-    store_fragment<MT>(p, cta_row0 + (f / kWarpFrags) * 16 * R16, f % kWarpFrags, s);
+    store_fragment<MT>(p, row0, f, s);
   }
   cluster.sync();  // the other CTAs may still read this CTA's partial
 }
@@ -333,9 +315,9 @@ void allow_smem(const void* kernel) {
   prefer_max_shared(kernel);  // pdl.cuh: the split the decode step's other kernels ask for
 }
 
-template <int R16, int RG, int MT>
+template <int R16, int MT>
 void launch(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
-  auto* kernel = decode_linear_kernel<R16, RG, MT, depth_for<R16>()>;
+  auto* kernel = decode_linear_kernel<R16, MT, depth_for<R16>()>;
   allow_smem(reinterpret_cast<const void*>(kernel));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.row_blocks * plan.splits));
@@ -366,81 +348,58 @@ void launch(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, 
   }
 }
 
-template <int R16, int RG>
-void launch_mt(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
-  if (p.m <= 8) {
-    launch<R16, RG, 1>(p, plan, stream, pdl);
-  } else if (p.m <= 16) {
-    launch<R16, RG, 2>(p, plan, stream, pdl);
-  } else if (p.m <= 32) {
-    launch<R16, RG, 4>(p, plan, stream, pdl);
-  } else {
-    launch<R16, RG, 8>(p, plan, stream, pdl);
-  }
-}
-
 template <int R16>
-void launch_rg(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
-  if (plan.row_groups == 1) {
-    launch_mt<R16, 1>(p, plan, stream, pdl);
+void launch_r16(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stream, bool pdl) {
+  if (p.m <= 8) {
+    launch<R16, 1>(p, plan, stream, pdl);
+  } else if (p.m <= 16) {
+    launch<R16, 2>(p, plan, stream, pdl);
+  } else if (p.m <= 32) {
+    launch<R16, 4>(p, plan, stream, pdl);
   } else {
-    launch_mt<R16, 2>(p, plan, stream, pdl);
+    launch<R16, 8>(p, plan, stream, pdl);
   }
 }
 
-// Shared memory of a plan (sized for m = 64): the x fragments of the CTA's k steps (8 groups x
-// 512 bytes per step), reused for the 8 warps' partials, then the CTA's partial for the cluster.
-size_t smem_for(int64_t cta_steps, int rows16, int row_groups, int splits) {
-  const size_t x = static_cast<size_t>(cta_steps) * 8 * kFragBytes;
-  const size_t warps = static_cast<size_t>(kWarps) * rows16 * 8 * kFragBytes;
-  const size_t part = splits > 1 ? static_cast<size_t>(row_groups) * rows16 * 8 * kFragBytes : 0;
-  return std::max(x, warps) + part;
+// A warp's region: its x slice (steps x 8 groups x 32 lanes x 16 bytes, sized for m = 64), later
+// its f32 partial (R16 x 8 fragments of 32 lanes x 16 bytes), both lane-private.
+int warp_region_bytes(int warp_steps, int rows16) {
+  return std::max(warp_steps, rows16) * 8 * kFragBytes;
 }
 
 }  // namespace
 
 DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms,
-                                    const int (&max_clusters)[kDecodeLinearMaxSplits]) {
+                                    const int (&max_clusters)[4]) {
   DecodeLinearPlan best;
   if (n < 1 || k < 8 || k % 8 != 0 || sms < 1 || n >= (int64_t{1} << 30) ||
       k >= (int64_t{1} << 30) || n * k >= (int64_t{1} << 40)) {
     return best;
   }
   const int64_t steps = (k + kStepK - 1) / kStepK;
-  // Candidates run in one wave (one CTA per SM; clusters only as many as the device holds at
-  // once). Among those with >= 70% of the SMs busy (the W stream needs most SMs), the fewest
-  // x bytes read from L2 (row blocks x k: every CTA reads its k range of x once), then the most
-  // CTAs, then fewer splits, row groups and rows per warp (the loop order).
-  auto better = [&](const DecodeLinearPlan& a, const DecodeLinearPlan& b) {
-    const int64_t ca = a.row_blocks * a.splits, cb = b.row_blocks * b.splits;
-    const bool fa = 10 * ca >= 7 * sms, fb = 10 * cb >= 7 * sms;
-    if (fa != fb) return fa;
-    if (fa && a.row_blocks != b.row_blocks) return a.row_blocks < b.row_blocks;
-    return ca > cb;
-  };
+  int64_t best_ctas = 0;
   for (int r16 : {1, 2, 3}) {
-    for (int rgroups : {1, 2}) {
-      const int64_t rows = 16 * r16 * rgroups;
-      const int64_t rb = (n + rows - 1) / rows;
-      for (int s = 1; s <= kDecodeLinearMaxSplits && s <= steps; ++s) {
-        const int64_t ctas = rb * s;
-        const int64_t cta_steps = (steps + s - 1) / s;
-        const int64_t ws = (cta_steps + kWarps / rgroups - 1) / (kWarps / rgroups);
-        if (ctas > sms || (s > 1 && rb > max_clusters[s - 1])) continue;
-        const size_t smem = smem_for(cta_steps, r16, rgroups, s);
-        if (smem > static_cast<size_t>(kSmemBudget)) continue;
-        DecodeLinearPlan c;
-        c.ok = true;
-        c.rows16 = r16;
-        c.row_groups = rgroups;
-        c.splits = s;
-        c.row_blocks = rb;
-        c.warp_steps = static_cast<int>(ws);
-        c.smem_bytes = smem;
-        if (!best.ok || better(c, best)) best = c;
-      }
+    const int64_t rb = (n + 16 * r16 - 1) / (16 * r16);
+    for (int si = 0; si < 4; ++si) {
+      const int s = 1 << si;
+      if (s > steps) break;
+      const int64_t ctas = rb * s;
+      const int64_t ws = ((steps + s - 1) / s + kWarps - 1) / kWarps;
+      // One wave: every CTA (one per SM) and, for clusters, every cluster resident at once.
+      if (ctas > sms || ws > kMaxWarpSteps || (s > 1 && rb > max_clusters[si])) continue;
+      // Most CTAs, then fewer splits, then fewer rows per CTA (the loop order).
+      if (ctas <= best_ctas) continue;
+      best_ctas = ctas;
+      best.ok = true;
+      best.rows16 = r16;
+      best.splits = s;
+      best.row_blocks = rb;
+      best.warp_steps = static_cast<int>(ws);
     }
   }
+  if (!best.ok) return best;
+  best.smem_bytes = static_cast<size_t>(kWarps) * warp_region_bytes(best.warp_steps, best.rows16) +
+                    (best.splits > 1 ? static_cast<size_t>(best.rows16) * 8 * kFragBytes : 0);
   return best;
 }
 
@@ -449,43 +408,42 @@ DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms,
 // SMs / size), from the occupancy API once per device.
 DecodeLinearPlan decode_linear_device_plan(int64_t n, int64_t k) {
   static std::mutex mu;
-  static std::map<int, std::array<int, kDecodeLinearMaxSplits>> caps;
+  static std::map<int, std::array<int, 4>> caps;
   int device = 0;
   OPD_CUDA_CHECK(cudaGetDevice(&device));
   const int sms = sm_count();
-  std::array<int, kDecodeLinearMaxSplits> cap{};
+  std::array<int, 4> cap{};
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = caps.find(device);
     if (it == caps.end()) {
-      const void* kernel = reinterpret_cast<const void*>(decode_linear_kernel<2, 1, 8, 4>);
+      const void* kernel = reinterpret_cast<const void*>(decode_linear_kernel<2, 8, 4>);
       allow_smem(kernel);
       cap[0] = sms;
-      for (int c = 2; c <= kDecodeLinearMaxSplits; ++c) {
+      for (int si = 1; si < 4; ++si) {
         cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(static_cast<unsigned>(sms / c * c));
+        cfg.gridDim = dim3(static_cast<unsigned>(sms / (1 << si) * (1 << si)));
         cfg.blockDim = dim3(kThreads);
         cfg.dynamicSmemBytes = 96 * 1024;  // one CTA per SM, as every plan's CTAs
         cudaLaunchAttribute attr{};
         attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = static_cast<unsigned>(c);
+        attr.val.clusterDim.x = static_cast<unsigned>(1 << si);
         attr.val.clusterDim.y = 1;
         attr.val.clusterDim.z = 1;
         cfg.attrs = &attr;
         cfg.numAttrs = 1;
-        int count = 0;
-        if (cudaOccupancyMaxActiveClusters(&count, kernel, &cfg) != cudaSuccess) {
+        int c = 0;
+        if (cudaOccupancyMaxActiveClusters(&c, kernel, &cfg) != cudaSuccess) {
           (void)cudaGetLastError();
-          count = 0;  // no clusters of this size
+          c = 0;  // no clusters of this size
         }
-        cap[c - 1] = count;
+        cap[si] = c;
       }
       it = caps.emplace(device, cap).first;
     }
     cap = it->second;
   }
-  int arr[kDecodeLinearMaxSplits];
-  for (int c = 0; c < kDecodeLinearMaxSplits; ++c) arr[c] = cap[c];
+  const int arr[4] = {cap[0], cap[1], cap[2], cap[3]};
   return decode_linear_plan(n, k, sms, arr);
 }
 
@@ -512,12 +470,12 @@ void decode_linear(const void* x, const void* w, const void* bias, int64_t m, in
   p.n = static_cast<int>(n);
   p.steps = static_cast<int>((k + kStepK - 1) / kStepK);
   p.splits = plan.splits;
-  p.part_offset = static_cast<int>(plan.smem_bytes) -
-                  (plan.splits > 1 ? plan.row_groups * plan.rows16 * 8 * kFragBytes : 0);
+  p.warp_bytes = warp_region_bytes(plan.warp_steps, plan.rows16);
+  p.part_offset = kWarps * p.warp_bytes;
   switch (plan.rows16) {
-    case 1: launch_rg<1>(p, plan, stream, pdl); break;
-    case 2: launch_rg<2>(p, plan, stream, pdl); break;
-    default: launch_rg<3>(p, plan, stream, pdl); break;
+    case 1: launch_r16<1>(p, plan, stream, pdl); break;
+    case 2: launch_r16<2>(p, plan, stream, pdl); break;
+    default: launch_r16<3>(p, plan, stream, pdl); break;
   }
 }
 

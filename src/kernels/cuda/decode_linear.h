@@ -19,19 +19,16 @@ namespace opd::cuda {
 // result is the same at every batch size (batch independence) and run to run (fixed orders).
 struct DecodeLinearPlan {
   bool ok = false;         // false: the shape is not taken (the caller uses cuBLASLt)
-  int rows16 = 0;          // a warp owns 16 * rows16 consecutive W rows (1, 2 or 3)
-  int row_groups = 0;      // warps per k range (1 or 2): a CTA owns 16 * rows16 * row_groups rows
+  int rows16 = 0;          // a CTA owns 16 * rows16 consecutive W rows (1, 2 or 3)
   int splits = 0;          // k split over a thread-block cluster of this many CTAs
-  int64_t row_blocks = 0;  // ceil(n / CTA rows); grid = row_blocks * splits CTAs
+  int64_t row_blocks = 0;  // ceil(n / (16 * rows16)); grid = row_blocks * splits CTAs
   int warp_steps = 0;      // most 32-wide k steps one warp owns
   size_t smem_bytes = 0;   // dynamic shared memory per CTA
 };
 constexpr int64_t kDecodeLinearMaxRows = 64;
-constexpr int kDecodeLinearMaxSplits = 8;  // portable cluster size
-// max_clusters[c - 1]: how many clusters of c CTAs (one CTA per SM) fit on the device at once
+// max_clusters[i]: how many clusters of 2^i CTAs (one CTA per SM) fit on the device at once
 // ([0] = sms); a plan never needs more (one wave). The launches use the device's values.
-DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms,
-                                    const int (&max_clusters)[kDecodeLinearMaxSplits]);
+DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms, const int (&max_clusters)[4]);
 // The plan on the current device (its SMs and cluster capacity, queried once per device).
 DecodeLinearPlan decode_linear_device_plan(int64_t n, int64_t k);
 
