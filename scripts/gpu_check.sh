@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,21 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10f ]]; then
+  # Session 10 (nvidia-h200, <= 240 s): where the decode linear's warps wait (ncu source page,
+  # SASS by warp-stall samples: tools/ncu_source_top.py) on the q|k|v and gate|up shapes.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for f in qkv_m64 gate_up_m64; do
+    timeout 90 "$NCU" --clock-control none --set full --import-source yes -o "$OUT/rep_$f" -f \
+        -k 'regex:decode_linear_kernel' --launch-count 1 \
+        $B/opd bench kernels --filter "decode_linear.$f" --iters 20 --warmup 1 >/dev/null 2>&1
+    "$NCU" -i "$OUT/rep_$f.ncu-rep" --page source --csv --print-source sass 2>&1 \
+        | python3 tools/ncu_source_top.py /dev/stdin 28 > "$OUT/top_$f.txt"
+    "$NCU" -i "$OUT/rep_$f.ncu-rep" --page details 2>&1 | grep -E "Duration|Warp Cycles Per Issued|Issued Warp|Registers|Theoretical Occ|Achieved Occ" >> "$OUT/top_$f.txt"
+    rm -f "$OUT/rep_$f.ncu-rep"
+    echo "== $f"; cut -c1-160 "$OUT/top_$f.txt"
+  done
 fi
 if [[ "$what" == s10e ]]; then
   # Session 10 (nvidia-h200, <= 300 s): the decode linear's second version again (the third,

@@ -312,7 +312,6 @@ void allow_smem(const void* kernel) {
   if (done.insert({kernel, device}).second)
     OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kSmemLimit));
-  prefer_max_shared(kernel);  // pdl.cuh: the split the decode step's other kernels ask for
 }
 
 template <int R16, int MT>

@@ -23,8 +23,6 @@
 
 #include <cuda_runtime.h>
 
-#include <mutex>
-#include <set>
 #include <utility>
 
 #include "core/cuda/stream.h"  // OPD_CUDA_CHECK
@@ -54,24 +52,6 @@ namespace opd::cuda {
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when `pdl` is true
 // (cudaLaunchKernelEx; capturable in a CUDA graph, where it becomes a programmatic edge).
 // Launch errors are thrown (OPD_CUDA_CHECK) with the kernel's name.
-// An SM runs CTAs of two kernels side by side only when both fit its current split of the unified
-// L1 / shared memory; a kernel that needs another split waits until the SM has drained. The
-// decode step's GEMMs (cuBLASLt's, opd's decode linear) take most of the shared memory, so the
-// small kernels between them ask for the same split (carveout 100 %: they use little shared
-// memory and stream through L1 anyway): a PDL-launched kernel's CTAs can then start beside its
-// predecessor's instead of after them. Once per (kernel, device); not a stream operation
-// (allowed during a capture).
-inline void prefer_max_shared(const void* kernel) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int device = 0;
-  OPD_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.insert({kernel, device}).second)
-    OPD_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-}
-
 template <typename... KArgs, typename... Args>
 void launch_kernel(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                    size_t smem, cudaStream_t stream, bool pdl, Args&&... args) {
@@ -80,7 +60,6 @@ void launch_kernel(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 b
     check_launch(name);
     return;
   }
-  prefer_max_shared(reinterpret_cast<const void*>(kernel));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
