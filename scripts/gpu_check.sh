@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,36 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10g ]]; then
+  # Session 10 (nvidia-h200, <= 400 s): the decode linear with x loaded straight into registers
+  # (s10f: the cp.async staging's address moves serialized its issue): tests, memcheck and
+  # racecheck, its kernel rows against cuBLASLt, ncu durations, then `opd bench rollout` off /
+  # all four GEMMs / each GEMM alone / o + down (two rounds, alternating).
+  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
+  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
+  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
+  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for f in qkv_m64 o_m64 gate_up_m64 down_m64; do
+    timeout 60 "$NCU" --clock-control none --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
+        -k 'regex:decode_linear_kernel' --launch-count 1 \
+        $B/opd bench kernels --filter "decode_linear.$f" --iters 20 --warmup 1 2>&1 \
+        | grep -E "gpu__time|inst_exec" | sed "s/^/$f /" >>"$OUT/ncu.txt"
+  done
+  for round in 1 2; do
+    for mask in off 15 1 2 4 8 10; do
+      args="--no-decode-linear"; [[ $mask != off ]] && args="--decode-linear --decode-linear-gemms $mask"
+      timeout 60 $B/opd bench rollout --runs 2 $args 2>&1 | grep "decode step" \
+          | sed "s/^/$mask /" >>"$OUT/rollout_ab.txt"
+    done
+  done
+  grep -h "FAILED\|Failure" "$OUT/dl_tests.log" | head -20
+  grep "^decode_linear\." "$OUT/bench_dl.log" | cut -c1-120
+  cut -c1-130 "$OUT/ncu.txt"
+  cat "$OUT/rollout_ab.txt"
 fi
 if [[ "$what" == s10f ]]; then
   # Session 10 (nvidia-h200, <= 240 s): where the decode linear's warps wait (ncu source page,

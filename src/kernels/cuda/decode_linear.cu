@@ -22,9 +22,10 @@
 //     permutation, so lane (g, t) needs exactly x[8 j + g][32 s + 8 t ...] (16 bytes) for both.
 //     A dot product does not depend on the order of its k's, so this is x W^T; a warp load of W
 //     covers 8 rows x 64 contiguous bytes (16 full 32-byte sectors);
-//   - x: each lane copies its own fragments (cp.async, rows >= m and k >= K zero-filled) into a
-//     lane-private slice of its warp's shared-memory region after the wait, one commit group per
-//     k step, and computes step i as soon as group i has landed;
+//   - x: each lane loads its own B fragments straight into registers after the wait (16 bytes
+//     per x group and step, rows >= m and k >= K as zeros), one step ahead of the products;
+//     no shared memory, no exchange between lanes (an earlier version staged them in shared
+//     memory with cp.async: its per-copy address registers serialized the issue, ncu s10f);
 //   - reductions in fixed orders: the 8 warps' partials through shared memory (warp 0 + 1 + ...),
 //     then the cluster's CTAs through distributed shared memory (rank 0 + 1 + ...). No atomics,
 //     the same bits every run, and a row's result does not depend on m.
@@ -43,7 +44,6 @@
 #include <utility>
 
 #include "core/cuda/stream.h"
-#include "kernels/cuda/attention_mma.h"  // attn::cp_async_16 / commit / wait, smem_addr
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"  // sm_count
 #include "kernels/cuda/decode_linear.h"
@@ -57,7 +57,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kStepK = 32;         // k per step (two m16n8k16 products)
-constexpr int kMaxWarpSteps = 6;   // bounds a warp's x region (64 rows x 6 x 64 B + pad)
+constexpr int kMaxWarpSteps = 64;  // k steps per warp at most (longer k: more splits, or cuBLASLt)
 constexpr int kMaxSplits = 8;      // portable cluster size
 constexpr int kFragBytes = 32 * 16;  // one accumulator fragment of a warp (32 lanes x float4)
 
@@ -69,8 +69,7 @@ struct Params {
   int m, k, n;
   int steps;       // ceil(k / 32)
   int splits;      // cluster size (1: no cluster)
-  int warp_bytes;  // bytes per warp region (x slice, later its partial)
-  int part_offset; // the CTA's summed partial (splits > 1)
+  int part_offset; // the CTA's summed partial (splits > 1), after the 8 warps' partials
 };
 
 // Streaming 16-byte load of weights: no L1 allocation, read-only path. volatile keeps it where
@@ -89,21 +88,6 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "r"(addr));
   return r;
-}
-
-// cp.async.wait_group with a run-time count (the immediate it needs, by cases; n >= the
-// groups in flight returns at once).
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-  switch (n) {
-    case 0: attn::cp_async_wait<0>(); break;
-    case 1: attn::cp_async_wait<1>(); break;
-    case 2: attn::cp_async_wait<2>(); break;
-    case 3: attn::cp_async_wait<3>(); break;
-    case 4: attn::cp_async_wait<4>(); break;
-    case 5: attn::cp_async_wait<5>(); break;
-    case 6: attn::cp_async_wait<6>(); break;
-    default: attn::cp_async_wait<7>(); break;
-  }
 }
 
 // c += A B, m16n8k16, bf16 in, f32 accumulate: A = 16 W rows x 16 (permuted) k, B = 16 k x 8 x rows.
@@ -184,32 +168,29 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
 
   dev::pdl_wait();  // x is the predecessor's output
 
-  // ---- this warp's x slice, lane-private: lane (g, t) copies exactly the 16 bytes it uses as
-  // B fragments, x[8 j + g][32 (s0 + i) + 8 t ...] for every step i and x group j, to
-  // region[((i * MT + j) * 32 + lane) * 16] (consecutive lanes, consecutive 16 bytes: no bank
-  // conflicts, no exchange between lanes, so no barrier). One commit group per step, so step i
-  // is computed as soon as its group has landed.
-  unsigned char* region = smem + warp * p.warp_bytes;
-  const uint32_t xs = attn::smem_addr(region) + lane * 16;
-  {
-    const bf16* xrow[MT];
-    bool rok[MT];
+  // ---- x straight into registers: lane (g, t) loads exactly the 16 bytes it uses as B
+  // fragments, x[8 j + g][32 s + 8 t ...] for x group j (rows >= m and k >= K read as zeros);
+  // step i + 1's loads are issued before step i is computed (two buffers, alternating with the
+  // parity of the step: kDepth is even).
+  static_assert(kDepth % 2 == 0, "the x double buffer alternates with the step's parity");
+  const bf16* xrow[MT];
+  bool rok[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    rok[j] = 8 * j + g < p.m;
+    xrow[j] = p.x + static_cast<int64_t>(rok[j] ? 8 * j + g : 0) * p.k + 8 * t;
+  }
+  auto load_x = [&](int s, uint4 (&dst)[MT]) {
+    const int kk = s * kStepK;
+    const bool kin = kk + 8 * t < p.k;
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
-      rok[j] = 8 * j + g < p.m;
-      xrow[j] = p.x + static_cast<int64_t>(rok[j] ? 8 * j + g : 0) * p.k + 8 * t;
+      dst[j] = make_uint4(0, 0, 0, 0);
+      if (rok[j] && kin) dst[j] = *reinterpret_cast<const uint4*>(xrow[j] + kk);
     }
-    for (int i = 0; i < ns; ++i) {
-      const int kk = (s0 + i) * kStepK;
-      const bool kin = kk + 8 * t < p.k;
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const bool ok = rok[j] && kin;
-        attn::cp_async_16(xs + (i * MT + j) * kFragBytes, ok ? xrow[j] + kk : p.x, ok);
-      }
-      attn::cp_async_commit();
-    }
-  }
+  };
+  uint4 xbuf[2][MT];
+  if (ns > 0) load_x(s0, xbuf[0]);
 
   // ---- the k loop: step i's products, then W of step i + kDepth into the freed ring slot.
   float acc[R16][MT][4];
@@ -224,10 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
     for (int d = 0; d < kDepth; ++d) {
       const int i = i0 + d;
       if (i < ns) {
-        cp_async_wait_dyn(ns - 1 - i);  // step i's x group has landed (this lane's own copies)
-        uint4 xv[MT];
-#pragma unroll
-        for (int j = 0; j < MT; ++j) xv[j] = ld_shared_v4(xs + (i * MT + j) * kFragBytes);
+        if (i + 1 < ns) load_x(s0 + i + 1, xbuf[(d + 1) & 1]);
+        const uint4(&xv)[MT] = xbuf[d & 1];
         // The first k16 half of every (row tile, x group), then the second: 16 or more
         // independent products between two that accumulate into the same fragment.
 #pragma unroll
@@ -249,10 +228,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
   dev::pdl_launch_dependents();  // the successor's prologue may start
 
   // ---- the 8 warps' partials, summed in warp order.
-  // The partials reuse the region in the same lane-private layout (fragment q of lane l at
-  // (q * 32 + l) * 16): a lane overwrites only slots it alone read, after its last x read.
+  // Warp w's fragment q of lane l at smem[((w * R16 * MT + q) * 32 + l) * 16].
   {
-    float4* red = reinterpret_cast<float4*>(region);
+    float4* red = reinterpret_cast<float4*>(smem) + warp * (R16 * MT * 32);
 #pragma unroll
     for (int rt = 0; rt < R16; ++rt)
 #pragma unroll
@@ -264,9 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_kernel(Params p) {
   constexpr int kFrags = R16 * MT * 32;
   float4* part = reinterpret_cast<float4*>(smem + p.part_offset);
   for (int f = static_cast<int>(threadIdx.x); f < kFrags; f += kThreads) {
-    float4 s = reinterpret_cast<const float4*>(smem)[f];
-    for (int w = 1; w < kWarps; ++w)
-      s = add4(s, reinterpret_cast<const float4*>(smem + w * p.warp_bytes)[f]);
+    const float4* red = reinterpret_cast<const float4*>(smem);
+    float4 s = red[f];
+    for (int w = 1; w < kWarps; ++w) s = add4(s, red[w * kFrags + f]);
     if (p.splits == 1) {
       store_fragment<MT>(p, row0, f, s);
     } else {
@@ -360,10 +338,11 @@ void launch_r16(const Params& p, const DecodeLinearPlan& plan, cudaStream_t stre
   }
 }
 
-// A warp's region: its x slice (steps x 8 groups x 32 lanes x 16 bytes, sized for m = 64), later
-// its f32 partial (R16 x 8 fragments of 32 lanes x 16 bytes), both lane-private.
-int warp_region_bytes(int warp_steps, int rows16) {
-  return std::max(warp_steps, rows16) * 8 * kFragBytes;
+// Shared memory: the 8 warps' f32 partials (R16 x 8 fragments of 32 lanes x 16 bytes each,
+// sized for m = 64), then the CTA's summed partial for the cluster (splits > 1).
+size_t smem_for(int rows16, int splits) {
+  const size_t frags = static_cast<size_t>(rows16) * 8 * kFragBytes;
+  return kWarps * frags + (splits > 1 ? frags : 0);
 }
 
 }  // namespace
@@ -397,8 +376,7 @@ DecodeLinearPlan decode_linear_plan(int64_t n, int64_t k, int sms,
     }
   }
   if (!best.ok) return best;
-  best.smem_bytes = static_cast<size_t>(kWarps) * warp_region_bytes(best.warp_steps, best.rows16) +
-                    (best.splits > 1 ? static_cast<size_t>(best.rows16) * 8 * kFragBytes : 0);
+  best.smem_bytes = smem_for(best.rows16, best.splits);
   return best;
 }
 
@@ -469,8 +447,7 @@ void decode_linear(const void* x, const void* w, const void* bias, int64_t m, in
   p.n = static_cast<int>(n);
   p.steps = static_cast<int>((k + kStepK - 1) / kStepK);
   p.splits = plan.splits;
-  p.warp_bytes = warp_region_bytes(plan.warp_steps, plan.rows16);
-  p.part_offset = kWarps * p.warp_bytes;
+  p.part_offset = static_cast<int>(kWarps * static_cast<size_t>(plan.rows16) * 8 * kFragBytes);
   switch (plan.rows16) {
     case 1: launch_r16<1>(p, plan, stream, pdl); break;
     case 2: launch_r16<2>(p, plan, stream, pdl); break;
