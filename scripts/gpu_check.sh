@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,21 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10h ]]; then
+  # Session 10's last call (nvidia-h200, <= 580 s): the decode linear on o and down by default:
+  # the GPU suite minus the forward wgmma sweep (unchanged); `opd bench rollout` of the
+  # session's start (opd_base, b44a1a8) and the final build alternating (defaults); then W1.
+  run cuda 250 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  for round in 1 2; do
+    for v in base new; do
+      ab_run $v rollout_ab.txt "^opd:\|decode step\|split:" 60 bench rollout --runs 2
+    done
+  done
+  run w1 90 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+  cat "$OUT/rollout_ab.txt"
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s10g ]]; then
   # Session 10 (nvidia-h200, <= 400 s): the decode linear with x loaded straight into registers

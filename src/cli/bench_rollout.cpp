@@ -66,7 +66,7 @@ struct BenchRolloutOptions {
   bool tuned_gemm = false;
   EngineOptions switches;  // the on/off CUDA engine switches of kSwitches, at their defaults
   bool keep_state = false;
-  unsigned decode_linear_gemms = 15;
+  unsigned decode_linear_gemms = EngineOptions{}.cuda_decode_linear_gemms;
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -90,8 +90,9 @@ const Switch kSwitches[] = {
      "decode steps launch opd's kernels that follow a kernel with programmatic dependent launch "
      "(same results)"},
     {"decode-linear", "decode_linear", &EngineOptions::cuda_decode_linear,
-     "decode steps run the per-layer GEMMs on opd's decode linear (weights streamed under the "
-     "PDL wait) instead of cuBLASLt; --no-decode-linear: cuBLASLt"},
+     "decode steps run the per-layer GEMMs named by --decode-linear-gemms on opd's decode linear "
+     "(weights streamed under the PDL wait) instead of cuBLASLt; --no-decode-linear: cuBLASLt for "
+     "all"},
     {"fresh-prefill", "fresh_prefill", &EngineOptions::cuda_fresh_prefill,
      "prompt chunks starting at position 0 attend with the tensor-core varlen attention instead "
      "of the paged kernel (bf16, head_dim 64/128)"},
@@ -357,7 +358,7 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_option("--block-size", o->block_size, "tokens per KV block")->capture_default_str();
   cmd->add_option("--decode-linear-gemms", o->decode_linear_gemms,
                   "with --decode-linear: which per-layer GEMMs run on it, a bit mask (1 q|k|v, 2 o, "
-                  "4 gate|up, 8 down)")
+                  "4 gate|up, 8 down; 10 = o and down, the two it wins on the H200)")
       ->capture_default_str();
   cmd->add_option("--max-step-tokens", o->max_step_tokens, "tokens per step (prefill chunk budget)")
       ->capture_default_str();

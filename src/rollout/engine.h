@@ -91,14 +91,14 @@ struct EngineOptions {
   // between kernels. On: W1 decode forward 1.096 -> 1.080 s per rollout on the H200
   // (docs/perf.md, session 5).
   bool cuda_pdl = true;
-  // CUDA bf16 models: decode steps (<= 64 tokens) run the per-layer GEMMs on opd's decode
+  // CUDA bf16 models: decode steps (<= 64 tokens) run some per-layer GEMMs on opd's decode
   // linear (PagedForward::set_decode_linear, kernels/cuda/decode_linear.h), which streams its
-  // weights under the PDL wait, instead of cuBLASLt. Off until measured faster on the H200
-  // (docs/rollout.md "Decode linear v4").
-  bool cuda_decode_linear = false;
-  // Which of them with cuda_decode_linear (PagedForward::kDecodeLinear* bits: 1 q|k|v, 2 o,
-  // 4 gate|up, 8 down).
-  unsigned cuda_decode_linear_gemms = 15;
+  // weights under the PDL wait, instead of cuBLASLt: those named in cuda_decode_linear_gemms
+  // (PagedForward::kDecodeLinear* bits: 1 q|k|v, 2 o, 4 gate|up, 8 down). Default o and down,
+  // the two it wins (H200, W1: decode forward 2.091 -> 2.056 ms per step; q|k|v on par,
+  // gate|up slower; docs/rollout.md "Decode linear v4"). Off: cuBLASLt for all four.
+  bool cuda_decode_linear = true;
+  unsigned cuda_decode_linear_gemms = 10;
   // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
   // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
   // distribution; for A/B measurements). On: W1 sampling 0.074 -> 0.051 s per rollout on the
