@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -569,6 +569,19 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s10i ]]; then
+  # Session 10 (nvidia-h200, <= 330 s): W1 with its HF transformers anchor in the same call
+  # (the ratio goal), final binaries (decode linear on o and down).
+  run w1_torch 320 $B/opd bench w1 --work-dir /tmp/opd_w1 --with-torch
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak\|anchor\|total\|x faster\|HF" "$OUT/w1_torch.log" | head -20
+fi
+if [[ "$what" == s10j ]]; then
+  # Session 10 (nvidia-h200-x2, <= 300 s): W2 with the final binaries: `opd bench w2 --nproc 2
+  # --zero-stage 2` (W1 on one GPU, then W1 per GPU on two, scaling efficiency).
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run bench_w2_z2 290 $B/opd bench w2 --nproc 2 --zero-stage 2
+  grep -h "step\|scaling\|peak" "$OUT/bench_w2_z2.log" | grep -v "^\[" | head -20
 fi
 if [[ "$what" == s10h ]]; then
   # Session 10's last call (nvidia-h200, <= 580 s): the decode linear on o and down by default:
