@@ -68,6 +68,29 @@ ab_run() {
   local bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
   timeout "$limit" "$bin" "$@" 2>&1 | grep -- "$pat" | sed "s/^/$v /" >>"$OUT/$file"
 }
+# The decode linear's checks (session 10, modes s10a, s10c, s10g): its tests with the PDL,
+# decode-fused and paged-attention suites, memcheck and racecheck of the kernel, and its kernel
+# rows against cuBLASLt.
+dl_checks() {
+  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
+  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
+  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
+  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+}
+# `opd bench rollout` with cuBLASLt (off), the decode linear on all four GEMMs (15), on each alone
+# (1 q|k|v, 2 o, 4 gate|up, 8 down) and on o + down (10); two rounds (modes s10e, s10g).
+dl_mask_ab() {
+  local round mask args
+  for round in 1 2; do
+    for mask in off 15 1 2 4 8 10; do
+      args="--no-decode-linear"; [[ $mask != off ]] && args="--decode-linear --decode-linear-gemms $mask"
+      timeout 60 $B/opd bench rollout --runs 2 $args 2>&1 | grep "decode step" \
+          | sed "s/^/$mask /" >>"$OUT/rollout_ab.txt"
+    done
+  done
+}
 if [[ "$what" == tests || "$what" == all ]]; then
   run cuda 300 $B/test_cuda
   # The whole model on CUDA (f32 and bf16 vs the CPU, recompute bit-identical, batch checks).
@@ -603,12 +626,7 @@ if [[ "$what" == s10g ]]; then
   # (s10f: the cp.async staging's address moves serialized its issue): tests, memcheck and
   # racecheck, its kernel rows against cuBLASLt, ncu durations, then `opd bench rollout` off /
   # all four GEMMs / each GEMM alone / o + down (two rounds, alternating).
-  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
-  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
-  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
-  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+  dl_checks
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for f in qkv_m64 o_m64 gate_up_m64 down_m64; do
     timeout 60 "$NCU" --clock-control none --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
@@ -616,13 +634,7 @@ if [[ "$what" == s10g ]]; then
         $B/opd bench kernels --filter "decode_linear.$f" --iters 20 --warmup 1 2>&1 \
         | grep -E "gpu__time|inst_exec" | sed "s/^/$f /" >>"$OUT/ncu.txt"
   done
-  for round in 1 2; do
-    for mask in off 15 1 2 4 8 10; do
-      args="--no-decode-linear"; [[ $mask != off ]] && args="--decode-linear --decode-linear-gemms $mask"
-      timeout 60 $B/opd bench rollout --runs 2 $args 2>&1 | grep "decode step" \
-          | sed "s/^/$mask /" >>"$OUT/rollout_ab.txt"
-    done
-  done
+  dl_mask_ab
   grep -h "FAILED\|Failure" "$OUT/dl_tests.log" | head -20
   grep "^decode_linear\." "$OUT/bench_dl.log" | cut -c1-120
   cut -c1-130 "$OUT/ncu.txt"
@@ -652,13 +664,7 @@ if [[ "$what" == s10e ]]; then
   run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*'
   run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
-  for round in 1 2; do
-    for mask in off 15 1 2 4 8 10; do
-      args="--no-decode-linear"; [[ $mask != off ]] && args="--decode-linear --decode-linear-gemms $mask"
-      timeout 60 $B/opd bench rollout --runs 2 $args 2>&1 | grep "decode step" \
-          | sed "s/^/$mask /" >>"$OUT/rollout_ab.txt"
-    done
-  done
+  dl_mask_ab
   grep -h "FAILED\|Failure" "$OUT/dl_tests.log" | head -20
   cat "$OUT/rollout_ab.txt"
 fi
@@ -690,12 +696,7 @@ if [[ "$what" == s10c ]]; then
   # interleaved, plans of 16/32/48-row blocks within the device's resident clusters): s10a's
   # tests and A/B, then ncu durations and stall reasons of the four W1 shapes (ours, then
   # cuBLASLt's kernels for the same shapes).
-  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
-  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
-  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
-  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+  dl_checks
   for v in off on off on; do
     flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
     timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \
@@ -742,12 +743,7 @@ if [[ "$what" == s10a ]]; then
   # attention suites (the PDL trigger moves), memcheck and racecheck of the kernel; its kernel
   # rows against cuBLASLt; `opd bench rollout` with --no-decode-linear / --decode-linear
   # alternating (2 runs each).
-  run dl_tests 150 $B/test_cuda --gtest_filter='CudaDecodeLinear*:CudaRollout.DecodeLinear*:CudaRollout.Pdl*:CudaDecodeFused.*:CudaPagedAttention.*'
-  run memcheck_dl 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
-      --gtest_filter='CudaDecodeLinear.RowBits*:CudaDecodeLinear.Pdl*:CudaDecodeLinear.Refuses*'
-  run racecheck_dl 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
-  run bench_dl 60 $B/opd bench kernels --filter decode_linear.
+  dl_checks
   for v in off on off on; do
     flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
     timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \

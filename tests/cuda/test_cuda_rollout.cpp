@@ -728,18 +728,24 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBit) {
   }
 }
 
-TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
-  REQUIRE_GPU();
+// 2 layers of the W1 student's shape (Qwen3-0.6B), bf16 on the GPU, random weights from `seed`
+// (norm weights uniform in [0.8, 1.2), the rest normal with std 0.02).
+Transformer w1_shape_model(uint64_t seed) {
   ModelConfig c = model_preset("qwen3-0.6b");
   c.num_hidden_layers = 2;
   ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
-  uint64_t seed = 901;
   w.for_each([&](const std::string&, Tensor& t) {
     if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 0.8f, 1.2f, nullptr);
     else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, nullptr);
   });
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Transformer gpu(c, std::move(w));
+  OPD_CUDA_CHECK(cudaDeviceSynchronize());
+  return Transformer(c, std::move(w));
+}
+
+TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
+  REQUIRE_GPU();
+  Transformer gpu = w1_shape_model(901);
+  const ModelConfig& c = gpu.config();
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 6; ++i) {
     GenerationRequest r = request(seeded_prompt(700 + i, 40 + 9 * i, c.vocab_size), 20, 1.0, 80 + i, 1 + i % 2);
@@ -774,16 +780,7 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBitAtTheW1Shape) {
 // test_cuda_decode_linear.cpp).
 TEST(CudaRollout, DecodeLinearGreedyIsTheFullForwardArgmax) {
   REQUIRE_GPU();
-  ModelConfig c = model_preset("qwen3-0.6b");
-  c.num_hidden_layers = 2;
-  ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
-  uint64_t seed = 1901;
-  w.for_each([&](const std::string&, Tensor& t) {
-    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 0.8f, 1.2f, nullptr);
-    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, nullptr);
-  });
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Transformer w1(c, std::move(w));
+  Transformer w1 = w1_shape_model(1901);
   Transformer small = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::BF16);
   for (const Transformer* model : {&small, &w1}) {
     const int64_t V = model->config().vocab_size;
