@@ -68,6 +68,13 @@ ab_run() {
   local bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
   timeout "$limit" "$bin" "$@" 2>&1 | grep -- "$pat" | sed "s/^/$v /" >>"$OUT/$file"
 }
+# W2 with ZeRO-2 (modes s9f, s10j, nvidia-h200-x2): `opd bench w2 --nproc 2 --zero-stage 2`
+# within $1 seconds (W1 on one GPU, then W1 per GPU on two, scaling efficiency).
+w2_zero2() {
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run bench_w2_z2 "$1" $B/opd bench w2 --nproc 2 --zero-stage 2
+  grep -h "step\|scaling\|peak" "$OUT/bench_w2_z2.log" | grep -v "^\[" | head -20
+}
 # The decode linear's checks (session 10, modes s10a, s10c, s10g): its tests with the PDL,
 # decode-fused and paged-attention suites, memcheck and racecheck of the kernel, and its kernel
 # rows against cuBLASLt.
@@ -602,9 +609,7 @@ fi
 if [[ "$what" == s10j ]]; then
   # Session 10 (nvidia-h200-x2, <= 300 s): W2 with the final binaries: `opd bench w2 --nproc 2
   # --zero-stage 2` (W1 on one GPU, then W1 per GPU on two, scaling efficiency).
-  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-  run bench_w2_z2 290 $B/opd bench w2 --nproc 2 --zero-stage 2
-  grep -h "step\|scaling\|peak" "$OUT/bench_w2_z2.log" | grep -v "^\[" | head -20
+  w2_zero2 290
 fi
 if [[ "$what" == s10h ]]; then
   # Session 10's last call (nvidia-h200, <= 580 s): the decode linear on o and down by default:
@@ -765,9 +770,7 @@ if [[ "$what" == s9f ]]; then
   # Session 9 (nvidia-h200-x2, <= 300 s): W2 after the session's kernel changes (RMSNorm groups,
   # cluster sampler, top-K loads): `opd bench w2 --nproc 2 --zero-stage 2` (W1 on one GPU, then
   # W1 per GPU on two, scaling efficiency; the goal's thinner margin is ZeRO-2's ~1 point).
-  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-  run bench_w2_z2 280 $B/opd bench w2 --nproc 2 --zero-stage 2
-  grep -h "step\|scaling\|peak" "$OUT/bench_w2_z2.log" | grep -v "^\[" | head -20
+  w2_zero2 280
 fi
 if [[ "$what" == s9e ]]; then
   # Session 9's last call (nvidia-h200, <= 580 s): the fused loss's LSE tile pass with 4 row
