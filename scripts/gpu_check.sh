@@ -86,6 +86,16 @@ dl_checks() {
       --kernel-name kns=decode_linear $B/test_cuda --gtest_filter='CudaDecodeLinear.RowBits*'
   run bench_dl 60 $B/opd bench kernels --filter decode_linear.
 }
+# `opd bench rollout` with --no-decode-linear / --decode-linear alternating, two runs each
+# (modes s10a, s10c; the decode linear on all four GEMMs as it then was).
+dl_onoff_ab() {
+  local v flag
+  for v in off on off on; do
+    flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
+    timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \
+        | sed "s/^/$v /" >>"$OUT/rollout_ab.txt"
+  done
+}
 # `opd bench rollout` with cuBLASLt (off), the decode linear on all four GEMMs (15), on each alone
 # (1 q|k|v, 2 o, 4 gate|up, 8 down) and on o + down (10); two rounds (modes s10e, s10g).
 dl_mask_ab() {
@@ -702,11 +712,7 @@ if [[ "$what" == s10c ]]; then
   # tests and A/B, then ncu durations and stall reasons of the four W1 shapes (ours, then
   # cuBLASLt's kernels for the same shapes).
   dl_checks
-  for v in off on off on; do
-    flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
-    timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \
-        | sed "s/^/$v /" >>"$OUT/rollout_ab.txt"
-  done
+  dl_onoff_ab
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   m="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,smsp__inst_executed.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
   for f in qkv_m64 o_m64 gate_up_m64 down_m64; do
@@ -749,11 +755,7 @@ if [[ "$what" == s10a ]]; then
   # rows against cuBLASLt; `opd bench rollout` with --no-decode-linear / --decode-linear
   # alternating (2 runs each).
   dl_checks
-  for v in off on off on; do
-    flag=--no-decode-linear; [[ $v == on ]] && flag=--decode-linear
-    timeout 60 $B/opd bench rollout --runs 2 $flag 2>&1 | grep "^opd:\|split:\|decode step" \
-        | sed "s/^/$v /" >>"$OUT/rollout_ab.txt"
-  done
+  dl_onoff_ab
   grep "decode_linear\." "$OUT/bench_dl.log" | cut -c1-150
   grep -h "FAILED\|Failure\|error" "$OUT/dl_tests.log" | head -20
   cat "$OUT/rollout_ab.txt"
