@@ -55,6 +55,7 @@ struct BenchW1Options {
   double kv_cache_gb = 8;
   bool recompute = false, offload_teacher = false;
   std::string recompute_granularity = "none";
+  std::string loss_support = "topk+tail";  // W1's loss; full = the dense teacher in the loss
   double device_memory_budget_gb = 0;  // opd train --device-memory-budget
   int zero_stage = 1;  // under opd launch (data parallel)
   std::string tokenizer = "demo/tokenizer";
@@ -153,7 +154,7 @@ void run_bench_w1(const BenchW1Options& o) {
   t.device_memory_budget_gb = o.device_memory_budget_gb;
   t.lmbda = 1;
   t.beta = 0.5;
-  t.loss_support = "topk+tail";
+  t.loss_support = o.loss_support;
   t.kd_temperature = 1;
   t.teacher_top_k = o.k;
   t.temperature = 1;
@@ -245,6 +246,7 @@ void run_bench_w1(const BenchW1Options& o) {
                       {"k", o.k},
                       {"recompute", recompute_used},
                       {"offload_teacher", offload_used},
+                      {"loss_support", o.loss_support},
                       {"device_memory_budget_gb", o.device_memory_budget_gb},
                       {"zero_stage", o.zero_stage},
                       {"measured_steps", step.size()},
@@ -428,6 +430,9 @@ void register_bench_w1(CLI::App& bench) {
                 "recompute: none | elementwise | layer (opd train's flag)")->capture_default_str();
   c->add_flag("--offload-teacher", o->offload_teacher, "the teacher on the GPU only while it "
               "scores (opd train's flag)");
+  c->add_option("--loss-support", o->loss_support, "opd train's flag: topk+tail (W1) | topk | "
+                "sampled | full (the teacher's dense logits inside the loss, no scoring phase)")
+      ->capture_default_str();
   c->add_option("--device-memory-budget", o->device_memory_budget_gb, "GiB: the trainer picks "
                 "the cheapest memory setting whose planned peak fits (opd train's flag; 0 = none; "
                 "16 = W1's goal)")
