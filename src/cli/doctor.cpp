@@ -81,6 +81,7 @@ void run_doctor(const DoctorOptions& o) {
     po.dtype = o.dtype == "f32" ? DType::F32 : DType::BF16;
     po.recompute = o.recompute ? Recompute::PerLayer : parse_recompute(o.recompute_granularity);
     po.offload_teacher = o.offload_teacher && !o.teacher.empty();
+    po.full_support = full && !o.teacher.empty();
     po.world_size = o.nproc;
     po.zero_stage = o.nproc > 1 ? o.zero_stage : 0;
     po.micro_batch_tokens = o.micro_batch_tokens;

@@ -171,6 +171,11 @@ MemoryPlan plan_gpu_memory(const ModelSide& s, const ModelSide* teacher,
     case Recompute::PerLayer: m.activations = T * H * bytes * s.num_layers + 2 * per_layer; break;
   }
   m.workspace = T * 4 * (H + 4 * H) + (int64_t{256} << 20);
+  if (teacher && o.full_support) {  // the teacher runs inside the training phase, never scores
+    const int64_t Ht = teacher->hidden_size, It = teacher->intermediate_size;
+    m.scoring = 0;
+    m.workspace += T * (14 * Ht + 3 * It) * bytes + 2 * T * Ht * bytes;
+  }
   m.rollout = o.kv_cache_bytes + P * bytes / 2;
   return m;
 }

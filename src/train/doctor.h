@@ -88,7 +88,13 @@ int64_t available_host_memory();  // MemAvailable of /proc/meminfo (0 when unkno
 //               T x H x dtype per layer + two layers' worth with per-layer recompute; + the
 //               workspace: the loss head's scratch (its tile buffers, up to the trainer's
 //               128 MiB budget, and O(T x K) rows), the f32 d_hidden and the cuBLAS
-//               workspaces, T x 4 (H + 4 H) + 256 MiB.
+//               workspaces, T x 4 (H + 4 H) + 256 MiB;
+//   full support (--loss-support full): no scoring phase (nothing is scored ahead); the
+//               training phase also runs the teacher's forward over each micro-batch: one
+//               teacher layer's activations at a time, T x (14 Ht + 3 It) x dtype, and its final
+//               hidden rows, 2 x T x Ht x dtype (the loss's teacher logit tiles share the loss
+//               head's tile budget). W1 measured +271 MiB in the training phase over topk+tail
+//               (session 10); this term is +0.59 GiB: a bound read from the code.
 struct MemoryPlanOptions {
   DType dtype = DType::BF16;   // compute dtype on the GPU
   Recompute recompute = Recompute::Off;
@@ -103,6 +109,7 @@ struct MemoryPlanOptions {
   // over its cached K/V, teacher/score_plan.h): the longest prompt and completion and the
   // completions per prompt. 0 prompt tokens: no sharing planned for.
   int64_t shared_prompt_tokens = 0, shared_completion_tokens = 0, shared_group = 1;
+  bool full_support = false;  // --loss-support full with an in-process teacher (see above)
 };
 struct MemoryPlan {
   int64_t model = 0, master = 0, optimizer = 0, grads = 0, teacher = 0;

@@ -559,6 +559,7 @@ MemoryPlanOptions Trainer::memory_plan_options() {
   po.dtype = compute_dtype_;
   po.recompute = model().recompute();
   po.offload_teacher = o_.offload_teacher;
+  po.full_support = !o_.sft && !o_.teacher.empty() && loss_.mode == SupportMode::Full;
   po.world_size = env_.world_size;
   po.zero_stage = distributed() ? static_cast<int>(o_.zero_stage) : 0;
   int64_t longest = 0;

@@ -134,6 +134,33 @@ TEST(DoctorPlan, GpuPlanOfW1BoundsEveryMeasuredPhase) {
   EXPECT_EQ(z.grads, p.grads);
 }
 
+// --loss-support full (measured on the H200, session 10, `opd bench w1 --loss-support full`:
+// phase peaks 16802 / 11239 / 21458 MiB): no scoring phase (only what stays resident), and the
+// teacher's forward inside the training phase, which the plan bounds within 10%. (Before these
+// terms the plan left the teacher's forward out and bounded the measured training phase by 0.7%.)
+TEST(DoctorPlan, GpuPlanOfW1WithFullSupportBoundsItsMeasuredPhases) {
+  const ModelSide s = describe_config(model_preset("qwen3-0.6b")), t = describe_config(model_preset("qwen3-1.7b"));
+  MemoryPlanOptions o = w1_plan_options();
+  const MemoryPlan topk = plan_gpu_memory(s, &t, o);
+  o.full_support = true;
+  const MemoryPlan p = plan_gpu_memory(s, &t, o);
+  const double measured[3] = {16802.0 / 1024, 11239.0 / 1024, 21458.0 / 1024};  // GiB
+  const int64_t planned[3] = {p.rollout_phase(), p.scoring_phase(), p.training_phase()};
+  for (int i = 0; i < 3; ++i) {
+    const double gib = static_cast<double>(planned[i]) / (1 << 30);
+    EXPECT_GE(gib, measured[i]) << "phase " << i;
+    EXPECT_LE(gib, 1.1 * measured[i]) << "phase " << i;
+  }
+  EXPECT_EQ(p.scoring, 0);
+  EXPECT_EQ(p.scoring_phase(), p.resident());
+  const int64_t T = o.micro_batch_tokens, Ht = t.hidden_size, It = t.intermediate_size;
+  EXPECT_EQ(p.workspace - topk.workspace, T * (14 * Ht + 3 * It) * 2 + 2 * T * Ht * 2);
+  EXPECT_EQ(p.rollout_phase(), topk.rollout_phase());
+  // Without an in-process teacher the option changes nothing.
+  EXPECT_EQ(plan_gpu_memory(s, nullptr, o).training_phase(),
+            plan_gpu_memory(s, nullptr, w1_plan_options()).training_phase());
+}
+
 // Shared-prompt scoring (--num-generations > 1) adds the scorer's step K/V cache and context
 // gather to the scoring phase, by the formula of train/doctor.h; without it nothing changes.
 TEST(DoctorPlan, SharedPromptScoringAddsItsCacheToTheScoringPhase) {
