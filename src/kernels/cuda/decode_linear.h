@@ -3,7 +3,7 @@
 // Its prologue loads the CTA's first W fragments into registers *before* griddepcontrol.wait,
 // so the weight stream (which depends on nothing the step writes) overlaps the kernel before it;
 // only the x load, the mma and the reductions wait. Layout and plan: decode_linear.cu.
-// docs/rollout.md "Decode linear v4" has the design, the prediction and the measurements.
+// docs/rollout.md "Decode linear v4" has the design and the measurements (H200).
 #pragma once
 
 #include <cstddef>
@@ -15,8 +15,9 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace opd::cuda {
 
-// Work split of one (n, k) shape; depends on (n, k, SM count) only, never on m, so a row's
-// result is the same at every batch size (batch independence) and run to run (fixed orders).
+// Work split of one (n, k) shape; depends on (n, k) and the device (SMs, resident clusters),
+// never on m, so a row's result is the same at every batch size (batch independence) and run to
+// run (fixed orders).
 struct DecodeLinearPlan {
   bool ok = false;         // false: the shape is not taken (the caller uses cuBLASLt)
   int rows16 = 0;          // a CTA owns 16 * rows16 consecutive W rows (1, 2 or 3)
