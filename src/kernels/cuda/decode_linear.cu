@@ -57,7 +57,9 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kStepK = 32;         // k per step (two m16n8k16 products)
-constexpr int kMaxWarpSteps = 64;  // k steps per warp at most (longer k: more splits, or cuBLASLt)
+// k steps per warp at most: the range measured on the H200 (W1's plans own 2-6; the W ring holds
+// up to 6); a longer k takes more splits or stays on cuBLASLt rather than run unmeasured.
+constexpr int kMaxWarpSteps = 6;
 constexpr int kMaxSplits = 8;      // portable cluster size
 constexpr int kFragBytes = 32 * 16;  // one accumulator fragment of a warp (32 lanes x float4)
 
