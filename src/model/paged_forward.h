@@ -186,7 +186,7 @@ class PagedForward {
   // with PDL on, each streams its weights while the kernel before it runs. Shapes it has no
   // plan for stay on cuBLASLt. Results differ from cuBLASLt's in the f32 summation order only.
   static constexpr unsigned kDecodeLinearQkv = 1, kDecodeLinearO = 2, kDecodeLinearGateUp = 4,
-                            kDecodeLinearDown = 8, kDecodeLinearAll = 15;
+                            kDecodeLinearDown = 8;
   void set_decode_linear(unsigned gemms) { decode_linear_ = gemms; }
   // Prompt chunks that start at position 0 (no cached context) attend with the tensor-core
   // varlen attention (kernels/cuda/attention_fwd.cu, bf16 with head_dim 64/128) instead of the

@@ -418,19 +418,28 @@ DecodeLinearPlan decode_linear_device_plan(int64_t n, int64_t k) {
   return decode_linear_plan(n, k, sms, arr);
 }
 
+namespace {
+// The device plan for these operands, or a plan with ok == false when they are not taken (the
+// checks of decode_linear_supports): computed once per call.
+DecodeLinearPlan plan_for(const void* x, const void* w, const void* y, int64_t m, int64_t k,
+                          int64_t n, DType dtype) {
+  if (dtype != DType::BF16 || m < 1 || m > kDecodeLinearMaxRows) return {};
+  if (!dev::aligned16(x) || !dev::aligned16(w) || !dev::aligned16(y)) return {};
+  return decode_linear_device_plan(n, k);
+}
+}  // namespace
+
 bool decode_linear_supports(const void* x, const void* w, const void* y, int64_t m, int64_t k,
                             int64_t n, DType dtype) {
-  if (dtype != DType::BF16 || m < 1 || m > kDecodeLinearMaxRows) return false;
-  if (!dev::aligned16(x) || !dev::aligned16(w) || !dev::aligned16(y)) return false;
-  return decode_linear_device_plan(n, k).ok;
+  return plan_for(x, w, y, m, k, n, dtype).ok;
 }
 
 void decode_linear(const void* x, const void* w, const void* bias, int64_t m, int64_t k,
                    int64_t n, DType dtype, void* y, cudaStream_t stream, bool pdl) {
-  OPD_CHECK(decode_linear_supports(x, w, y, m, k, n, dtype), Unsupported,
-            "decode_linear: ", m, " x ", k, " x ", n, " ", dtype_name(dtype),
+  const DecodeLinearPlan plan = plan_for(x, w, y, m, k, n, dtype);
+  OPD_CHECK(plan.ok, Unsupported, "decode_linear: ", m, " x ", k, " x ", n, " ",
+            dtype_name(dtype),
             " (needs bf16, 1..64 rows, k % 8 == 0, 16-byte aligned x / W / y, a plan for n, k)");
-  const DecodeLinearPlan plan = decode_linear_device_plan(n, k);
   Params p{};
   p.x = static_cast<const bf16*>(x);
   p.w = static_cast<const bf16*>(w);
@@ -441,7 +450,7 @@ void decode_linear(const void* x, const void* w, const void* bias, int64_t m, in
   p.n = static_cast<int>(n);
   p.steps = static_cast<int>((k + kStepK - 1) / kStepK);
   p.splits = plan.splits;
-  p.part_offset = static_cast<int>(kWarps * static_cast<size_t>(plan.rows16) * 8 * kFragBytes);
+  p.part_offset = static_cast<int>(smem_for(plan.rows16, 1));  // after the warps' partials
   switch (plan.rows16) {
     case 1: launch_r16<1>(p, plan, stream, pdl); break;
     case 2: launch_r16<2>(p, plan, stream, pdl); break;
