@@ -130,15 +130,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   const int64_t sequences = o.prompts * o.n, generated = sequences * o.new_tokens;
 
   // bf16 weights straight on the device: normal(0, 0.02) matrices, norms 1 (seeded per tensor).
-  ModelWeights w = zeros_weights(c, DType::BF16, Device::CUDA);
-  uint64_t seed = o.seed;
-  cudaStream_t init_stream = cuda::current_stream();
-  w.for_each([&](const std::string&, Tensor& t) {
-    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 1.0f, 1.0f, init_stream);
-    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, init_stream);
-  });
-  OPD_CUDA_CHECK(cudaDeviceSynchronize());
-  Transformer model(c, std::move(w));
+  Transformer model(c, random_bf16_cuda_weights(c, o.seed));
   const int64_t params = model.weights().num_parameters();
 
   Rng rng(o.seed + 17);

@@ -10,6 +10,14 @@
 #include "core/error.h"  // cat
 #include "model/presets.h"
 
+#if defined(OPD_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/allocator.h"  // current_stream
+#include "core/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"  // fill_normal, fill_uniform
+#endif
+
 namespace opd::cli {
 
 double median(std::vector<double> v) {
@@ -23,6 +31,23 @@ ModelConfig qwen3_06b(int64_t layers) {
   ModelConfig c = model_preset("qwen3-0.6b");
   c.num_hidden_layers = layers;
   return c;
+}
+
+ModelWeights random_bf16_cuda_weights(const ModelConfig& config, uint64_t seed) {
+#if defined(OPD_WITH_CUDA)
+  ModelWeights w = zeros_weights(config, DType::BF16, Device::CUDA);
+  cudaStream_t stream = cuda::current_stream();
+  w.for_each([&](const std::string&, Tensor& t) {
+    if (t.ndim() == 1) cuda::fill_uniform(t.raw(), t.numel(), DType::BF16, seed++, 1.0f, 1.0f, stream);
+    else cuda::fill_normal(t.raw(), t.numel(), DType::BF16, seed++, 0.0f, 0.02f, stream);
+  });
+  OPD_CUDA_CHECK(cudaDeviceSynchronize());
+  return w;
+#else
+  (void)config;
+  (void)seed;
+  OPD_FAIL(Unsupported, "random CUDA weights in a build without CUDA");
+#endif
 }
 
 nlohmann::json run_twin(const TwinRun& twin) {

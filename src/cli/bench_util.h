@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace opd::cli {
 
@@ -17,6 +18,11 @@ double median(std::vector<double> v);
 
 // The Qwen3-0.6B shape (model/presets.h) with `layers` decoder layers.
 ModelConfig qwen3_06b(int64_t layers);
+
+// The benches' random model: bf16 weights on the current CUDA device, matrices normal(0, 0.02)
+// and norms 1, each tensor seeded from `seed` in the weights' order (synchronized on return).
+// Throws Unsupported in a build without CUDA.
+ModelWeights random_bf16_cuda_weights(const ModelConfig& config, uint64_t seed);
 
 // xorshift64: reproducible host data (prompt ids, token ids, teacher payload) from the seed.
 struct Rng {

@@ -32,6 +32,7 @@ void register_commands(CLI::App& app) {
   register_bench_w2(bench_command(app));
   register_bench_score(bench_command(app));
   register_bench_rollout(bench_command(app));
+  register_bench_overlap(bench_command(app));
   register_serve(app);
   register_score(app);
   register_train(app);

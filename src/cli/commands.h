@@ -27,6 +27,7 @@ void register_bench_w1(CLI::App& bench);       // `opd bench w1` (takes the benc
 void register_bench_w2(CLI::App& bench);       // `opd bench w2` (bench_w1.cpp)
 void register_bench_score(CLI::App& bench);    // `opd bench score` (takes the bench parent)
 void register_bench_rollout(CLI::App& bench);  // `opd bench rollout` (takes the bench parent)
+void register_bench_overlap(CLI::App& bench);  // `opd bench overlap`
 void register_serve(CLI::App& app);
 void register_score(CLI::App& app);
 void register_train(CLI::App& app);  // `opd train` and `opd sft`

@@ -186,7 +186,8 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
     const auto t_sync = std::chrono::steady_clock::now();
     OPD_CUDA_CHECK(cudaDeviceSynchronize());
     stats_.sync_wait_seconds = seconds_since(t_sync);
-    stream_scope.emplace(rollout_stream());
+    stream_scope.emplace(options_.cuda_stream ? static_cast<cudaStream_t>(options_.cuda_stream)
+                                                : rollout_stream());
   }
 #else
   OPD_CHECK(!on_cuda, Unsupported, "rollout: a CUDA model in a build without CUDA");

@@ -123,6 +123,10 @@ struct EngineOptions {
   // the kept state saved no fixed cost (the new KV cache lands elsewhere, so the graphs are
   // re-captured anyway, ~6-18 ms either way) and its decode steps were ~4% slower.
   bool keep_device_state = false;
+  // CUDA models: the stream (a cudaStream_t) the rollout runs on; null = the process's rollout
+  // stream. A stream of one group of a cuda::SmPartition keeps the rollout on that group's SMs
+  // (`opd bench overlap`).
+  void* cuda_stream = nullptr;
   // Polled once per step: returning true stops generate() with a Cancelled error (a training
   // run's stop signal must not wait for a long rollout to finish).
   std::function<bool()> should_cancel;

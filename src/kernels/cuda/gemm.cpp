@@ -51,9 +51,10 @@ struct PlanKey {
   bool bias, beta_zero;
   uint32_t align_a, align_b, align_d;
   bool tune = false;
+  int sm_count = 0;  // the stream's SM count target (gemm_set_stream_sm_count); 0 = the device's
   auto tie() const {
     return std::tie(device, ta, tb, m, n, k, lda, ldb, ldd, ab, d, bias, beta_zero, align_a,
-                    align_b, align_d, tune);
+                    align_b, align_d, tune, sm_count);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -81,6 +82,7 @@ struct Context {
   std::map<std::pair<int, cudaStream_t>, DeviceBuffer> workspace;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   std::map<int, cublasHandle_t> blas;          // for the reference path
+  std::map<cudaStream_t, int> stream_sms;      // gemm_set_stream_sm_count
   GemmCacheStats stats;
   std::vector<GemmTuneRecord> tune_records;
 };
@@ -146,6 +148,10 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const PlanKey& key) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     OPD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     OPD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &d, sizeof(d)));
+  }
+  if (key.sm_count > 0) {
+    const int32_t sms = key.sm_count;
+    OPD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
   }
   // Stored (pre-op) shapes: A is [m, k] or, transposed, [k, m]; B is [k, n] or [n, k].
   const uint64_t a_rows = key.ta ? key.k : key.m, a_cols = key.ta ? key.m : key.k;
@@ -298,6 +304,14 @@ bool capturing(cudaStream_t stream) {
 
 }  // namespace
 
+void gemm_set_stream_sm_count(cudaStream_t stream, int sms) {
+  OPD_CHECK(sms >= 0, InvalidArgument, "gemm_set_stream_sm_count: ", sms, " SMs");
+  Context& c = context();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (sms == 0) c.stream_sms.erase(stream);
+  else c.stream_sms[stream] = sms;
+}
+
 void gemm(const GemmArgs& g, cudaStream_t stream) {
   if (g.m == 0 || g.n == 0) return;
   OPD_CHECK(g.k > 0, InvalidArgument, "gemm: k = 0 (callers handle empty reductions)");
@@ -310,6 +324,10 @@ void gemm(const GemmArgs& g, cudaStream_t stream) {
   const bool bias_epilogue = g.bias && alignment(g.bias) >= 16;  // the epilogue reads vectors
   key.bias = bias_epilogue;
   key.tune = g.tune && g.beta == 0.0f;
+  if (!c.stream_sms.empty()) {
+    auto sms = c.stream_sms.find(stream);
+    if (sms != c.stream_sms.end()) key.sm_count = sms->second;
+  }
   const cublasLtHandle_t lt = lt_handle(c, device);
   auto it = c.plans.find(key);
   if (it == c.plans.end()) it = c.plans.emplace(key, make_plan(lt, key)).first;
