@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,18 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s11b ]]; then
+  # Session 11 (nvidia-h200, <= 300 s): the persistent decode forward's skeleton
+  # (kernels/cuda/persistent_probe.h: W1's per-layer weight bytes streamed phase by phase by one
+  # resident CTA per SM, with and without grid barriers and prefetch) beside the per-layer
+  # GEMMs (decode_linear.* rows, cuBLASLt as the reference) in the same call; then the rollout
+  # and GEMM suites (EngineOptions::cuda_stream and the per-stream SM target are new).
+  run probe 120 $B/opd bench kernels --filter persistent
+  run probe_dl 120 $B/opd bench kernels --filter decode_linear
+  grep -h "^persistent\|^decode_linear" "$OUT/probe.log" "$OUT/probe_dl.log"
+  run suites 150 $B/test_cuda --gtest_filter='CudaRollout.*:*CudaGemm*:CudaScorer*'
+  grep -h "FAILED\|Failure" "$OUT/suites.log" | head -20
 fi
 if [[ "$what" == s11a ]]; then
   # Session 11 (nvidia-h200, <= 300 s): can W1's teacher scoring run beside its rollout?

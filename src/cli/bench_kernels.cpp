@@ -30,6 +30,7 @@
 #include "core/cuda/stream.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/decode_linear.h"
+#include "kernels/cuda/persistent_probe.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/ops.h"
 #include "rollout/sampler_cuda.h"
@@ -228,6 +229,55 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
          cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
                               b->y[s].raw(), g_stream);
        }});
+}
+
+// The persistent decode forward's skeleton (kernels/cuda/persistent_probe.h): a W1 decode step's
+// per-layer weight bytes (q|k|v 8.4 MB, o 4.2, gate|up 12.6, down 6.3; 28 layers, 881 MB) streamed
+// by one resident CTA per SM, phase by phase, in GB/s against the copy rate: without barriers
+// (the stream alone), with a grid barrier after each of the 112 phases and the next phase's
+// slice requested before it (the design), the same without that prefetch, and the 112 barriers
+// with no bytes. ms / 28 is the time per layer the persistent design would start from (the
+// per-layer cuBLASLt / decode linear GEMMs: the decode_linear.* rows).
+void add_persistent_probe_cases(std::vector<Case>& cases) {
+  struct Bufs {
+    Tensor w, sink;
+    Tensor counter;
+  };
+  auto b = std::make_shared<Bufs>();
+  const int64_t H = kHidden, I = kInter, qkv = (kHeads + 2 * kKvHeads) * kHeadDim;
+  const int64_t phase[4] = {2 * qkv * H, 2 * H * kHeads * kHeadDim, 2 * 2 * I * H, 2 * H * I};
+  const int64_t layer_bytes = phase[0] + phase[1] + phase[2] + phase[3];
+  struct Variant {
+    const char* name;
+    bool barrier, prefetch, bytes;
+  };
+  for (const Variant v : {Variant{"persistent_probe.stream", false, true, true},
+                          Variant{"persistent_probe.barrier_prefetch", true, true, true},
+                          Variant{"persistent_probe.barrier_no_prefetch", true, false, true},
+                          Variant{"persistent_probe.barriers_only", true, true, false}}) {
+    const double bytes = v.bytes ? static_cast<double>(layer_bytes * kLayers) : 0.0;
+    cases.push_back(
+        {v.name, cat(kLayers, " layers x 4 phases"), false, bytes,
+         static_cast<double>(layer_bytes * kLayers),
+         [=](int) {
+           if (b->w.defined()) return;
+           b->w = dev_rand({layer_bytes * kLayers / 2}, DType::BF16, 4242);
+           b->sink = Tensor::empty({1024}, DType::I32, Device::CUDA);
+           b->counter = Tensor::empty({1}, DType::I32, Device::CUDA);
+         },
+         [=](int) {
+           cuda::PersistentProbeArgs a;
+           a.weights = b->w.raw();
+           for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = v.bytes ? phase[ph] : 0;
+           a.layers = static_cast<int>(kLayers);
+           a.barrier = v.barrier;
+           a.prefetch = v.prefetch;
+           a.counter = static_cast<unsigned*>(b->counter.raw());
+           a.sink = static_cast<uint32_t*>(b->sink.raw());
+           cuda::persistent_probe(a, g_stream);
+         },
+         nullptr});
+  }
 }
 
 void add_decode_linear_cases(std::vector<Case>& cases) {
@@ -592,6 +642,7 @@ std::vector<Case> build_cases() {
                    [=](int) { (*opt)->step(1e-5, 1.0); }, nullptr, true});
   add_generation_cases(cases);
   add_decode_linear_cases(cases);
+  add_persistent_probe_cases(cases);
   return cases;
 }
 
