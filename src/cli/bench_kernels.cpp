@@ -236,7 +236,8 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
 // by one resident CTA per SM, phase by phase, in GB/s against the copy rate: without barriers
 // (the stream alone), with a grid barrier after each of the 112 phases and the next phase's
 // slice requested before it (the design), the same without that prefetch, and the 112 barriers
-// with no bytes. ms / 28 is the time per layer the persistent design would start from (the
+// with no bytes; then the design with the barrier on the thread that issues the copies (its release waits for them), and with one barrier
+// per layer instead of per phase (with and without bytes). ms / 28 is the time per layer the persistent design would start from (the
 // per-layer cuBLASLt / decode linear GEMMs: the decode_linear.* rows).
 void add_persistent_probe_cases(std::vector<Case>& cases) {
   struct Bufs {
@@ -250,11 +251,15 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
   struct Variant {
     const char* name;
     bool barrier, prefetch, bytes;
+    int every = 1, sleep_ns = 0, thread = 32;
   };
   for (const Variant v : {Variant{"persistent_probe.stream", false, true, true},
                           Variant{"persistent_probe.barrier_prefetch", true, true, true},
                           Variant{"persistent_probe.barrier_no_prefetch", true, false, true},
-                          Variant{"persistent_probe.barriers_only", true, true, false}}) {
+                          Variant{"persistent_probe.barriers_only", true, true, false},
+                          Variant{"persistent_probe.barrier_prefetch_thread0", true, true, true, 1, 0, 0},
+                          Variant{"persistent_probe.barrier_per_layer", true, true, true, 4},
+                          Variant{"persistent_probe.barriers_per_layer_only", true, true, false, 4}}) {
     const double bytes = v.bytes ? static_cast<double>(layer_bytes * kLayers) : 0.0;
     cases.push_back(
         {v.name, cat(kLayers, " layers x 4 phases"), false, bytes,
@@ -272,6 +277,9 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
            a.layers = static_cast<int>(kLayers);
            a.barrier = v.barrier;
            a.prefetch = v.prefetch;
+           a.barrier_every = v.every;
+           a.poll_sleep_ns = v.sleep_ns;
+           a.barrier_thread = v.thread;
            a.counter = static_cast<unsigned*>(b->counter.raw());
            a.sink = static_cast<uint32_t*>(b->sink.raw());
            cuda::persistent_probe(a, g_stream);

@@ -1,6 +1,6 @@
 // The persistent-forward skeleton probe (kernels/cuda/persistent_probe.h): weight slices
 // streamed by 1-D bulk copies (cp.async.bulk, completing on an mbarrier) into two shared-memory
-// buffers, read once, with a grid barrier between phases. Measurement only: no op uses it.
+// ring of shared-memory slots, read once, with a grid barrier between phases. Measurement only: no op uses it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,8 +15,7 @@ namespace opd::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kChunk = 32768;  // bytes per bulk copy
-constexpr int64_t kSmemLimit = 227 * 1024 - 64;
+constexpr int64_t kSmemLimit = 220 * 1024;  // dynamic; the static mbarriers and sums come on top
 
 struct Params {
   const unsigned char* w;
@@ -25,7 +24,7 @@ struct Params {
   int64_t layer_bytes;
   int phases, layers;
   int barrier, prefetch;
-  int64_t buf_bytes;
+  int barrier_every, poll_sleep_ns, barrier_thread;
   unsigned* counter;
   uint32_t* sink;
 };
@@ -57,64 +56,96 @@ __device__ __forceinline__ void slice_of(const Params& p, int i, const unsigned 
   src = p.w + static_cast<int64_t>(layer) * p.layer_bytes + p.phase_off[ph] + off;
 }
 
-// Thread 0: expect the slice's bytes on the buffer's mbarrier and request them.
-__device__ __forceinline__ void issue(const Params& p, int i, unsigned char* buf, uint32_t bar) {
+constexpr int kSlots = 6;            // the ring: kSlots pieces of at most kSlotBytes
+constexpr int64_t kSlotBytes = 32768;
+
+__device__ __forceinline__ int pieces_of(const Params& p, int i) {
   const unsigned char* src;
   int64_t bytes;
   slice_of(p, i, src, bytes);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // earlier reads of buf first
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-               "r"(static_cast<uint32_t>(bytes))
-               : "memory");
-  for (int64_t c = 0; c < bytes; c += kChunk) {
-    const uint32_t n = static_cast<uint32_t>(bytes - c < kChunk ? bytes - c : kChunk);
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            smem_u32(buf + c)),
-        "l"(src + c), "r"(n), "r"(bar)
-        : "memory");
-  }
+  return static_cast<int>((bytes + kSlotBytes - 1) / kSlotBytes);
 }
 
+// Thread 0: expect piece c of phase i on the slot's mbarrier and request it (one bulk copy).
+__device__ __forceinline__ void issue_piece(const Params& p, int i, int c, unsigned char* slot,
+                                            uint32_t bar) {
+  const unsigned char* src;
+  int64_t bytes;
+  slice_of(p, i, src, bytes);
+  const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
+  const uint32_t n = static_cast<uint32_t>(bytes - off < kSlotBytes ? bytes - off : kSlotBytes);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // earlier reads of the slot first
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(n)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(slot)),
+      "l"(src + off), "r"(n), "r"(bar)
+      : "memory");
+}
+
+// Every phase's slice is cut into pieces of <= kSlotBytes, numbered across phases; piece q lives
+// in slot q % kSlots. With prefetch, thread 0 keeps up to kSlots pieces in flight whatever
+// phase they belong to, so the weight stream runs on through the grid barriers; without, only
+// the current phase's pieces are requested.
 __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(8) uint64_t mbar[2];
+  __shared__ __align__(8) uint64_t mbar[kSlots];
   const int tid = static_cast<int>(threadIdx.x);
-  unsigned char* buf[2] = {smem, smem + p.buf_bytes};
-  const uint32_t bar[2] = {smem_u32(&mbar[0]), smem_u32(&mbar[1])};
   if (tid == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar[0]) : "memory");
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar[1]) : "memory");
+    for (int q = 0; q < kSlots; ++q)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&mbar[q])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   const int n = p.layers * p.phases;
-  if (tid == 0 && p.prefetch) issue(p, 0, buf[0], bar[0]);
+  int issued = 0, ip = 0, ipc = 0;  // thread 0's cursor: pieces issued, next (phase, piece)
+  int consumed = 0;
+  unsigned barriers = 0;  // completed so far (the counter's target is barriers x grid)
   uint32_t acc = 0;
   for (int i = 0; i < n; ++i) {
-    const int b = i & 1;
-    if (tid == 0) {
-      if (!p.prefetch) issue(p, i, buf[b], bar[b]);
-      else if (i + 1 < n) issue(p, i + 1, buf[b ^ 1], bar[b ^ 1]);
-    }
-    mbar_wait_parity(bar[b], static_cast<uint32_t>((i >> 1) & 1));
+    const int pieces = pieces_of(p, i);
     const unsigned char* src;
     int64_t bytes;
     slice_of(p, i, src, bytes);
-    const uint4* v = reinterpret_cast<const uint4*>(buf[b]);
-    for (int64_t j = tid; j < bytes / 16; j += kThreads) {
-      const uint4 x = v[j];
-      acc += x.x ^ x.y ^ x.z ^ x.w;
-    }
-    __syncthreads();  // the buffer is read: the next issue may overwrite it
-    if (p.barrier) {
+    for (int c = 0; c < pieces; ++c) {
       if (tid == 0) {
-        __threadfence();
-        atomicAdd(p.counter, 1u);
-        const unsigned target = static_cast<unsigned>(i + 1) * gridDim.x;
-        while (*reinterpret_cast<volatile unsigned*>(p.counter) < target) {
+        const int last_phase = p.prefetch ? n - 1 : i;
+        while (issued < consumed + kSlots) {
+          while (ip <= last_phase && ipc >= pieces_of(p, ip)) {
+            ++ip;
+            ipc = 0;
+          }
+          if (ip > last_phase) break;
+          const int q = issued % kSlots;
+          issue_piece(p, ip, ipc, smem + static_cast<int64_t>(q) * kSlotBytes, smem_u32(&mbar[q]));
+          ++issued;
+          ++ipc;
         }
-        __threadfence();
+      }
+      const int q = consumed % kSlots;
+      mbar_wait_parity(smem_u32(&mbar[q]), static_cast<uint32_t>((consumed / kSlots) & 1));
+      const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
+      const int64_t nb = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
+      const uint4* v = reinterpret_cast<const uint4*>(smem + static_cast<int64_t>(q) * kSlotBytes);
+      for (int64_t j = tid; j < nb / 16; j += kThreads) {
+        const uint4 x = v[j];
+        acc += x.x ^ x.y ^ x.z ^ x.w;
+      }
+      __syncthreads();  // the slot is read: it may be refilled
+      ++consumed;
+    }
+    if (p.barrier && ((i + 1) % p.barrier_every == 0 || i + 1 == n)) {
+      // Not thread 0: a release by the thread that issued the bulk copies may wait for them.
+      if (tid == p.barrier_thread) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.counter) : "memory");
+        const unsigned target = ++barriers * gridDim.x;
+        unsigned v = 0;
+        for (;;) {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
+          if (v >= target) break;
+          if (p.poll_sleep_ns) __nanosleep(static_cast<unsigned>(p.poll_sleep_ns));
+        }
       }
       __syncthreads();
     }
@@ -133,16 +164,12 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
 
 }  // namespace
 
-int64_t persistent_probe_slice_bytes(const PersistentProbeArgs& a, int sms) {
-  int64_t most = 16;
-  for (int ph = 0; ph < a.phases; ++ph)
-    most = std::max<int64_t>(most, ((a.phase_bytes[ph] + sms - 1) / sms + 15) / 16 * 16);
-  return most;
-}
-
 void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
-  OPD_CHECK(a.phases >= 1 && a.phases <= 4 && a.layers >= 1 && a.weights && a.counter && a.sink,
-            InvalidArgument, "persistent_probe: 1-4 phases, >= 1 layer, weights, counter, sink");
+  OPD_CHECK(a.phases >= 1 && a.phases <= 4 && a.layers >= 1 && a.weights && a.counter && a.sink &&
+                a.barrier_every >= 1 && a.poll_sleep_ns >= 0 &&
+                a.barrier_thread >= 0 && a.barrier_thread < kThreads,
+            InvalidArgument, "persistent_probe: 1-4 phases, >= 1 layer, weights, counter, sink, "
+            "barrier_every >= 1, poll_sleep_ns >= 0");
   const int sms = sm_count();
   Params p{};
   p.w = static_cast<const unsigned char*>(a.weights);
@@ -159,12 +186,12 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   p.layers = a.layers;
   p.barrier = a.barrier ? 1 : 0;
   p.prefetch = a.prefetch ? 1 : 0;
-  p.buf_bytes = (persistent_probe_slice_bytes(a, sms) + 127) / 128 * 128;
+  p.barrier_every = a.barrier_every;
+  p.poll_sleep_ns = a.poll_sleep_ns;
+  p.barrier_thread = a.barrier_thread;
   p.counter = a.counter;
   p.sink = a.sink;
-  const int64_t smem = 2 * p.buf_bytes;
-  OPD_CHECK(smem <= kSmemLimit, Unsupported, "persistent_probe: two slices of ", p.buf_bytes,
-            " bytes exceed shared memory");
+  const int64_t smem = kSlots * kSlotBytes;
   static bool allowed = false;
   if (!allowed) {
     OPD_CUDA_CHECK(cudaFuncSetAttribute(persistent_probe_kernel,

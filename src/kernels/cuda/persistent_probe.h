@@ -1,12 +1,14 @@
 // A measurement, not an op: the skeleton of a persistent decode forward (docs/rollout.md "Next:
 // a persistent decode forward") without its arithmetic. One CTA per SM stays resident for a
 // whole decode step's worth of phases (layers x phases); in each phase every CTA streams its
-// contiguous slice of that phase's weight bytes from HBM into shared memory (1-D bulk copies
-// completing on an mbarrier), reads the slice once (a checksum, so nothing is optimized away),
-// and, with `barrier`, meets every other CTA at a grid-wide barrier before the next phase.
-// With `prefetch` the slice of phase i + 1 is requested before phase i is read and its barrier
-// waited on (the weights depend on nothing a phase computes), which is the persistent design's
-// claim: the weight stream never stops at a barrier. `opd bench kernels --filter persistent`
+// contiguous slice of that phase's weight bytes from HBM into a ring of six 32 KiB shared-memory
+// slots (1-D bulk copies completing on one mbarrier per slot), reads it once (a checksum, so
+// nothing is optimized away), and, with `barrier`, meets every other CTA at a grid-wide barrier
+// (one release-add and acquire polling on a global counter) before the next phase. With
+// `prefetch` the ring is kept full across phases: pieces of the next phases are requested before
+// the barrier (the weights depend on nothing a phase computes), which is the persistent
+// design's claim: the weight stream never stops at a barrier. Without it only the current
+// phase's pieces are requested. `opd bench kernels --filter persistent`
 // times the variants against the bytes' time at the copy rate.
 #pragma once
 
@@ -22,15 +24,15 @@ struct PersistentProbeArgs {
   int phases = 4;                  // phases per layer (<= 4)
   int layers = 1;
   bool barrier = true;             // a grid barrier after every phase
-  bool prefetch = true;            // phase i + 1's slice requested before phase i is read
+  bool prefetch = true;            // the ring kept full across phases
+  int barrier_every = 1;           // phases between two barriers (and one after the last)
+  int poll_sleep_ns = 0;           // __nanosleep between two polls of the barrier counter
+  int barrier_thread = 32;         // the thread that arrives and polls (0 issues the copies)
   unsigned* counter = nullptr;     // one device word for the barrier (zeroed by the launch)
   uint32_t* sink = nullptr;        // [SMs] checksums
 };
 
-// Largest slice one CTA gets (shared memory holds two): phase_bytes / SMs rounded up to 16.
-int64_t persistent_probe_slice_bytes(const PersistentProbeArgs& a, int sms);
-// Launches the probe (cooperative: all CTAs resident, one per SM). Throws Unsupported when a
-// slice does not fit twice in shared memory.
+// Launches the probe (cooperative: all CTAs resident, one per SM).
 void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream);
 
 }  // namespace opd::cuda
