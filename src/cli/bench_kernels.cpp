@@ -237,7 +237,8 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
 // (the stream alone), with a grid barrier after each of the 112 phases and the next phase's
 // slice requested before it (the design), the same without that prefetch, and the 112 barriers
 // with no bytes; then the design with the barrier on the thread that issues the copies (its release waits for them), and with one barrier
-// per layer instead of per phase (with and without bytes). ms / 28 is the time per layer the persistent design would start from (the
+// per layer instead of per phase (with and without bytes); and with a producer warp that only
+// requests pieces and never waits at a barrier (no barriers, per phase, per layer). ms / 28 is the time per layer the persistent design would start from (the
 // per-layer cuBLASLt / decode linear GEMMs: the decode_linear.* rows).
 void add_persistent_probe_cases(std::vector<Case>& cases) {
   struct Bufs {
@@ -252,6 +253,8 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
     const char* name;
     bool barrier, prefetch, bytes;
     int every = 1, sleep_ns = 0, thread = 32;
+    bool producer = false;
+    int slots = 6;
   };
   for (const Variant v : {Variant{"persistent_probe.stream", false, true, true},
                           Variant{"persistent_probe.barrier_prefetch", true, true, true},
@@ -259,6 +262,12 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
                           Variant{"persistent_probe.barriers_only", true, true, false},
                           Variant{"persistent_probe.barrier_prefetch_thread0", true, true, true, 1, 0, 0},
                           Variant{"persistent_probe.barrier_per_layer", true, true, true, 4},
+                          Variant{"persistent_probe.producer_warp_stream", false, true, true, 1, 0, 32, true},
+                          Variant{"persistent_probe.producer_warp_barrier", true, true, true, 1, 0, 32, true},
+                          Variant{"persistent_probe.producer_warp_barrier_per_layer", true, true, true, 4, 0, 32, true},
+                          Variant{"persistent_probe.producer_warp_barrier_slots2", true, true, true, 1, 0, 32, true, 2},
+                          Variant{"persistent_probe.producer_warp_barrier_slots4", true, true, true, 1, 0, 32, true, 4},
+                          Variant{"persistent_probe.producer_warp_stream_slots2", false, true, true, 1, 0, 32, true, 2},
                           Variant{"persistent_probe.barriers_per_layer_only", true, true, false, 4}}) {
     const double bytes = v.bytes ? static_cast<double>(layer_bytes * kLayers) : 0.0;
     cases.push_back(
@@ -280,6 +289,8 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
            a.barrier_every = v.every;
            a.poll_sleep_ns = v.sleep_ns;
            a.barrier_thread = v.thread;
+           a.producer_warp = v.producer;
+           a.slots = v.slots;
            a.counter = static_cast<unsigned*>(b->counter.raw());
            a.sink = static_cast<uint32_t*>(b->sink.raw());
            cuda::persistent_probe(a, g_stream);

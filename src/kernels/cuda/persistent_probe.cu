@@ -25,6 +25,7 @@ struct Params {
   int phases, layers;
   int barrier, prefetch;
   int barrier_every, poll_sleep_ns, barrier_thread;
+  int slots;  // ring slots in use (producer-warp kernel), <= kSlots
   unsigned* counter;
   uint32_t* sink;
 };
@@ -162,12 +163,100 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
   }
 }
 
+
+// The same stream with a producer warp: lane 0 of warp 0 requests every piece in order as soon as
+// its slot is free (an "empty" mbarrier per slot, one arrival per consumer warp), never waiting
+// at a grid barrier; warps 1-7 read the pieces and meet the other CTAs at the barrier (their own
+// named barrier, id 1). The question: does the stream then run through the barriers?
+__global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) uint64_t full[kSlots];
+  __shared__ __align__(8) uint64_t empty[kSlots];
+  constexpr int kConsumerWarps = kThreads / 32 - 1;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int q = 0; q < p.slots; ++q) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[q])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&empty[q])),
+                   "r"(kConsumerWarps)
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int n = p.layers * p.phases;
+  uint32_t acc = 0;
+  if (warp == 0) {
+    if (lane == 0) {
+      int g = 0;
+      for (int i = 0; i < n; ++i) {
+        const int pieces = pieces_of(p, i);
+        for (int c = 0; c < pieces; ++c, ++g) {
+          const int q = g % p.slots;
+          // Free once the consumers read its previous piece (the first pass: the phase before
+          // the barrier's first, which counts as complete).
+          mbar_wait_parity(smem_u32(&empty[q]), static_cast<uint32_t>(((g / p.slots) & 1) ^ 1));
+          issue_piece(p, i, c, smem + static_cast<int64_t>(q) * kSlotBytes, smem_u32(&full[q]));
+        }
+      }
+    }
+  } else {
+    const int ctid = tid - 32;
+    int g = 0;
+    unsigned barriers = 0;
+    for (int i = 0; i < n; ++i) {
+      const int pieces = pieces_of(p, i);
+      const unsigned char* src;
+      int64_t bytes;
+      slice_of(p, i, src, bytes);
+      for (int c = 0; c < pieces; ++c, ++g) {
+        const int q = g % p.slots;
+        mbar_wait_parity(smem_u32(&full[q]), static_cast<uint32_t>((g / p.slots) & 1));
+        const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
+        const int64_t nb = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
+        const uint4* v = reinterpret_cast<const uint4*>(smem + static_cast<int64_t>(q) * kSlotBytes);
+        for (int64_t j = ctid; j < nb / 16; j += kThreads - 32) {
+          const uint4 x = v[j];
+          acc += x.x ^ x.y ^ x.z ^ x.w;
+        }
+        __syncwarp();
+        if (lane == 0)
+          asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                           smem_u32(&empty[q]))
+                       : "memory");
+      }
+      if (p.barrier && ((i + 1) % p.barrier_every == 0 || i + 1 == n)) {
+        asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
+        if (ctid == 0) {
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.counter) : "memory");
+          const unsigned target = ++barriers * gridDim.x;
+          unsigned v = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
+          } while (v < target);
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
+      }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  __shared__ uint32_t warp_acc[kThreads / 32];
+  if (lane == 0) warp_acc[warp] = acc;
+  __syncthreads();
+  if (tid == 0) {
+    uint32_t s = 0;
+    for (int w = 0; w < kThreads / 32; ++w) s += warp_acc[w];
+    p.sink[blockIdx.x] = s;
+  }
+}
+
 }  // namespace
 
 void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   OPD_CHECK(a.phases >= 1 && a.phases <= 4 && a.layers >= 1 && a.weights && a.counter && a.sink &&
                 a.barrier_every >= 1 && a.poll_sleep_ns >= 0 &&
-                a.barrier_thread >= 0 && a.barrier_thread < kThreads,
+                a.barrier_thread >= 0 && a.barrier_thread < kThreads && a.slots >= 1 &&
+                a.slots <= kSlots,
             InvalidArgument, "persistent_probe: 1-4 phases, >= 1 layer, weights, counter, sink, "
             "barrier_every >= 1, poll_sleep_ns >= 0");
   const int sms = sm_count();
@@ -189,19 +278,17 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   p.barrier_every = a.barrier_every;
   p.poll_sleep_ns = a.poll_sleep_ns;
   p.barrier_thread = a.barrier_thread;
+  p.slots = a.slots;
   p.counter = a.counter;
   p.sink = a.sink;
   const int64_t smem = kSlots * kSlotBytes;
-  static bool allowed = false;
-  if (!allowed) {
-    OPD_CUDA_CHECK(cudaFuncSetAttribute(persistent_probe_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kSmemLimit)));
-    allowed = true;
-  }
+  const void* kernel = a.producer_warp ? reinterpret_cast<const void*>(persistent_probe_producer_kernel)
+                                        : reinterpret_cast<const void*>(persistent_probe_kernel);
+  OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmemLimit)));
   OPD_CUDA_CHECK(cudaMemsetAsync(a.counter, 0, sizeof(unsigned), stream));
   void* args[] = {&p};
-  OPD_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(persistent_probe_kernel),
+  OPD_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel,
                                              dim3(static_cast<unsigned>(sms)), dim3(kThreads), args,
                                              static_cast<size_t>(smem), stream));
 }

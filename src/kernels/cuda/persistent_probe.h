@@ -28,6 +28,9 @@ struct PersistentProbeArgs {
   int barrier_every = 1;           // phases between two barriers (and one after the last)
   int poll_sleep_ns = 0;           // __nanosleep between two polls of the barrier counter
   int barrier_thread = 32;         // the thread that arrives and polls (0 issues the copies)
+  bool producer_warp = false;      // warp 0 only requests pieces (empty/full mbarriers per
+                                   // slot) and never waits at a grid barrier; prefetch implied
+  int slots = 6;                   // with producer_warp: ring slots of 32 KiB in use (1-6)
   unsigned* counter = nullptr;     // one device word for the barrier (zeroed by the launch)
   uint32_t* sink = nullptr;        // [SMs] checksums
 };
