@@ -256,6 +256,81 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
     bool producer = false;
     int slots = 6;
   };
+  // When each CTA arrives at each barrier and when it is released (globaltimer, one run of the
+  // producer-warp design with a barrier per phase), summarized on stderr once: is a barrier's cost
+  // its latency (last arrival -> releases) or the phase's slowest CTA (the arrivals' spread)?
+  for (const bool relaxed : {false, true})
+  cases.push_back(
+      {relaxed ? "persistent_probe.timeline_relaxed_poll" : "persistent_probe.timeline",
+       cat(kLayers, " layers x 4 phases"), false,
+       static_cast<double>(layer_bytes * kLayers), static_cast<double>(layer_bytes * kLayers),
+       [=](int) {
+         if (!b->w.defined()) {
+           b->w = dev_rand({layer_bytes * kLayers / 2}, DType::BF16, 4242);
+           b->sink = Tensor::empty({1024}, DType::I32, Device::CUDA);
+           b->counter = Tensor::empty({1}, DType::I32, Device::CUDA);
+         }
+         const int sms = cuda::sm_count();
+         const int64_t barriers = 4 * kLayers;
+         Tensor tl = Tensor::empty({barriers * sms * 2}, DType::I64, Device::CUDA);
+         cuda::PersistentProbeArgs a;
+         a.weights = b->w.raw();
+         for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = phase[ph];
+         a.layers = static_cast<int>(kLayers);
+         a.producer_warp = true;
+         a.relaxed_poll = relaxed;
+         a.counter = static_cast<unsigned*>(b->counter.raw());
+         a.sink = static_cast<uint32_t*>(b->sink.raw());
+         for (int rep = 0; rep < 3; ++rep) {  // the last of three runs
+           a.timeline = rep == 2 ? tl.raw() : nullptr;
+           cuda::persistent_probe(a, g_stream);
+         }
+         OPD_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+         const Tensor h = tl.to(Device::CPU);
+         const int64_t* t = h.data<int64_t>();
+         double spread = 0, latency = 0, release = 0, phase_ns = 0;
+         std::vector<double> per_phase(4, 0.0);
+         int64_t prev_release = -1;
+         for (int64_t i = 0; i < barriers; ++i) {
+           int64_t a0 = INT64_MAX, a1 = 0, r0 = INT64_MAX, r1 = 0;
+           for (int c = 0; c < sms; ++c) {
+             const int64_t* e = t + (i * sms + c) * 2;
+             a0 = std::min(a0, e[0]);
+             a1 = std::max(a1, e[0]);
+             r0 = std::min(r0, e[1]);
+             r1 = std::max(r1, e[1]);
+           }
+           spread += static_cast<double>(a1 - a0);
+           latency += static_cast<double>(r0 - a1);
+           release += static_cast<double>(r1 - r0);
+           if (prev_release >= 0) {
+             phase_ns += static_cast<double>(r1 - prev_release);
+             per_phase[static_cast<size_t>(i % 4)] += static_cast<double>(a1 - prev_release);
+           }
+           prev_release = r1;
+         }
+         const double nb = static_cast<double>(barriers);
+         std::fprintf(stderr,
+                      "persistent_probe.timeline%s: per barrier (mean of %lld, ns): arrivals spread "
+                      "%.0f, last arrival -> first release %.0f, first -> last release %.0f; "
+                      "release to release %.0f; last release -> last arrival by phase q|k|v %.0f, "
+                      "o %.0f, gate|up %.0f, down %.0f\n",
+                      relaxed ? "_relaxed_poll" : "", static_cast<long long>(barriers), spread / nb, latency / nb, release / nb,
+                      phase_ns / (nb - 1), per_phase[0] / (nb / 4 - 1), per_phase[1] / (nb / 4),
+                      per_phase[2] / (nb / 4), per_phase[3] / (nb / 4));
+       },
+       [=](int) {
+         cuda::PersistentProbeArgs a;
+         a.weights = b->w.raw();
+         for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = phase[ph];
+         a.layers = static_cast<int>(kLayers);
+         a.producer_warp = true;
+         a.relaxed_poll = relaxed;
+         a.counter = static_cast<unsigned*>(b->counter.raw());
+         a.sink = static_cast<uint32_t*>(b->sink.raw());
+         cuda::persistent_probe(a, g_stream);
+       },
+       nullptr});
   for (const Variant v : {Variant{"persistent_probe.stream", false, true, true},
                           Variant{"persistent_probe.barrier_prefetch", true, true, true},
                           Variant{"persistent_probe.barrier_no_prefetch", true, false, true},

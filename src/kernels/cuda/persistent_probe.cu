@@ -26,6 +26,8 @@ struct Params {
   int barrier, prefetch;
   int barrier_every, poll_sleep_ns, barrier_thread;
   int slots;  // ring slots in use (producer-warp kernel), <= kSlots
+  int relaxed_poll;
+  unsigned long long* timeline;  // [phases][grid][2] or null (producer-warp kernel)
   unsigned* counter;
   uint32_t* sink;
 };
@@ -228,12 +230,27 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
       if (p.barrier && ((i + 1) % p.barrier_every == 0 || i + 1 == n)) {
         asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
         if (ctid == 0) {
+          unsigned long long t0 = 0, t1 = 0;
+          if (p.timeline) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
           asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.counter) : "memory");
           const unsigned target = ++barriers * gridDim.x;
           unsigned v = 0;
-          do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
-          } while (v < target);
+          if (p.relaxed_poll) {  // relaxed polls, one acquire fence after the last
+            do {
+              asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
+            } while (v < target);
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+          } else {
+            do {
+              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
+            } while (v < target);
+          }
+          if (p.timeline) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+            unsigned long long* e = p.timeline + (static_cast<int64_t>(barriers - 1) * gridDim.x + blockIdx.x) * 2;
+            e[0] = t0;
+            e[1] = t1;
+          }
         }
         asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
       }
@@ -279,6 +296,8 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   p.poll_sleep_ns = a.poll_sleep_ns;
   p.barrier_thread = a.barrier_thread;
   p.slots = a.slots;
+  p.relaxed_poll = a.relaxed_poll ? 1 : 0;
+  p.timeline = reinterpret_cast<unsigned long long*>(a.timeline);
   p.counter = a.counter;
   p.sink = a.sink;
   const int64_t smem = kSlots * kSlotBytes;

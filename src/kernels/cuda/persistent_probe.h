@@ -31,6 +31,9 @@ struct PersistentProbeArgs {
   bool producer_warp = false;      // warp 0 only requests pieces (empty/full mbarriers per
                                    // slot) and never waits at a grid barrier; prefetch implied
   int slots = 6;                   // with producer_warp: ring slots of 32 KiB in use (1-6)
+  bool relaxed_poll = false;       // with producer_warp: relaxed polls + one acquire fence
+  void* timeline = nullptr;        // with producer_warp: [barriers][SMs][2] u64 globaltimer
+                                   // stamps (ns): a CTA's arrival at each barrier, its release
   unsigned* counter = nullptr;     // one device word for the barrier (zeroed by the launch)
   uint32_t* sink = nullptr;        // [SMs] checksums
 };
