@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,19 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s11c ]]; then
+  # Session 11 (nvidia-h200, <= 480 s): the GPU suite minus the forward wgmma sweep (new:
+  # CudaSmPartition.*, CudaPersistentProbe.*, CudaRollout.AnotherStreamOrAnSmGroupGivesTheSameTokens),
+  # the probe's test under memcheck, then `opd bench rollout` and W1 (their paths unchanged).
+  run cuda 260 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  run memcheck_probe 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaPersistentProbe.*'
+  run rollout 60 $B/opd bench rollout --runs 2
+  run w1 90 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+  grep -h "^opd:\|decode step" "$OUT/rollout.log" | head -4
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s11b ]]; then
   # Session 11 (nvidia-h200, <= 300 s): the persistent decode forward's skeleton

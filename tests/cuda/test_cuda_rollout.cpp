@@ -26,6 +26,8 @@
 #include "model/paged_forward.h"
 #include "kernels/cuda/cuda_ops.h"  // attention_has_fast_path; fill_normal / fill_uniform (W1-shape weights)
 #include "kernels/cuda/gemm.h"  // gemm_cache_stats: the tuning ran
+#include "core/cuda/sm_partition.h"
+#include "core/cuda/stream.h"
 #include "model/init.h"
 #include "model/presets.h"      // the W1 shape (qwen3-0.6b)
 #include "model/weights.h"      // zeros_weights
@@ -725,6 +727,36 @@ TEST(CudaRollout, PdlGivesThePlainLaunchesTokensBitForBit) {
         expect_bits(got, want, cat(family, " ", dtype_label(dt), graphs ? " graphs" : " eager"));
       }
     }
+  }
+}
+
+// EngineOptions::cuda_stream: a rollout on another stream, and on one group of an SM partition
+// (green contexts, where the driver has them), gives the process stream's tokens bit for bit
+// (the same kernels and plans; only where they run differs).
+TEST(CudaRollout, AnotherStreamOrAnSmGroupGivesTheSameTokens) {
+  REQUIRE_GPU();
+  Transformer gpu = Transformer::load(model_dir("qwen3")).to(Device::CUDA, DType::BF16);
+  const int64_t V = gpu.config().vocab_size;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i)
+    reqs.push_back(sampled_req(seeded_prompt(300 + i, 5 + 3 * i, V), 1 + i % 2, 90 + i, 12 + 4 * i));
+  EngineOptions base;
+  base.block_size = 8;
+  RolloutEngine e_base(gpu, base, {});
+  const auto want = e_base.generate(reqs);
+  cuda::Stream other;
+  EngineOptions on_other = base;
+  on_other.cuda_stream = other.get();
+  RolloutEngine e_other(gpu, on_other, {});
+  expect_bits(e_other.generate(reqs), want, "another stream");
+  EXPECT_GT(e_other.stats().graph_steps, 5);
+  if (!cuda::SmPartition::supported()) GTEST_SKIP() << "no green contexts in this driver";
+  cuda::SmPartition part(0, 24);
+  for (cudaStream_t s : {part.stream_a(), part.stream_b()}) {
+    EngineOptions on_group = base;
+    on_group.cuda_stream = s;
+    RolloutEngine e_group(gpu, on_group, {});
+    expect_bits(e_group.generate(reqs), want, s == part.stream_a() ? "group A" : "group B");
   }
 }
 

@@ -49,7 +49,26 @@ __global__ void spin_kernel(uint64_t ns) {
   } while (now - start < ns);
 }
 
+// Each block spins ~spin_ns (so the blocks of the grid are resident together) and records its
+// SM: which SMs a stream's kernels may run on.
+__global__ void sm_ids_kernel(int32_t* out, uint64_t spin_ns) {
+  uint32_t smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < spin_ns);
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(smid);
+}
+
 }  // namespace
+
+void sm_ids(int32_t* out, int blocks, cudaStream_t stream) {
+  if (blocks <= 0) return;
+  sm_ids_kernel<<<blocks, 32, 0, stream>>>(out, 20000);
+  check_launch("sm_ids_kernel");
+}
 
 void fill_uniform(void* out, int64_t n, DType dtype, uint64_t seed, float lo, float hi,
                   cudaStream_t stream) {

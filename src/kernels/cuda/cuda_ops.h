@@ -315,6 +315,9 @@ void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,
 void fill_normal(void* out, int64_t n, DType dtype, uint64_t seed, float mean, float std,
                  cudaStream_t stream);
 void spin(double microseconds, cudaStream_t stream);
+// out[b] = the SM that block b of a `blocks`-block grid ran on (each block stays ~20 us): the
+// SMs a stream's work may use (tests of cuda::SmPartition).
+void sm_ids(int32_t* out, int blocks, cudaStream_t stream);
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();
