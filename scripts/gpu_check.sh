@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,18 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s11d ]]; then
+  # Session 11 (nvidia-h200, <= 300 s): the GEMM-with-SM-target test after its tolerance fix;
+  # then W1 scoring's batch and top-K tile sizes (`opd bench score --no-server`, in process):
+  # --max-batch-tokens 16384 (the default) / 24576 / 49152, --row-chunk 2048 (default) / 4096.
+  run sm_tests 60 $B/test_cuda --gtest_filter='CudaSmPartition.*'
+  for cfg in "16384 2048" "49152 2048" "16384 4096" "24576 2048" "49152 4096" "16384 2048"; do
+    set -- $cfg
+    timeout 60 $B/opd bench score --no-server --max-batch-tokens $1 --row-chunk $2 --iters 5 2>&1 | \
+      grep "in-process:" | head -1 | sed "s/^/mbt $1 rc $2: /" >>"$OUT/score_sweep.txt"
+  done
+  cat "$OUT/score_sweep.txt"
 fi
 if [[ "$what" == s11c ]]; then
   # Session 11 (nvidia-h200, <= 480 s): the GPU suite minus the forward wgmma sweep (new:
