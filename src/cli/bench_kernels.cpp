@@ -231,146 +231,121 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
        }});
 }
 
-// The persistent decode forward's skeleton (kernels/cuda/persistent_probe.h): a W1 decode step's
-// per-layer weight bytes (q|k|v 8.4 MB, o 4.2, gate|up 12.6, down 6.3; 28 layers, 881 MB) streamed
-// by one resident CTA per SM, phase by phase, in GB/s against the copy rate: without barriers
-// (the stream alone), with a grid barrier after each of the 112 phases and the next phase's
-// slice requested before it (the design), the same without that prefetch, and the 112 barriers
-// with no bytes; then the design with the barrier on the thread that issues the copies (its release waits for them), and with one barrier
-// per layer instead of per phase (with and without bytes); and with a producer warp that only
-// requests pieces and never waits at a barrier (no barriers, per phase, per layer). ms / 28 is the time per layer the persistent design would start from (the
-// per-layer cuBLASLt / decode linear GEMMs: the decode_linear.* rows).
+// The persistent decode forward's skeleton (kernels/cuda/persistent_probe.h; docs/rollout.md has
+// the measurements): a W1 decode step's per-layer weight bytes (q|k|v 8.4 MB, o 4.2, gate|up
+// 12.6, down 6.3; 28 layers, 881 MB) streamed by one resident CTA per SM, phase by phase, in GB/s
+// against the copy rate. Variants: the stream alone; a grid barrier after each of the 112
+// phases with the ring kept full across phases (the design) or refilled only within a phase;
+// the 112 barriers with no bytes; the barrier on the thread that issues the copies; one barrier
+// per layer (with and without bytes); a producer warp that only requests pieces and never waits
+// at a barrier (no barriers, per phase, per layer, 2 and 4 slots). The `timeline` rows run the
+// producer-warp design once with per-CTA globaltimer stamps at every barrier and print on stderr
+// where a barrier's time goes (arrivals' spread, last arrival -> release), with acquire polls
+// and with relaxed polls + one fence. ms / 28 is the time per layer the persistent design would
+// start from (the per-layer GEMMs: the decode_linear.* rows).
 void add_persistent_probe_cases(std::vector<Case>& cases) {
   struct Bufs {
-    Tensor w, sink;
-    Tensor counter;
+    Tensor w, sink, counter;
   };
   auto b = std::make_shared<Bufs>();
   const int64_t H = kHidden, I = kInter, qkv = (kHeads + 2 * kKvHeads) * kHeadDim;
   const int64_t phase[4] = {2 * qkv * H, 2 * H * kHeads * kHeadDim, 2 * 2 * I * H, 2 * H * I};
-  const int64_t layer_bytes = phase[0] + phase[1] + phase[2] + phase[3];
+  const int64_t step_bytes = (phase[0] + phase[1] + phase[2] + phase[3]) * kLayers;
   struct Variant {
     const char* name;
     bool barrier, prefetch, bytes;
-    int every = 1, sleep_ns = 0, thread = 32;
+    int every = 1, thread = 32;
     bool producer = false;
     int slots = 6;
+    bool relaxed = false, timeline = false;
   };
-  // When each CTA arrives at each barrier and when it is released (globaltimer, one run of the
-  // producer-warp design with a barrier per phase), summarized on stderr once: is a barrier's cost
-  // its latency (last arrival -> releases) or the phase's slowest CTA (the arrivals' spread)?
-  for (const bool relaxed : {false, true})
-  cases.push_back(
-      {relaxed ? "persistent_probe.timeline_relaxed_poll" : "persistent_probe.timeline",
-       cat(kLayers, " layers x 4 phases"), false,
-       static_cast<double>(layer_bytes * kLayers), static_cast<double>(layer_bytes * kLayers),
-       [=](int) {
-         if (!b->w.defined()) {
-           b->w = dev_rand({layer_bytes * kLayers / 2}, DType::BF16, 4242);
-           b->sink = Tensor::empty({1024}, DType::I32, Device::CUDA);
-           b->counter = Tensor::empty({1}, DType::I32, Device::CUDA);
-         }
-         const int sms = cuda::sm_count();
-         const int64_t barriers = 4 * kLayers;
-         Tensor tl = Tensor::empty({barriers * sms * 2}, DType::I64, Device::CUDA);
-         cuda::PersistentProbeArgs a;
-         a.weights = b->w.raw();
-         for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = phase[ph];
-         a.layers = static_cast<int>(kLayers);
-         a.producer_warp = true;
-         a.relaxed_poll = relaxed;
-         a.counter = static_cast<unsigned*>(b->counter.raw());
-         a.sink = static_cast<uint32_t*>(b->sink.raw());
-         for (int rep = 0; rep < 3; ++rep) {  // the last of three runs
-           a.timeline = rep == 2 ? tl.raw() : nullptr;
-           cuda::persistent_probe(a, g_stream);
-         }
-         OPD_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-         const Tensor h = tl.to(Device::CPU);
-         const int64_t* t = h.data<int64_t>();
-         double spread = 0, latency = 0, release = 0, phase_ns = 0;
-         std::vector<double> per_phase(4, 0.0);
-         int64_t prev_release = -1;
-         for (int64_t i = 0; i < barriers; ++i) {
-           int64_t a0 = INT64_MAX, a1 = 0, r0 = INT64_MAX, r1 = 0;
-           for (int c = 0; c < sms; ++c) {
-             const int64_t* e = t + (i * sms + c) * 2;
-             a0 = std::min(a0, e[0]);
-             a1 = std::max(a1, e[0]);
-             r0 = std::min(r0, e[1]);
-             r1 = std::max(r1, e[1]);
-           }
-           spread += static_cast<double>(a1 - a0);
-           latency += static_cast<double>(r0 - a1);
-           release += static_cast<double>(r1 - r0);
-           if (prev_release >= 0) {
-             phase_ns += static_cast<double>(r1 - prev_release);
-             per_phase[static_cast<size_t>(i % 4)] += static_cast<double>(a1 - prev_release);
-           }
-           prev_release = r1;
-         }
-         const double nb = static_cast<double>(barriers);
-         std::fprintf(stderr,
-                      "persistent_probe.timeline%s: per barrier (mean of %lld, ns): arrivals spread "
-                      "%.0f, last arrival -> first release %.0f, first -> last release %.0f; "
-                      "release to release %.0f; last release -> last arrival by phase q|k|v %.0f, "
-                      "o %.0f, gate|up %.0f, down %.0f\n",
-                      relaxed ? "_relaxed_poll" : "", static_cast<long long>(barriers), spread / nb, latency / nb, release / nb,
-                      phase_ns / (nb - 1), per_phase[0] / (nb / 4 - 1), per_phase[1] / (nb / 4),
-                      per_phase[2] / (nb / 4), per_phase[3] / (nb / 4));
-       },
-       [=](int) {
-         cuda::PersistentProbeArgs a;
-         a.weights = b->w.raw();
-         for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = phase[ph];
-         a.layers = static_cast<int>(kLayers);
-         a.producer_warp = true;
-         a.relaxed_poll = relaxed;
-         a.counter = static_cast<unsigned*>(b->counter.raw());
-         a.sink = static_cast<uint32_t*>(b->sink.raw());
-         cuda::persistent_probe(a, g_stream);
-       },
-       nullptr});
-  for (const Variant v : {Variant{"persistent_probe.stream", false, true, true},
-                          Variant{"persistent_probe.barrier_prefetch", true, true, true},
-                          Variant{"persistent_probe.barrier_no_prefetch", true, false, true},
-                          Variant{"persistent_probe.barriers_only", true, true, false},
-                          Variant{"persistent_probe.barrier_prefetch_thread0", true, true, true, 1, 0, 0},
-                          Variant{"persistent_probe.barrier_per_layer", true, true, true, 4},
-                          Variant{"persistent_probe.producer_warp_stream", false, true, true, 1, 0, 32, true},
-                          Variant{"persistent_probe.producer_warp_barrier", true, true, true, 1, 0, 32, true},
-                          Variant{"persistent_probe.producer_warp_barrier_per_layer", true, true, true, 4, 0, 32, true},
-                          Variant{"persistent_probe.producer_warp_barrier_slots2", true, true, true, 1, 0, 32, true, 2},
-                          Variant{"persistent_probe.producer_warp_barrier_slots4", true, true, true, 1, 0, 32, true, 4},
-                          Variant{"persistent_probe.producer_warp_stream_slots2", false, true, true, 1, 0, 32, true, 2},
-                          Variant{"persistent_probe.barriers_per_layer_only", true, true, false, 4}}) {
-    const double bytes = v.bytes ? static_cast<double>(layer_bytes * kLayers) : 0.0;
-    cases.push_back(
-        {v.name, cat(kLayers, " layers x 4 phases"), false, bytes,
-         static_cast<double>(layer_bytes * kLayers),
-         [=](int) {
-           if (b->w.defined()) return;
-           b->w = dev_rand({layer_bytes * kLayers / 2}, DType::BF16, 4242);
-           b->sink = Tensor::empty({1024}, DType::I32, Device::CUDA);
-           b->counter = Tensor::empty({1}, DType::I32, Device::CUDA);
-         },
-         [=](int) {
-           cuda::PersistentProbeArgs a;
-           a.weights = b->w.raw();
-           for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = v.bytes ? phase[ph] : 0;
-           a.layers = static_cast<int>(kLayers);
-           a.barrier = v.barrier;
-           a.prefetch = v.prefetch;
-           a.barrier_every = v.every;
-           a.poll_sleep_ns = v.sleep_ns;
-           a.barrier_thread = v.thread;
-           a.producer_warp = v.producer;
-           a.slots = v.slots;
-           a.counter = static_cast<unsigned*>(b->counter.raw());
-           a.sink = static_cast<uint32_t*>(b->sink.raw());
-           cuda::persistent_probe(a, g_stream);
-         },
-         nullptr});
+  auto setup = [=](int) {
+    if (b->w.defined()) return;
+    b->w = dev_rand({step_bytes / 2}, DType::BF16, 4242);
+    b->sink = Tensor::empty({1024}, DType::I32, Device::CUDA);
+    b->counter = Tensor::empty({1}, DType::I32, Device::CUDA);
+  };
+  auto args = [=](const Variant& v) {
+    cuda::PersistentProbeArgs a;
+    a.weights = b->w.raw();
+    for (int ph = 0; ph < 4; ++ph) a.phase_bytes[ph] = v.bytes ? phase[ph] : 0;
+    a.layers = static_cast<int>(kLayers);
+    a.barrier = v.barrier;
+    a.prefetch = v.prefetch;
+    a.barrier_every = v.every;
+    a.barrier_thread = v.thread;
+    a.producer_warp = v.producer;
+    a.slots = v.slots;
+    a.relaxed_poll = v.relaxed;
+    a.counter = static_cast<unsigned*>(b->counter.raw());
+    a.sink = static_cast<uint32_t*>(b->sink.raw());
+    return a;
+  };
+  // One run with stamps (after two without), summarized on stderr.
+  auto timeline = [=](const Variant& v) {
+    const int sms = cuda::sm_count();
+    const int64_t barriers = 4 * kLayers;
+    Tensor tl = Tensor::empty({barriers * sms * 2}, DType::I64, Device::CUDA);
+    cuda::PersistentProbeArgs a = args(v);
+    for (int rep = 0; rep < 3; ++rep) {
+      a.timeline = rep == 2 ? tl.raw() : nullptr;
+      cuda::persistent_probe(a, g_stream);
+    }
+    OPD_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    const Tensor h = tl.to(Device::CPU);
+    const int64_t* t = h.data<int64_t>();
+    double spread = 0, latency = 0, release = 0, cycle = 0;
+    double work[4] = {0, 0, 0, 0};
+    int64_t prev_release = -1;
+    for (int64_t i = 0; i < barriers; ++i) {
+      int64_t a0 = INT64_MAX, a1 = 0, r0 = INT64_MAX, r1 = 0;
+      for (int c = 0; c < sms; ++c) {
+        const int64_t* e = t + (i * sms + c) * 2;
+        a0 = std::min(a0, e[0]);
+        a1 = std::max(a1, e[0]);
+        r0 = std::min(r0, e[1]);
+        r1 = std::max(r1, e[1]);
+      }
+      spread += static_cast<double>(a1 - a0);
+      latency += static_cast<double>(r0 - a1);
+      release += static_cast<double>(r1 - r0);
+      if (prev_release >= 0) {
+        cycle += static_cast<double>(r1 - prev_release);
+        work[i % 4] += static_cast<double>(a1 - prev_release);
+      }
+      prev_release = r1;
+    }
+    const double nb = static_cast<double>(barriers), per = nb / 4;
+    std::fprintf(stderr,
+                 "%s: per barrier (mean of %lld, ns): arrivals spread %.0f, last arrival -> first "
+                 "release %.0f, first -> last release %.0f; release to release %.0f; last release "
+                 "-> last arrival by phase q|k|v %.0f, o %.0f, gate|up %.0f, down %.0f\n",
+                 v.name, static_cast<long long>(barriers), spread / nb, latency / nb, release / nb,
+                 cycle / (nb - 1), work[0] / (per - 1), work[1] / per, work[2] / per, work[3] / per);
+  };
+  for (const Variant v :
+       {Variant{"persistent_probe.timeline", true, true, true, 1, 32, true, 6, false, true},
+        Variant{"persistent_probe.timeline_relaxed_poll", true, true, true, 1, 32, true, 6, true, true},
+        Variant{"persistent_probe.stream", false, true, true},
+        Variant{"persistent_probe.barrier_prefetch", true, true, true},
+        Variant{"persistent_probe.barrier_no_prefetch", true, false, true},
+        Variant{"persistent_probe.barriers_only", true, true, false},
+        Variant{"persistent_probe.barrier_prefetch_thread0", true, true, true, 1, 0},
+        Variant{"persistent_probe.barrier_per_layer", true, true, true, 4},
+        Variant{"persistent_probe.barriers_per_layer_only", true, true, false, 4},
+        Variant{"persistent_probe.producer_warp_stream", false, true, true, 1, 32, true},
+        Variant{"persistent_probe.producer_warp_barrier", true, true, true, 1, 32, true},
+        Variant{"persistent_probe.producer_warp_barrier_per_layer", true, true, true, 4, 32, true},
+        Variant{"persistent_probe.producer_warp_barrier_slots2", true, true, true, 1, 32, true, 2},
+        Variant{"persistent_probe.producer_warp_barrier_slots4", true, true, true, 1, 32, true, 4},
+        Variant{"persistent_probe.producer_warp_stream_slots2", false, true, true, 1, 32, true, 2}}) {
+    cases.push_back({v.name, cat(kLayers, " layers x 4 phases"), false,
+                     v.bytes ? static_cast<double>(step_bytes) : 0.0, static_cast<double>(step_bytes),
+                     [=](int sets) {
+                       setup(sets);
+                       if (v.timeline) timeline(v);
+                     },
+                     [=](int) { cuda::persistent_probe(args(v), g_stream); }, nullptr});
   }
 }
 

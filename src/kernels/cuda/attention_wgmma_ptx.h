@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_mma.h"  // attn::cp_async_16 (the 16-byte zero-filling copy)
+#include "kernels/cuda/mbarrier.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define OPD_WGMMA_ENABLED 1
@@ -112,32 +113,10 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // ---- ping-pong variant: mbarriers (producer/consumer pipeline) and named barriers ----------
-// mbarrier (PTX "Parallel Synchronization and Communication Instructions: mbarrier"): a 64-bit
-// shared-memory object counting arrivals per phase. Initialised by one thread, before a
-// __syncthreads that publishes it.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival (release semantics at CTA scope: this thread's earlier memory operations, including
-// completed wgmma reads waited for with wgmma_wait, happen before the phase completes).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
-// Waits (acquire) until the phase of parity `parity` has completed. Parity 1 on a fresh barrier
-// (phase 0 current) refers to the preceding phase, which counts as complete: a producer's first
-// pass over its free slots does not block.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
+// mbarriers: kernels/cuda/mbarrier.cuh (mbar_init / mbar_arrive / mbar_wait below forward to it).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) { mbar::init(bar, count); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) { mbar::arrive(bar); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) { mbar::wait(bar, parity); }
 // The mbarrier receives one arrival (counted in its init count: .noinc) when every cp.async this
 // thread issued so far has completed, without the thread waiting for them.
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {

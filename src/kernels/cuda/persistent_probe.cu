@@ -9,6 +9,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_ops.h"  // sm_count
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/persistent_probe.h"
 
 namespace opd::cuda {
@@ -24,7 +25,7 @@ struct Params {
   int64_t layer_bytes;
   int phases, layers;
   int barrier, prefetch;
-  int barrier_every, poll_sleep_ns, barrier_thread;
+  int barrier_every, barrier_thread;
   int slots;  // ring slots in use (producer-warp kernel), <= kSlots
   int relaxed_poll;
   unsigned long long* timeline;  // [phases][grid][2] or null (producer-warp kernel)
@@ -36,18 +37,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
 // Phase i's slice of this CTA: [off, off + bytes) of the phase's weights.
 __device__ __forceinline__ void slice_of(const Params& p, int i, const unsigned char*& src,
                                          int64_t& bytes) {
@@ -57,6 +46,33 @@ __device__ __forceinline__ void slice_of(const Params& p, int i, const unsigned 
   const int64_t off = static_cast<int64_t>(blockIdx.x) * per;
   bytes = off >= total ? 0 : (total - off < per ? total - off : per);
   src = p.w + static_cast<int64_t>(layer) * p.layer_bytes + p.phase_off[ph] + off;
+}
+
+// One thread per CTA: arrive at the grid barrier (release) and wait until every CTA has (the
+// counter reaches barrier x grid). relaxed_poll: relaxed polls and one acquire fence after them.
+// With a timeline, the arrival and release globaltimer stamps of this CTA at this barrier.
+__device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned barrier, bool relaxed_poll,
+                                             unsigned long long* stamps) {
+  unsigned long long t0 = 0, t1 = 0;
+  if (stamps) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
+  const unsigned target = barrier * gridDim.x;
+  unsigned v = 0;
+  if (relaxed_poll) {
+    do {
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    } while (v < target);
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  } else {
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    } while (v < target);
+  }
+  if (stamps) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    stamps[0] = t0;
+    stamps[1] = t1;
+  }
 }
 
 constexpr int kSlots = 6;            // the ring: kSlots pieces of at most kSlotBytes
@@ -96,8 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
   __shared__ __align__(8) uint64_t mbar[kSlots];
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
-    for (int q = 0; q < kSlots; ++q)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&mbar[q])) : "memory");
+    for (int q = 0; q < kSlots; ++q) mbar::init(smem_u32(&mbar[q]), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -127,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
         }
       }
       const int q = consumed % kSlots;
-      mbar_wait_parity(smem_u32(&mbar[q]), static_cast<uint32_t>((consumed / kSlots) & 1));
+      mbar::wait(smem_u32(&mbar[q]), static_cast<uint32_t>((consumed / kSlots) & 1));
       const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
       const int64_t nb = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
       const uint4* v = reinterpret_cast<const uint4*>(smem + static_cast<int64_t>(q) * kSlotBytes);
@@ -140,16 +155,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
     }
     if (p.barrier && ((i + 1) % p.barrier_every == 0 || i + 1 == n)) {
       // Not thread 0: a release by the thread that issued the bulk copies may wait for them.
-      if (tid == p.barrier_thread) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.counter) : "memory");
-        const unsigned target = ++barriers * gridDim.x;
-        unsigned v = 0;
-        for (;;) {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
-          if (v >= target) break;
-          if (p.poll_sleep_ns) __nanosleep(static_cast<unsigned>(p.poll_sleep_ns));
-        }
-      }
+      ++barriers;
+      if (tid == p.barrier_thread) grid_barrier(p.counter, barriers, false, nullptr);
       __syncthreads();
     }
   }
@@ -178,10 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int q = 0; q < p.slots; ++q) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[q])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&empty[q])),
-                   "r"(kConsumerWarps)
-                   : "memory");
+      mbar::init(smem_u32(&full[q]), 1);
+      mbar::init(smem_u32(&empty[q]), kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
           const int q = g % p.slots;
           // Free once the consumers read its previous piece (the first pass: the phase before
           // the barrier's first, which counts as complete).
-          mbar_wait_parity(smem_u32(&empty[q]), static_cast<uint32_t>(((g / p.slots) & 1) ^ 1));
+          mbar::wait(smem_u32(&empty[q]), static_cast<uint32_t>(((g / p.slots) & 1) ^ 1));
           issue_piece(p, i, c, smem + static_cast<int64_t>(q) * kSlotBytes, smem_u32(&full[q]));
         }
       }
@@ -213,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
       slice_of(p, i, src, bytes);
       for (int c = 0; c < pieces; ++c, ++g) {
         const int q = g % p.slots;
-        mbar_wait_parity(smem_u32(&full[q]), static_cast<uint32_t>((g / p.slots) & 1));
+        mbar::wait(smem_u32(&full[q]), static_cast<uint32_t>((g / p.slots) & 1));
         const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
         const int64_t nb = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
         const uint4* v = reinterpret_cast<const uint4*>(smem + static_cast<int64_t>(q) * kSlotBytes);
@@ -222,36 +227,15 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
           acc += x.x ^ x.y ^ x.z ^ x.w;
         }
         __syncwarp();
-        if (lane == 0)
-          asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                           smem_u32(&empty[q]))
-                       : "memory");
+        if (lane == 0) mbar::arrive(smem_u32(&empty[q]));
       }
       if (p.barrier && ((i + 1) % p.barrier_every == 0 || i + 1 == n)) {
         asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
-        if (ctid == 0) {
-          unsigned long long t0 = 0, t1 = 0;
-          if (p.timeline) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.counter) : "memory");
-          const unsigned target = ++barriers * gridDim.x;
-          unsigned v = 0;
-          if (p.relaxed_poll) {  // relaxed polls, one acquire fence after the last
-            do {
-              asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
-            } while (v < target);
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-          } else {
-            do {
-              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.counter) : "memory");
-            } while (v < target);
-          }
-          if (p.timeline) {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-            unsigned long long* e = p.timeline + (static_cast<int64_t>(barriers - 1) * gridDim.x + blockIdx.x) * 2;
-            e[0] = t0;
-            e[1] = t1;
-          }
-        }
+        ++barriers;
+        if (ctid == 0)
+          grid_barrier(p.counter, barriers, p.relaxed_poll != 0,
+                       p.timeline ? p.timeline + (static_cast<int64_t>(barriers - 1) * gridDim.x + blockIdx.x) * 2
+                                  : nullptr);
         asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
       }
     }
@@ -271,11 +255,11 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
 
 void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   OPD_CHECK(a.phases >= 1 && a.phases <= 4 && a.layers >= 1 && a.weights && a.counter && a.sink &&
-                a.barrier_every >= 1 && a.poll_sleep_ns >= 0 &&
+                a.barrier_every >= 1 &&
                 a.barrier_thread >= 0 && a.barrier_thread < kThreads && a.slots >= 1 &&
                 a.slots <= kSlots,
             InvalidArgument, "persistent_probe: 1-4 phases, >= 1 layer, weights, counter, sink, "
-            "barrier_every >= 1, poll_sleep_ns >= 0");
+            "barrier_every >= 1, a barrier thread, 1-6 slots");
   const int sms = sm_count();
   Params p{};
   p.w = static_cast<const unsigned char*>(a.weights);
@@ -293,7 +277,6 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   p.barrier = a.barrier ? 1 : 0;
   p.prefetch = a.prefetch ? 1 : 0;
   p.barrier_every = a.barrier_every;
-  p.poll_sleep_ns = a.poll_sleep_ns;
   p.barrier_thread = a.barrier_thread;
   p.slots = a.slots;
   p.relaxed_poll = a.relaxed_poll ? 1 : 0;

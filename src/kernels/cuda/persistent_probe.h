@@ -26,7 +26,6 @@ struct PersistentProbeArgs {
   bool barrier = true;             // a grid barrier after every phase
   bool prefetch = true;            // the ring kept full across phases
   int barrier_every = 1;           // phases between two barriers (and one after the last)
-  int poll_sleep_ns = 0;           // __nanosleep between two polls of the barrier counter
   int barrier_thread = 32;         // the thread that arrives and polls (0 issues the copies)
   bool producer_warp = false;      // warp 0 only requests pieces (empty/full mbarriers per
                                    // slot) and never waits at a grid barrier; prefetch implied
