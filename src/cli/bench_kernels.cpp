@@ -240,8 +240,9 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
 // per layer (with and without bytes); a producer warp that only requests pieces and never waits
 // at a barrier (no barriers, per phase, per layer, 2 and 4 slots). The `timeline` rows run the
 // producer-warp design once with per-CTA globaltimer stamps at every barrier and print on stderr
-// where a barrier's time goes (arrivals' spread, last arrival -> release), with acquire polls
-// and with relaxed polls + one fence. ms / 28 is the time per layer the persistent design would
+// where a barrier's time goes (arrivals' spread, last arrival -> release), with acquire polls,
+// with relaxed polls + one fence, and with the last arriver releasing a separate flag word (also
+// without bytes: flag_barriers_only). ms / 28 is the time per layer the persistent design would
 // start from (the per-layer GEMMs: the decode_linear.* rows).
 void add_persistent_probe_cases(std::vector<Case>& cases) {
   struct Bufs {
@@ -257,13 +258,13 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
     int every = 1, thread = 32;
     bool producer = false;
     int slots = 6;
-    bool relaxed = false, timeline = false;
+    bool relaxed = false, timeline = false, flag = false;
   };
   auto setup = [=](int) {
     if (b->w.defined()) return;
     b->w = dev_rand({step_bytes / 2}, DType::BF16, 4242);
     b->sink = Tensor::empty({1024}, DType::I32, Device::CUDA);
-    b->counter = Tensor::empty({1}, DType::I32, Device::CUDA);
+    b->counter = Tensor::empty({2}, DType::I32, Device::CUDA);
   };
   auto args = [=](const Variant& v) {
     cuda::PersistentProbeArgs a;
@@ -277,6 +278,7 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
     a.producer_warp = v.producer;
     a.slots = v.slots;
     a.relaxed_poll = v.relaxed;
+    a.flag_barrier = v.flag;
     a.counter = static_cast<unsigned*>(b->counter.raw());
     a.sink = static_cast<uint32_t*>(b->sink.raw());
     return a;
@@ -326,6 +328,8 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
   for (const Variant v :
        {Variant{"persistent_probe.timeline", true, true, true, 1, 32, true, 6, false, true},
         Variant{"persistent_probe.timeline_relaxed_poll", true, true, true, 1, 32, true, 6, true, true},
+        Variant{"persistent_probe.timeline_flag", true, true, true, 1, 32, true, 6, false, true, true},
+        Variant{"persistent_probe.flag_barriers_only", true, true, false, 1, 32, true, 6, false, false, true},
         Variant{"persistent_probe.stream", false, true, true},
         Variant{"persistent_probe.barrier_prefetch", true, true, true},
         Variant{"persistent_probe.barrier_no_prefetch", true, false, true},

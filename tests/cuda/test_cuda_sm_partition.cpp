@@ -119,14 +119,16 @@ TEST(CudaPersistentProbe, ReadsEveryWeightByteExactlyOnceInEveryVariant) {
   const uint32_t* u = reinterpret_cast<const uint32_t*>(wh.data<int32_t>());
   for (int64_t i = 0; i + 3 < words; i += 4) want += u[i] ^ u[i + 1] ^ u[i + 2] ^ u[i + 3];
   Tensor sink = Tensor::empty({sms}, DType::I32, Device::CUDA);
-  Tensor counter = Tensor::empty({1}, DType::I32, Device::CUDA);
+  Tensor counter = Tensor::empty({2}, DType::I32, Device::CUDA);
   struct V {
     bool barrier, prefetch, producer;
     int every, slots;
+    bool flag = false;
   };
   for (const V v : {V{false, true, false, 1, 6}, V{true, true, false, 1, 6}, V{true, false, false, 1, 6},
                     V{true, true, false, 2, 6}, V{false, true, true, 1, 6}, V{true, true, true, 1, 6},
-                    V{true, true, true, 1, 1}, V{true, true, true, 4, 3}}) {
+                    V{true, true, true, 1, 1}, V{true, true, true, 4, 3},
+                    V{true, true, true, 1, 6, true}, V{true, true, true, 3, 2, true}}) {
     cuda::PersistentProbeArgs a;
     a.weights = w.raw();
     std::memcpy(a.phase_bytes, phase, sizeof(phase));
@@ -137,6 +139,7 @@ TEST(CudaPersistentProbe, ReadsEveryWeightByteExactlyOnceInEveryVariant) {
     a.producer_warp = v.producer;
     a.barrier_every = v.every;
     a.slots = v.slots;
+    a.flag_barrier = v.flag;
     a.counter = static_cast<unsigned*>(counter.raw());
     a.sink = static_cast<uint32_t*>(sink.raw());
     cuda::persistent_probe(a, nullptr);
@@ -145,7 +148,7 @@ TEST(CudaPersistentProbe, ReadsEveryWeightByteExactlyOnceInEveryVariant) {
     uint32_t got = 0;
     for (int c = 0; c < sms; ++c) got += static_cast<uint32_t>(sh.data<int32_t>()[c]);
     EXPECT_EQ(got, want) << "barrier " << v.barrier << " prefetch " << v.prefetch << " producer "
-                         << v.producer << " every " << v.every << " slots " << v.slots;
+                         << v.producer << " every " << v.every << " slots " << v.slots << " flag " << v.flag;
     if (v.barrier) {  // every CTA arrived at every barrier
       const int barriers = (layers * 4 + v.every - 1) / v.every;
       EXPECT_EQ(counter.to(Device::CPU).data<int32_t>()[0], barriers * sms);

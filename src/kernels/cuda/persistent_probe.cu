@@ -27,7 +27,7 @@ struct Params {
   int barrier, prefetch;
   int barrier_every, barrier_thread;
   int slots;  // ring slots in use (producer-warp kernel), <= kSlots
-  int relaxed_poll;
+  int relaxed_poll, flag_barrier;
   unsigned long long* timeline;  // [phases][grid][2] or null (producer-warp kernel)
   unsigned* counter;
   uint32_t* sink;
@@ -67,6 +67,30 @@ __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned barrier
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
     } while (v < target);
+  }
+  if (stamps) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    stamps[0] = t0;
+    stamps[1] = t1;
+  }
+}
+
+// The same barrier with the release on another word: the last CTA to arrive (its acq_rel add
+// returns barrier x grid - 1) stores the barrier's number to counter[1], which the others poll,
+// so the polls do not share a line with the arrivals' adds.
+__device__ __forceinline__ void flag_barrier(unsigned* counter, unsigned barrier,
+                                             unsigned long long* stamps) {
+  unsigned long long t0 = 0, t1 = 0;
+  if (stamps) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  unsigned old = 0;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  if (old == barrier * gridDim.x - 1) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(counter + 1), "r"(barrier) : "memory");
+  } else {
+    unsigned v = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter + 1) : "memory");
+    } while (v < barrier);
   }
   if (stamps) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
@@ -232,10 +256,13 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
       if (p.barrier && ((i + 1) % p.barrier_every == 0 || i + 1 == n)) {
         asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
         ++barriers;
-        if (ctid == 0)
-          grid_barrier(p.counter, barriers, p.relaxed_poll != 0,
-                       p.timeline ? p.timeline + (static_cast<int64_t>(barriers - 1) * gridDim.x + blockIdx.x) * 2
-                                  : nullptr);
+        if (ctid == 0) {
+          unsigned long long* stamps =
+              p.timeline ? p.timeline + (static_cast<int64_t>(barriers - 1) * gridDim.x + blockIdx.x) * 2
+                         : nullptr;
+          if (p.flag_barrier) flag_barrier(p.counter, barriers, stamps);
+          else grid_barrier(p.counter, barriers, p.relaxed_poll != 0, stamps);
+        }
         asm volatile("bar.sync 1, %0;\n" ::"r"(kThreads - 32) : "memory");
       }
     }
@@ -280,6 +307,7 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
   p.barrier_thread = a.barrier_thread;
   p.slots = a.slots;
   p.relaxed_poll = a.relaxed_poll ? 1 : 0;
+  p.flag_barrier = a.flag_barrier ? 1 : 0;
   p.timeline = reinterpret_cast<unsigned long long*>(a.timeline);
   p.counter = a.counter;
   p.sink = a.sink;
@@ -288,7 +316,7 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
                                         : reinterpret_cast<const void*>(persistent_probe_kernel);
   OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmemLimit)));
-  OPD_CUDA_CHECK(cudaMemsetAsync(a.counter, 0, sizeof(unsigned), stream));
+  OPD_CUDA_CHECK(cudaMemsetAsync(a.counter, 0, 2 * sizeof(unsigned), stream));
   void* args[] = {&p};
   OPD_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel,
                                              dim3(static_cast<unsigned>(sms)), dim3(kThreads), args,

@@ -31,9 +31,10 @@ struct PersistentProbeArgs {
                                    // slot) and never waits at a grid barrier; prefetch implied
   int slots = 6;                   // with producer_warp: ring slots of 32 KiB in use (1-6)
   bool relaxed_poll = false;       // with producer_warp: relaxed polls + one acquire fence
+  bool flag_barrier = false;       // with producer_warp: the last arriver releases a flag word
   void* timeline = nullptr;        // with producer_warp: [barriers][SMs][2] u64 globaltimer
                                    // stamps (ns): a CTA's arrival at each barrier, its release
-  unsigned* counter = nullptr;     // one device word for the barrier (zeroed by the launch)
+  unsigned* counter = nullptr;     // two device words for the barrier (zeroed by the launch)
   uint32_t* sink = nullptr;        // [SMs] checksums
 };
 
