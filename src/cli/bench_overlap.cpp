@@ -188,7 +188,7 @@ void run_bench_overlap(const BenchOverlapOptions& o) {
     }
     return median(t);
   };
-  // The rollout on `rollout_stream` while chunks are scored on `teacher_stream`: the rollout's
+  // The engine's rollout while chunks are scored on `teacher_stream` by a second thread: the rollout's
   // time and the chunks completed during it.
   auto together = [&](RolloutEngine& engine, cudaStream_t teacher_stream, double& chunks) {
     ChunkLoop loop;

@@ -1,12 +1,13 @@
 // SmPartition: the device's SMs split into two disjoint groups, each with its own stream (CUDA
-// green contexts, driver API >= 12.4, reached through cudaGetDriverEntryPointByVersion so the
+// green contexts, driver API >= 12.5, reached through cudaGetDriverEntryPointByVersion so the
 // build needs no libcuda). Work issued on stream_a() runs only on group A's SMs, work on
 // stream_b() only on group B's; device memory, events and graphs work across both as on any
 // stream of the device (the green contexts retain the primary context and share its memory).
 //
-// Used to run two phases at once without them competing for SMs (docs/rollout.md "Rollout and
-// teacher scoring at once"): a bandwidth-bound rollout on A beside compute-bound teacher
-// scoring on B. The driver rounds a group up to its granularity (sm_90: 8 SMs; minimum 8), so
+// Used by `opd bench overlap` to measure two phases at once without them competing for SMs
+// (docs/rollout.md "Rollout and teacher scoring at once": a rollout on A beside teacher scoring
+// on B; at W1 every split measured slower than the phases one after the other, so the trainer
+// does not use it). The driver rounds a group up to its granularity (sm_90: 8 SMs; minimum 8), so
 // sms_b() can exceed what was asked; sms_a() is what is left.
 #pragma once
 

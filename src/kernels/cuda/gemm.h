@@ -61,8 +61,9 @@ void linear_backward_weight(const void* dy, const void* x, int64_t n, int64_t in
                             DType in_dtype, DType dw_dtype, void* dw, cudaStream_t stream);
 
 // GEMMs issued on `stream` plan for `sms` SMs (cuBLASLt's SM count target) instead of the
-// device's: for a stream of one group of a cuda::SmPartition. 0 removes the entry. The plans
-// are cached per target, so streams of different groups never share one.
+// device's: for a stream of one group of a cuda::SmPartition. 0 removes the entry (do so before
+// the stream is destroyed: a later stream may get the same handle). The plans are cached per
+// target, so streams of different groups never share one.
 void gemm_set_stream_sm_count(cudaStream_t stream, int sms);
 
 // The same GEMM through plain cuBLAS (cublasGemmEx, default algorithm): the library baseline
