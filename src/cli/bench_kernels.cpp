@@ -348,6 +348,10 @@ void add_persistent_probe_cases(std::vector<Case>& cases) {
                      [=](int sets) {
                        setup(sets);
                        if (v.timeline) timeline(v);
+                       if (std::string(v.name) == "persistent_probe.stream")
+                         std::fprintf(stderr, "persistent_probe: clusters of 2 / 4 / 8 / 16 CTAs (one per SM) resident at once: %d / %d / %d / %d\n",
+                                      cuda::persistent_probe_max_clusters(2), cuda::persistent_probe_max_clusters(4),
+                                      cuda::persistent_probe_max_clusters(8), cuda::persistent_probe_max_clusters(16));
                      },
                      [=](int) { cuda::persistent_probe(args(v), g_stream); }, nullptr});
   }

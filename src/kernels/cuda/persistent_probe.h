@@ -38,6 +38,10 @@ struct PersistentProbeArgs {
   uint32_t* sink = nullptr;        // [SMs] checksums
 };
 
+// How many thread-block clusters of `size` CTAs (1-16; 16 is a non-portable size) of one CTA per
+// SM the device holds at once (0 when it refuses the size): what a clustered persistent design
+// could keep resident.
+int persistent_probe_max_clusters(int size);
 // Launches the probe (cooperative: all CTAs resident, one per SM).
 void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream);
 
