@@ -1,6 +1,8 @@
 // The persistent-forward skeleton probe (kernels/cuda/persistent_probe.h): weight slices
-// streamed by 1-D bulk copies (cp.async.bulk, completing on an mbarrier) into two shared-memory
-// ring of shared-memory slots, read once, with a grid barrier between phases. Measurement only: no op uses it.
+// streamed by 1-D bulk copies (cp.async.bulk, completing on an mbarrier per slot) into a ring of
+// shared-memory slots, read once, with a grid barrier between phases; two kernels (thread 0
+// issues the copies between its reads / a producer warp issues them). Measurement only: no op
+// uses it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,7 +30,7 @@ struct Params {
   int barrier_every, barrier_thread;
   int slots;  // ring slots in use (producer-warp kernel), <= kSlots
   int relaxed_poll, flag_barrier;
-  unsigned long long* timeline;  // [phases][grid][2] or null (producer-warp kernel)
+  unsigned long long* timeline;  // [barriers][grid][2] or null (producer-warp kernel)
   unsigned* counter;
   uint32_t* sink;
 };
@@ -76,8 +78,9 @@ __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned barrier
 }
 
 // The same barrier with the release on another word: the last CTA to arrive (its acq_rel add
-// returns barrier x grid - 1) stores the barrier's number to counter[1], which the others poll,
-// so the polls do not share a line with the arrivals' adds.
+// returns barrier x grid - 1) stores the barrier's number to counter[1], which the others poll:
+// the polled word changes once per barrier instead of with every arrival (both words share one
+// 128-byte line here; measured slower than polling the counter, docs/rollout.md).
 __device__ __forceinline__ void flag_barrier(unsigned* counter, unsigned barrier,
                                              unsigned long long* stamps) {
   unsigned long long t0 = 0, t1 = 0;
