@@ -321,5 +321,10 @@ void sm_ids(int32_t* out, int blocks, cudaStream_t stream);
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();
+// How many thread-block clusters of `size` CTAs (1-16; above 8 the kernel is allowed a
+// non-portable size) of `kernel` at `threads` threads and `smem_bytes` of dynamic shared memory
+// the current device holds at once (GPC boundaries: fewer than SMs / size); 0 when it refuses.
+// The kernel's dynamic shared memory limit must already allow smem_bytes.
+int max_active_clusters(const void* kernel, int threads, size_t smem_bytes, int size);
 
 }  // namespace opd::cuda

@@ -45,7 +45,7 @@
 
 #include "core/cuda/stream.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"  // sm_count
+#include "kernels/cuda/cuda_ops.h"  // sm_count, max_active_clusters
 #include "kernels/cuda/decode_linear.h"
 #include "kernels/cuda/pdl.cuh"
 
@@ -391,25 +391,8 @@ DecodeLinearPlan decode_linear_device_plan(int64_t n, int64_t k) {
       const void* kernel = reinterpret_cast<const void*>(decode_linear_kernel<2, 8, 4>);
       allow_smem(kernel);
       cap[0] = sms;
-      for (int si = 1; si < 4; ++si) {
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(static_cast<unsigned>(sms / (1 << si) * (1 << si)));
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = 96 * 1024;  // one CTA per SM, as every plan's CTAs
-        cudaLaunchAttribute attr{};
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = static_cast<unsigned>(1 << si);
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int c = 0;
-        if (cudaOccupancyMaxActiveClusters(&c, kernel, &cfg) != cudaSuccess) {
-          (void)cudaGetLastError();
-          c = 0;  // no clusters of this size
-        }
-        cap[si] = c;
-      }
+      for (int si = 1; si < 4; ++si)  // 96 KiB: one CTA per SM, as every plan's CTAs
+        cap[si] = max_active_clusters(kernel, kThreads, 96 * 1024, 1 << si);
       it = caps.emplace(device, cap).first;
     }
     cap = it->second;

@@ -102,4 +102,28 @@ int sm_count() {
   return counts[device];
 }
 
+int max_active_clusters(const void* kernel, int threads, size_t smem_bytes, int size) {
+  OPD_CHECK(size >= 1 && size <= 16 && threads >= 1, InvalidArgument, "max_active_clusters: size ",
+            size, ", threads ", threads);
+  if (size > 8)
+    OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(sm_count() / size * size));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(size);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;  // no clusters of this size
+  }
+  return n;
+}
+
 }  // namespace opd::cuda

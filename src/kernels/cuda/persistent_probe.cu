@@ -327,29 +327,10 @@ void persistent_probe(const PersistentProbeArgs& a, cudaStream_t stream) {
 }
 
 int persistent_probe_max_clusters(int size) {
-  OPD_CHECK(size >= 1 && size <= 16, InvalidArgument, "persistent_probe_max_clusters: size ", size);
   const void* kernel = reinterpret_cast<const void*>(persistent_probe_kernel);
   OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmemLimit)));
-  if (size > 8)
-    OPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(size * 8));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(kSlots * kSlotBytes);  // one CTA per SM
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(size);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
+  return max_active_clusters(kernel, kThreads, static_cast<size_t>(kSlots * kSlotBytes), size);
 }
 
 }  // namespace opd::cuda
