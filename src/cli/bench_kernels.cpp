@@ -216,12 +216,10 @@ void add_decode_linear_case(std::vector<Case>& cases, const std::string& name, i
          }
        },
        [=](int s) {
-         if (out == DType::BF16 && cuda::decode_linear_supports(b->x[s].raw(), b->w[s].raw(),
-                                                                b->y[s].raw(), m, k, n, out)) {
-           cuda::decode_linear(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, out,
-                               b->y[s].raw(), g_stream, false);
+         if (out == DType::BF16 && cuda::try_decode_linear(b->x[s].raw(), b->w[s].raw(), nullptr,
+                                                           m, k, n, out, b->y[s].raw(), g_stream,
+                                                           false))
            return;
-         }
          cuda::linear_forward(b->x[s].raw(), b->w[s].raw(), nullptr, m, k, n, DType::BF16, out,
                               b->y[s].raw(), g_stream);
        },

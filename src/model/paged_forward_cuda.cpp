@@ -227,10 +227,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   auto linear = [&](unsigned which, const void* in, const void* w, const void* b, int64_t rows,
                     int64_t k, int64_t n, DType out_dt, void* out, bool tuned) {
     if ((decode_linear_ & which) != 0 && out_dt == dt &&
-        cuda::decode_linear_supports(in, w, out, rows, k, n, dt)) {
-      cuda::decode_linear(in, w, b, rows, k, n, dt, out, stream, pdl);
+        cuda::try_decode_linear(in, w, b, rows, k, n, dt, out, stream, pdl))
       return;
-    }
     cuda::linear_forward(in, w, b, rows, k, n, dt, out_dt, out, stream, tuned);
   };
   void* x = ws.x.raw();

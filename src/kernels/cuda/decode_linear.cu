@@ -419,10 +419,15 @@ bool decode_linear_supports(const void* x, const void* w, const void* y, int64_t
 
 void decode_linear(const void* x, const void* w, const void* bias, int64_t m, int64_t k,
                    int64_t n, DType dtype, void* y, cudaStream_t stream, bool pdl) {
-  const DecodeLinearPlan plan = plan_for(x, w, y, m, k, n, dtype);
-  OPD_CHECK(plan.ok, Unsupported, "decode_linear: ", m, " x ", k, " x ", n, " ",
-            dtype_name(dtype),
+  OPD_CHECK(try_decode_linear(x, w, bias, m, k, n, dtype, y, stream, pdl), Unsupported,
+            "decode_linear: ", m, " x ", k, " x ", n, " ", dtype_name(dtype),
             " (needs bf16, 1..64 rows, k % 8 == 0, 16-byte aligned x / W / y, a plan for n, k)");
+}
+
+bool try_decode_linear(const void* x, const void* w, const void* bias, int64_t m, int64_t k,
+                       int64_t n, DType dtype, void* y, cudaStream_t stream, bool pdl) {
+  const DecodeLinearPlan plan = plan_for(x, w, y, m, k, n, dtype);
+  if (!plan.ok) return false;
   Params p{};
   p.x = static_cast<const bf16*>(x);
   p.w = static_cast<const bf16*>(w);
@@ -439,6 +444,7 @@ void decode_linear(const void* x, const void* w, const void* bias, int64_t m, in
     case 2: launch_r16<2>(p, plan, stream, pdl); break;
     default: launch_r16<3>(p, plan, stream, pdl); break;
   }
+  return true;
 }
 
 }  // namespace opd::cuda

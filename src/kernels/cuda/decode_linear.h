@@ -43,5 +43,9 @@ bool decode_linear_supports(const void* x, const void* w, const void* y, int64_t
 // Throws Unsupported when !decode_linear_supports(...).
 void decode_linear(const void* x, const void* w, const void* bias, int64_t m, int64_t k,
                    int64_t n, DType dtype, void* y, cudaStream_t stream, bool pdl);
+// The same, returning false (and launching nothing) where decode_linear would throw: one plan
+// lookup for callers that fall back to cuBLASLt.
+bool try_decode_linear(const void* x, const void* w, const void* bias, int64_t m, int64_t k,
+                       int64_t n, DType dtype, void* y, cudaStream_t stream, bool pdl);
 
 }  // namespace opd::cuda

@@ -130,6 +130,33 @@ __device__ __forceinline__ void issue_piece(const Params& p, int i, int c, unsig
       : "memory");
 }
 
+// Piece c of phase i's slice (<= kSlotBytes of it) in `slot`, read once by the threads
+// first, first + stride, ...: its 16-byte words folded into acc (the probe's checksum).
+__device__ __forceinline__ void read_piece(const unsigned char* slot, int64_t slice_bytes, int c,
+                                           int first, int stride, uint32_t& acc) {
+  const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
+  const int64_t nb = slice_bytes - off < kSlotBytes ? slice_bytes - off : kSlotBytes;
+  const uint4* v = reinterpret_cast<const uint4*>(slot);
+  for (int64_t j = first; j < nb / 16; j += stride) {
+    const uint4 x = v[j];
+    acc += x.x ^ x.y ^ x.z ^ x.w;
+  }
+}
+
+// One checksum per CTA (so nothing above is optimized away): every thread's acc summed. All
+// threads of the CTA call it.
+__device__ __forceinline__ void store_checksum(uint32_t acc, uint32_t* sink) {
+  __shared__ uint32_t warp_acc[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) warp_acc[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t s = 0;
+    for (int w = 0; w < kThreads / 32; ++w) s += warp_acc[w];
+    sink[blockIdx.x] = s;
+  }
+}
+
 // Every phase's slice is cut into pieces of <= kSlotBytes, numbered across phases; piece q lives
 // in slot q % kSlots. With prefetch, thread 0 keeps up to kSlots pieces in flight whatever
 // phase they belong to, so the weight stream runs on through the grid barriers; without, only
@@ -170,13 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
       }
       const int q = consumed % kSlots;
       mbar::wait(smem_u32(&mbar[q]), static_cast<uint32_t>((consumed / kSlots) & 1));
-      const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
-      const int64_t nb = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
-      const uint4* v = reinterpret_cast<const uint4*>(smem + static_cast<int64_t>(q) * kSlotBytes);
-      for (int64_t j = tid; j < nb / 16; j += kThreads) {
-        const uint4 x = v[j];
-        acc += x.x ^ x.y ^ x.z ^ x.w;
-      }
+      read_piece(smem + static_cast<int64_t>(q) * kSlotBytes, bytes, c, tid, kThreads, acc);
       __syncthreads();  // the slot is read: it may be refilled
       ++consumed;
     }
@@ -187,16 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_kernel(Params p)
       __syncthreads();
     }
   }
-  // One checksum per CTA (nothing above may be optimized away).
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ uint32_t warp_acc[kThreads / 32];
-  if ((tid & 31) == 0) warp_acc[tid >> 5] = acc;
-  __syncthreads();
-  if (tid == 0) {
-    uint32_t s = 0;
-    for (int w = 0; w < kThreads / 32; ++w) s += warp_acc[w];
-    p.sink[blockIdx.x] = s;
-  }
+  store_checksum(acc, p.sink);
 }
 
 
@@ -246,13 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
       for (int c = 0; c < pieces; ++c, ++g) {
         const int q = g % p.slots;
         mbar::wait(smem_u32(&full[q]), static_cast<uint32_t>((g / p.slots) & 1));
-        const int64_t off = static_cast<int64_t>(c) * kSlotBytes;
-        const int64_t nb = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
-        const uint4* v = reinterpret_cast<const uint4*>(smem + static_cast<int64_t>(q) * kSlotBytes);
-        for (int64_t j = ctid; j < nb / 16; j += kThreads - 32) {
-          const uint4 x = v[j];
-          acc += x.x ^ x.y ^ x.z ^ x.w;
-        }
+        read_piece(smem + static_cast<int64_t>(q) * kSlotBytes, bytes, c, ctid, kThreads - 32, acc);
         __syncwarp();
         if (lane == 0) mbar::arrive(smem_u32(&empty[q]));
       }
@@ -270,15 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_probe_producer_kernel(
       }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ uint32_t warp_acc[kThreads / 32];
-  if (lane == 0) warp_acc[warp] = acc;
-  __syncthreads();
-  if (tid == 0) {
-    uint32_t s = 0;
-    for (int w = 0; w < kThreads / 32; ++w) s += warp_acc[w];
-    p.sink[blockIdx.x] = s;
-  }
+  store_checksum(acc, p.sink);
 }
 
 }  // namespace
