@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/paged_forward.h"  // parse_stages
 #include "model/presets.h"
 #include "model/transformer.h"
 #include "model/weights.h"
@@ -67,6 +68,7 @@ struct BenchRolloutOptions {
   EngineOptions switches;  // the on/off CUDA engine switches of kSwitches, at their defaults
   bool keep_state = false;
   unsigned decode_linear_gemms = EngineOptions{}.cuda_decode_linear_gemms;
+  std::string skip_stages;  // measurement only: PagedForward::parse_stages names
   bool json = false;
   bool with_torch = false;
   std::string python = "python3";
@@ -154,6 +156,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_fused = !o.no_fused;
   eo.cuda_tuned_gemm = o.tuned_gemm;
   eo.cuda_decode_linear_gemms = o.decode_linear_gemms;
+  eo.cuda_skip_stages = PagedForward::parse_stages(o.skip_stages);
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
@@ -187,6 +190,9 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
                 eo.cuda_pdl ? "on" : "off",
                 eo.cuda_cluster_sampler ? "cluster" : "one CTA per row");
   }
+  if (eo.cuda_skip_stages != 0)
+    std::fprintf(stderr, "warning: --skip-stages %s: decode steps leave those kernels out; the "
+                 "times attribute a step, the samples are not the model's\n", o.skip_stages.c_str());
   std::vector<RequestOutput> last;
   for (int i = 0; i < o.warmup + o.runs; ++i) {
     if (i == o.warmup) {
@@ -249,6 +255,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   for (const Switch& w : kSwitches) j[w.key] = o.switches.*w.member;
   j["keep_state"] = o.keep_state;
   j["decode_linear_gemms"] = o.decode_linear_gemms;
+  j["skip_stages"] = o.skip_stages;
   j["max_step_tokens"] = o.max_step_tokens;
   j["params"] = params;
   j["generated_tokens"] = generated;
@@ -352,6 +359,11 @@ void register_bench_rollout(CLI::App& bench) {
                   "with --decode-linear: which per-layer GEMMs run on it, a bit mask (1 q|k|v, 2 o, "
                   "4 gate|up, 8 down; 10 = o and down, the two it wins on the H200)")
       ->capture_default_str();
+  cmd->add_option("--skip-stages", o->skip_stages,
+                  "measurement only: decode steps leave out these per-layer kernels, a comma list "
+                  "of qkv, rope, attention, combine, o, postnorm, gateup, swiglu, down, nextnorm; "
+                  "the step's time without them attributes its time to stages (the samples are "
+                  "then not the model's; default none)");
   cmd->add_option("--max-step-tokens", o->max_step_tokens, "tokens per step (prefill chunk budget)")
       ->capture_default_str();
   cmd->add_option("--max-running", o->max_running, "sequences in the running batch")

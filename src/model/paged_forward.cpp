@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "kernels/ops.h"
 #include "model/rope.h"
@@ -192,6 +194,33 @@ Tensor PagedForward::run_step(const PagedStep& s, KvCache& cache, bool all_hidde
   Tensor logits = empty({B, c.vocab_size});
   ops::linear_forward(h, W.lm_head, none, logits);
   return logits;
+}
+
+unsigned PagedForward::parse_stages(const std::string& names) {
+  static const std::pair<const char*, unsigned> kNames[] = {
+      {"qkv", kStageQkv},       {"rope", kStageRope},         {"attention", kStageAttention},
+      {"combine", kStageCombine}, {"o", kStageO},             {"postnorm", kStagePostNorm},
+      {"gateup", kStageGateUp}, {"swiglu", kStageSwiglu},     {"down", kStageDown},
+      {"nextnorm", kStageNextNorm}};
+  unsigned bits = 0;
+  size_t at = 0;
+  while (at < names.size()) {
+    size_t end = names.find(',', at);
+    if (end == std::string::npos) end = names.size();
+    const std::string name = names.substr(at, end - at);
+    at = end + 1;
+    if (name.empty()) continue;
+    unsigned bit = 0;
+    for (const auto& [n, b] : kNames)
+      if (name == n) bit = b;
+    if (bit == 0) {
+      std::string known;
+      for (const auto& [n, b] : kNames) known += std::string(known.empty() ? "" : ", ") + n;
+      OPD_FAIL(InvalidArgument, "unknown decode stage '", name, "' (the stages: ", known, ")");
+    }
+    bits |= bit;
+  }
+  return bits;
 }
 
 }  // namespace opd

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -188,6 +189,11 @@ class PagedForward {
   static constexpr unsigned kDecodeLinearQkv = 1, kDecodeLinearO = 2, kDecodeLinearGateUp = 4,
                             kDecodeLinearDown = 8;
   void set_decode_linear(unsigned gemms) { decode_linear_ = gemms; }
+  // Measurement only (`opd bench rollout --skip-stages`): decode steps (max_q_len <= 1) of the
+  // fused layer path launch none of the kernels named by these bits, so a step timed without
+  // them attributes the step's time to its stages (METHOD: time variants that leave one stage
+  // out). The outputs are then not the model's; nothing but that bench sets it.
+  void set_skip_stages(unsigned bits) { skip_stages_ = bits; }
   // Prompt chunks that start at position 0 (no cached context) attend with the tensor-core
   // varlen attention (kernels/cuda/attention_fwd.cu, bf16 with head_dim 64/128) instead of the
   // paged kernel, whose CUDA-core loop reads a chunk's K/V once per 8 rows (W1 prefill: 0.136 s
@@ -235,6 +241,16 @@ class PagedForward {
 
   const Transformer& model() const { return *model_; }
 
+  // The per-layer kernels of a fused decode step, for set_skip_stages (bits) and their names
+  // ("qkv", "rope", "attention", "combine", "o", "postnorm", "gateup", "swiglu", "down",
+  // "nextnorm": the order a layer launches them).
+  static constexpr unsigned kStageQkv = 1, kStageRope = 2, kStageAttention = 4,
+                            kStageCombine = 8, kStageO = 16, kStagePostNorm = 32,
+                            kStageGateUp = 64, kStageSwiglu = 128, kStageDown = 256,
+                            kStageNextNorm = 512;
+  // "qkv,swiglu" -> bits ("" -> 0); an unknown name throws InvalidArgument listing the names.
+  static unsigned parse_stages(const std::string& names);
+
  private:
   // step() and step_hidden(): the checks, the plan, then CPU ops or step_cuda.
   Tensor run_step(const PagedStep& step, KvCache& cache, bool all_hidden) const;
@@ -251,6 +267,7 @@ class PagedForward {
   bool tuned_gemm_ = false;
   bool pdl_ = false;
   unsigned decode_linear_ = 0;  // kDecodeLinear* bits
+  unsigned skip_stages_ = 0;    // kStage* bits (measurement only)
   bool fresh_prefill_ = true;
   bool context_prefill_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]

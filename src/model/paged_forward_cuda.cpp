@@ -221,6 +221,9 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   // steps only (prefill steps are long enough that the gaps do not matter, and run the general
   // attention kernel, which is never launched early).
   const bool pdl = pdl_ && s.max_q_len <= 1;
+  // set_skip_stages (measurement only): decode steps leave these kernels out.
+  const unsigned skipped = s.max_q_len <= 1 ? skip_stages_ : 0u;
+  auto skip = [&](unsigned stage) { return (skipped & stage) != 0; };
   // y [rows, n] = in [rows, k] W [n, k]^T (+ bias): opd's decode linear for decode-sized bf16
   // steps when switched on (set_decode_linear; it streams W under the PDL wait), else cuBLASLt.
   // (Three earlier decode GEMMs of opd were slower than cuBLASLt: docs/rollout.md.)
@@ -304,6 +307,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     a.dtype = dt;
     a.error_flag = s.error_flag;
     a.pdl = pdl;
+    a.skip_combine = skip(PagedForward::kStageCombine);  // measurement only
     const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
     cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
   };
@@ -312,7 +316,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     const LayerWeights& L = W.layers[li];
     if (fused_) {  // 10 kernels per layer (decode_fused.cu)
       const int64_t R = (Hq + 2 * Hkv) * D;
-      linear(kDecodeLinearQkv, h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
+      if (!skip(PagedForward::kStageQkv))
+        linear(kDecodeLinearQkv, h, qkv_ptr_[li], bias(qkv_b_[li]), T, H, R, dt, ws.qkv.raw(), tune);
       cuda::QkvNormRopeStoreArgs f;
       f.set_packed_qkv(ws.qkv.raw(), Hq, Hkv, D, dt);
       f.q_norm = c.qk_norm ? L.q_norm.raw() : nullptr;
@@ -332,19 +337,25 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.v_cache = cache.v(static_cast<int64_t>(li)).raw();
       f.error_flag = s.error_flag;
       f.pdl = pdl;
-      cuda::qkv_norm_rope_store(f, stream);
-      attend(li, ws.qn.raw(), nullptr, nullptr);
-      linear(kDecodeLinearO, ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt,
+      if (!skip(PagedForward::kStageRope)) cuda::qkv_norm_rope_store(f, stream);
+      if (!skip(PagedForward::kStageAttention)) attend(li, ws.qn.raw(), nullptr, nullptr);
+      if (!skip(PagedForward::kStageO))
+        linear(kDecodeLinearO, ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt,
              ws.o.raw(), tune);
-      cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
-                                     ws.rstd.data<float>(), stream, pdl);
-      linear(kDecodeLinearGateUp, h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
-      cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream, pdl);
-      linear(kDecodeLinearDown, ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(),
+      if (!skip(PagedForward::kStagePostNorm))
+        cuda::rmsnorm_residual_forward(x, ws.o.raw(), L.post_norm.raw(), eps, T, H, dt, x2, h,
+                                       ws.rstd.data<float>(), stream, pdl);
+      if (!skip(PagedForward::kStageGateUp))
+        linear(kDecodeLinearGateUp, h, gu_ptr_[li], nullptr, T, H, 2 * I, dt, ws.gu.raw(), tune);
+      if (!skip(PagedForward::kStageSwiglu))
+        cuda::swiglu_packed_forward(ws.gu.raw(), T, I, dt, ws.act.raw(), stream, pdl);
+      if (!skip(PagedForward::kStageDown))
+        linear(kDecodeLinearDown, ws.act.raw(), L.down_proj.raw(), nullptr, T, I, H, dt, ws.o.raw(),
              tune);
       const Tensor& nw = li + 1 < W.layers.size() ? W.layers[li + 1].input_norm : W.final_norm;
-      cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
-                                     ws.rstd.data<float>(), stream, pdl);
+      if (!skip(PagedForward::kStageNextNorm))
+        cuda::rmsnorm_residual_forward(x2, ws.o.raw(), nw.raw(), eps, T, H, dt, x, h,
+                                       ws.rstd.data<float>(), stream, pdl);
       continue;
     }
     cuda::linear_forward(h, L.q_proj.raw(), bias(L.q_bias), T, H, Hq * D, dt, dt, ws.q.raw(), stream);

@@ -99,6 +99,10 @@ struct EngineOptions {
   // gate|up slower; docs/rollout.md "Decode linear v4"). Off: cuBLASLt for all four.
   bool cuda_decode_linear = true;
   unsigned cuda_decode_linear_gemms = 10;
+  // Measurement only (`opd bench rollout --skip-stages`): decode steps leave out the per-layer
+  // kernels named by these PagedForward::kStage* bits (PagedForward::set_skip_stages); the
+  // samples are then not the model's. 0 everywhere else.
+  unsigned cuda_skip_stages = 0;
   // CUDA models: sampling splits each row over a thread-block cluster of up to 8 CTAs
   // (rollout/sampler_cuda.h); false: one CTA per row, the kernel before issue 6 (same
   // distribution; for A/B measurements). On: W1 sampling 0.074 -> 0.051 s per rollout on the

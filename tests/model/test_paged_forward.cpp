@@ -232,5 +232,25 @@ TEST(PagedForward, ValidatesIdsAndBlockTables) {
   }
 }
 
+// `opd bench rollout --skip-stages` names: each name one bit, lists combine, an unknown name is
+// refused with the list of the known ones.
+TEST(PagedForward, ParsesSkipStageNames) {
+  EXPECT_EQ(PagedForward::parse_stages(""), 0u);
+  EXPECT_EQ(PagedForward::parse_stages("qkv"), PagedForward::kStageQkv);
+  EXPECT_EQ(PagedForward::parse_stages("swiglu,combine"),
+            PagedForward::kStageSwiglu | PagedForward::kStageCombine);
+  EXPECT_EQ(PagedForward::parse_stages("qkv,rope,attention,combine,o,postnorm,gateup,swiglu,down,"
+                                       "nextnorm"),
+            1023u);
+  try {
+    PagedForward::parse_stages("qkv,mlp");
+    FAIL() << "an unknown stage was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'mlp'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nextnorm"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace opd

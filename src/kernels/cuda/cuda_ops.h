@@ -236,6 +236,9 @@ struct PagedAttentionArgs {
   // (kernels/cuda/pdl.cuh): sequence checks and block-table staging overlap the predecessor,
   // q and K/V are read after it completed. Ignored by the general kernel. Same results.
   bool pdl = false;
+  // Measurement only (PagedForward::set_skip_stages): the splits are not combined, `out` is
+  // left as it was.
+  bool skip_combine = false;
 };
 // The grid a call will use: query rows (pairs (row, head) of one kv head) per CTA, tiles per
 // sequence, position splits and the f32 workspace they need:

@@ -914,7 +914,7 @@ void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t 
   } else {
     launch_attention<float>(p, d, l.rows_per_cta, grid, stream);
   }
-  if (l.num_splits > 1) {
+  if (l.num_splits > 1 && !a.skip_combine) {
     const int64_t rows = a.total_q * a.hq;
     // PDL only behind the decode kernel (the general kernel is never launched early).
     const bool pdl = a.pdl && l.decode;
