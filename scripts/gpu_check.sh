@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,23 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s12a ]]; then
+  # Session 12 (nvidia-h200, <= 420 s): the decode attention's q|k|v prologue (q/k norm + RoPE
+  # + K/V store inside the attention, one kernel less per layer): its bit-identity test plain
+  # and under memcheck, the decode/attention/rollout suites; then `opd bench rollout` with and
+  # without it, alternating, and the stage attribution (--skip-stages) once.
+  run tests 200 $B/test_cuda --gtest_filter='CudaDecodeFused.*:CudaPagedAttention.*:CudaRollout.*:CudaDecodeLinear*'
+  run memcheck_qkv 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeFused.AttentionQkvPrologueGivesTheSeparateKernelsBits'
+  grep -h "FAILED\|Failure\|ERROR SUMMARY" "$OUT/tests.log" "$OUT/memcheck_qkv.log" | head -20
+  for i in 1 2; do
+    for v in attention-qkv no-attention-qkv; do
+      timeout 60 $B/opd bench rollout --runs 3 --$v 2>&1 | grep -E "^  run [0-9]" | grep -v warm | \
+        sed -E "s/^  run ([0-9]).*: ([0-9.]+) s, .*decode forward ([0-9.]+) s, sampling ([0-9.]+).*/$v \2 fwd=\3 samp=\4/" >>"$OUT/qkv_ab.txt"
+    done
+  done
+  cat "$OUT/qkv_ab.txt"
 fi
 if [[ "$what" == s11g ]]; then
   # Session 11's review (nvidia-h200, <= 200 s): try_decode_linear (one plan lookup per call in

@@ -95,6 +95,9 @@ const Switch kSwitches[] = {
      "decode steps run the per-layer GEMMs named by --decode-linear-gemms on opd's decode linear "
      "(weights streamed under the PDL wait) instead of cuBLASLt; --no-decode-linear: cuBLASLt for "
      "all"},
+    {"attention-qkv", "attention_qkv", &EngineOptions::cuda_attention_qkv,
+     "decode steps run the q/k norm + RoPE + K/V store inside the decode attention (one kernel "
+     "less per layer, the same bits)"},
     {"fresh-prefill", "fresh_prefill", &EngineOptions::cuda_fresh_prefill,
      "prompt chunks starting at position 0 attend with the tensor-core varlen attention instead "
      "of the paged kernel (bf16, head_dim 64/128)"},

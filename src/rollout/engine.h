@@ -99,6 +99,10 @@ struct EngineOptions {
   // gate|up slower; docs/rollout.md "Decode linear v4"). Off: cuBLASLt for all four.
   bool cuda_decode_linear = true;
   unsigned cuda_decode_linear_gemms = 10;
+  // CUDA models (fused layers): decode steps run the q/k norm + RoPE + K/V store inside the
+  // decode attention (PagedForward::set_attention_qkv): one kernel less per layer, the same
+  // bits. False: its own kernel before the attention (for A/B measurements).
+  bool cuda_attention_qkv = true;
   // Measurement only (`opd bench rollout --skip-stages`): decode steps leave out the per-layer
   // kernels named by these PagedForward::kStage* bits (PagedForward::set_skip_stages); the
   // samples are then not the model's. 0 everywhere else.

@@ -10,10 +10,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
+#include "core/cuda/allocator.h"  // DeviceBuffer
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
@@ -131,6 +134,142 @@ TEST(CudaDecodeFused, QkvNormRopeStoreMatchesTheCpuComposition) {
       EXPECT_EQ(flag.to(Device::CPU).data<int32_t>()[0], n / 2);
       Tensor vh2 = host(vc2);
       EXPECT_EQ(vh2.data<float>()[slots[0] * hkv * d], v.data<float>()[0]);
+    }
+  }
+}
+
+// The decode attention's q|k|v prologue (PagedAttentionArgs::qkv) against the two kernels it
+// replaces, qkv_norm_rope_store then the decode attention: the same output bits and the same
+// cache bytes, over GQA groups 1-16 (16: two query tiles per sequence, both making the new k/v),
+// head dims 8-256, with and without q/k norm, packed rows wider than the heads, automatic and
+// forced splits (the new token in a later split), unequal lengths down to 1; a bad slot is
+// reported as the row, as the separate kernel does, and leaves the other sequences' K/V stored.
+TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
+  REQUIRE_GPU();
+  struct Case {
+    int64_t batch, hq, hkv, d, bs;
+    bool norm;
+    int splits;  // 0: the launch's choice
+  };
+  uint64_t seed = 900;
+  auto bytes = [](const Tensor& t) {
+    Tensor h = t.to(Device::CPU);
+    const auto* p = static_cast<const uint8_t*>(h.raw());
+    return std::vector<uint8_t>(p, p + h.nbytes());
+  };
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (const Case& c : {Case{5, 4, 2, 16, 4, true, 0}, Case{3, 6, 2, 8, 16, false, 2},
+                          Case{64, 16, 8, 128, 16, true, 0}, Case{7, 16, 8, 128, 16, false, 3},
+                          Case{4, 32, 2, 64, 16, true, 1}, Case{3, 2, 1, 256, 8, true, 2},
+                          Case{6, 8, 8, 32, 16, true, 5}}) {
+      SCOPED_TRACE(cat(dtype_label(dt), " batch ", c.batch, " heads ", c.hq, "/", c.hkv, " d ",
+                       c.d, " block ", c.bs, c.norm ? " norm" : "", " splits ", c.splits));
+      const int64_t B = c.batch, hq = c.hq, hkv = c.hkv, d = c.d, bs = c.bs;
+      const int64_t R = (hq + 2 * hkv) * d + 8;  // a row stride wider than the heads
+      std::vector<int32_t> lens, cu{0}, pos, slots;
+      int64_t max_len = 0, width = 0, blocks = 3;
+      for (int64_t b = 0; b < B; ++b) {
+        lens.push_back(static_cast<int32_t>(b == 1 ? 1 : 1 + (b * 37 + 11) % 150));
+        cu.push_back(static_cast<int32_t>(b + 1));
+        max_len = std::max<int64_t>(max_len, lens.back());
+        width = std::max<int64_t>(width, (lens.back() + bs - 1) / bs);
+        blocks += (lens.back() + bs - 1) / bs;
+      }
+      // Each sequence's blocks: distinct ids in a scrambled order.
+      std::vector<int32_t> table(static_cast<size_t>(B * width), 0);
+      int64_t next = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i)
+          table[b * width + i] = static_cast<int32_t>((next++ * 7 + 2) % blocks);
+      ASSERT_EQ(std::gcd<int64_t>(7, blocks), 1) << "block ids must be distinct";
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t t = lens[b] - 1;
+        pos.push_back(static_cast<int32_t>(t));
+        slots.push_back(static_cast<int32_t>(table[b * width + t / bs] * bs + t % bs));
+      }
+      Tensor qkv = dev(rand_in({B, R}, dt, seed++), dt);
+      Tensor wq = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt), wk = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt);
+      Tensor kc0 = dev(rand_in({blocks, bs, hkv, d}, dt, seed++), dt);
+      Tensor vc0 = dev(rand_in({blocks, bs, hkv, d}, dt, seed++), dt);
+      Tensor inv = Tensor::empty({d / 2}, DType::F32);
+      for (int64_t i = 0; i < d / 2; ++i)
+        inv.data<float>()[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * i / d));
+      Tensor inv_d = inv.to(Device::CUDA), pos_d = dev_i32(Tensor::from_vector(pos, {B}));
+      Tensor cu_d = dev_i32(Tensor::from_vector(cu, {B + 1}));
+      Tensor lens_d = dev_i32(Tensor::from_vector(lens, {B}));
+      Tensor table_d = dev_i32(Tensor::from_vector(table, {B, width}));
+
+      // One call of each path on fresh copies of the caches; returns out, k cache, v cache, flag.
+      auto run = [&](bool prologue, const std::vector<int32_t>& slot_ids) {
+        Tensor kc = kc0.clone(), vc = vc0.clone();
+        Tensor q_out = dev_poison({B, hq, d}, dt), out = dev_poison({B, hq, d}, dt);
+        Tensor flag = Tensor::from_vector(std::vector<int32_t>{-1}, {1}).to(Device::CUDA);
+        Tensor slots_d = dev_i32(Tensor::from_vector(slot_ids, {B}));
+        cuda::QkvNormRopeStoreArgs f;
+        f.set_packed_qkv(qkv.raw(), hq, hkv, d, dt);
+        f.q_stride = f.k_stride = f.v_stride = R;
+        f.q_norm = c.norm ? wq.raw() : nullptr;
+        f.k_norm = c.norm ? wk.raw() : nullptr;
+        f.eps = 1e-6f;
+        f.positions = pos_d.data<int32_t>();
+        f.inv_freq = inv_d.data<float>();
+        f.slot_mapping = slots_d.data<int32_t>();
+        f.n = B;
+        f.hq = hq;
+        f.hkv = hkv;
+        f.head_dim = d;
+        f.num_slots = blocks * bs;
+        f.dtype = dt;
+        f.q_out = q_out.raw();
+        f.k_cache = kc.raw();
+        f.v_cache = vc.raw();
+        f.error_flag = reinterpret_cast<unsigned*>(flag.raw());
+        if (!prologue) cuda::qkv_norm_rope_store(f, nullptr);
+        cuda::PagedAttentionArgs a;
+        a.q = q_out.raw();
+        a.k_cache = kc.raw();
+        a.v_cache = vc.raw();
+        a.out = out.raw();
+        a.cu_seqlens_q = cu_d.data<int32_t>();
+        a.seq_lens = lens_d.data<int32_t>();
+        a.block_tables = table_d.data<int32_t>();
+        a.batch = B;
+        a.total_q = B;
+        a.hq = hq;
+        a.hkv = hkv;
+        a.head_dim = d;
+        a.num_blocks = blocks;
+        a.block_size = bs;
+        a.max_blocks = width;
+        a.max_q_len = 1;
+        a.max_seq_len = max_len;
+        a.scale = 1.0 / std::sqrt(static_cast<double>(d));
+        a.dtype = dt;
+        a.error_flag = f.error_flag;
+        a.force_splits = c.splits;
+        a.qkv = prologue ? &f : nullptr;
+        const cuda::PagedAttentionLaunch l = cuda::paged_attention_launch(a);
+        cuda::DeviceBuffer ws(l.workspace_bytes, nullptr);
+        cuda::paged_attention(a, l.workspace_bytes ? ws.get() : nullptr, nullptr);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        if (c.splits > 0) EXPECT_EQ(l.num_splits, std::min<int64_t>(c.splits, max_len));
+        return std::vector<Tensor>{out, kc, vc, flag.to(Device::CPU)};
+      };
+      const std::vector<Tensor> sep = run(false, slots), fused = run(true, slots);
+      EXPECT_EQ(sep[3].data<int32_t>()[0], -1);
+      EXPECT_EQ(fused[3].data<int32_t>()[0], -1);
+      EXPECT_TRUE(bytes(fused[0]) == bytes(sep[0])) << diff_summary(host(fused[0]), host(sep[0]));
+      EXPECT_TRUE(bytes(fused[1]) == bytes(sep[1])) << "k cache differs";
+      EXPECT_TRUE(bytes(fused[2]) == bytes(sep[2])) << "v cache differs";
+      EXPECT_TRUE(bytes(fused[1]) != bytes(kc0)) << "nothing stored";
+
+      // A bad slot (row B - 1): reported as that row by both paths; the other rows' K/V stored.
+      std::vector<int32_t> bad = slots;
+      bad[B - 1] = static_cast<int32_t>(blocks * bs);
+      const std::vector<Tensor> sep_bad = run(false, bad), fused_bad = run(true, bad);
+      EXPECT_EQ(sep_bad[3].data<int32_t>()[0], B - 1);
+      EXPECT_EQ(fused_bad[3].data<int32_t>()[0], B - 1);
+      EXPECT_TRUE(bytes(fused_bad[1]) == bytes(sep_bad[1])) << "k cache differs with a bad slot";
     }
   }
 }

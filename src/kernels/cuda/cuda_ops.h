@@ -214,6 +214,8 @@ struct PagedStoreArgs {
 };
 void kv_cache_store(const PagedStoreArgs& args, cudaStream_t stream);
 
+struct QkvNormRopeStoreArgs;  // below
+
 struct PagedAttentionArgs {
   const void* q = nullptr;        // [total_q, hq, head_dim]
   const void* k_cache = nullptr;  // [num_blocks, block_size, hkv, head_dim]
@@ -239,6 +241,14 @@ struct PagedAttentionArgs {
   // Measurement only (PagedForward::set_skip_stages): the splits are not combined, `out` is
   // left as it was.
   bool skip_combine = false;
+  // Decode calls only (max_q_len <= 1): the q|k|v prologue. Instead of reading `q` (left
+  // unused) and the new tokens' K/V from the cache, the decode kernel takes them from the packed
+  // q|k|v GEMM rows that `qkv` describes (set_packed_qkv layout; the same n, heads, head_dim,
+  // dtype, caches and error flag as these args), applies the q/k norm and RoPE there and stores
+  // each sequence's new K/V (position seq_len - 1, at qkv->slot_mapping[row]): the work and
+  // the bits of qkv_norm_rope_store followed by this call, one kernel less per layer. A bad
+  // slot is skipped and reported through the error flag (its row), as there.
+  const QkvNormRopeStoreArgs* qkv = nullptr;
 };
 // The grid a call will use: query rows (pairs (row, head) of one kv head) per CTA, tiles per
 // sequence, position splits and the f32 workspace they need:
