@@ -610,6 +610,44 @@ if [[ "$what" == s8j ]]; then
   done
   cat "$OUT/norm_ab.txt"
 fi
+if [[ "$what" == s12c ]]; then
+  # Session 12 (nvidia-h200, <= 400 s): the decode attention issues each warp's first K/V step
+  # before its PDL wait (every position but this step's token): the decode, attention and
+  # rollout suites, memcheck of the prologue test; then `opd bench rollout` of this build with
+  # the prologue on/off x q|k|v on cuBLASLt / the decode linear, and of the session's starting
+  # build (.carry/bin/opd_old, a3a67b3), alternating.
+  run tests 200 $B/test_cuda --gtest_filter='CudaDecodeFused.*:CudaPagedAttention.*:CudaRollout.*:CudaDecodeLinear*'
+  run memcheck_qkv 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeFused.AttentionQkvPrologueGivesTheSeparateKernelsBits:CudaPagedAttention.DecodeKernelW1ShapeUnequalLengths'
+  grep -h "FAILED\|Failure\|ERROR SUMMARY" "$OUT/tests.log" "$OUT/memcheck_qkv.log" | head -20
+  for i in 1 2; do
+    for v in "old 10" "attention-qkv 10" "no-attention-qkv 10" "attention-qkv 11" "no-attention-qkv 11" "old 11"; do
+      set -- $v
+      if [[ $1 == old ]]; then bin=$B/opd_old; flag=; else bin=$B/opd; flag=--$1; fi
+      timeout 60 $bin bench rollout --runs 3 $flag --decode-linear-gemms $2 2>&1 | grep -E "^  run [0-9]" | grep -v warm | \
+        sed -E "s/^  run ([0-9]).*: ([0-9.]+) s, .*decode forward ([0-9.]+) s, sampling ([0-9.]+).*/$1 gemms $2: \2 fwd=\3 samp=\4/" >>"$OUT/qkv_ab.txt"
+    done
+  done
+  sort "$OUT/qkv_ab.txt"
+fi
+if [[ "$what" == s12b ]]; then
+  # Session 12 (nvidia-h200, <= 300 s): the q|k|v prologue's test after its fix (plain and
+  # memcheck); `opd bench rollout` with the prologue on/off x q|k|v on cuBLASLt / on opd's
+  # decode linear (--decode-linear-gemms 10 / 11: the attention's own prologue can overlap a
+  # PDL-launched GEMM, not cuBLASLt's), alternating.
+  run tests 60 $B/test_cuda --gtest_filter='CudaDecodeFused.*'
+  run memcheck_qkv 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeFused.AttentionQkvPrologueGivesTheSeparateKernelsBits'
+  grep -h "FAILED\|Failure\|ERROR SUMMARY" "$OUT/tests.log" "$OUT/memcheck_qkv.log" | head -20
+  for i in 1 2; do
+    for v in "attention-qkv 10" "no-attention-qkv 10" "attention-qkv 11" "no-attention-qkv 11"; do
+      set -- $v
+      timeout 60 $B/opd bench rollout --runs 3 --$1 --decode-linear-gemms $2 2>&1 | grep -E "^  run [0-9]" | grep -v warm | \
+        sed -E "s/^  run ([0-9]).*: ([0-9.]+) s, .*decode forward ([0-9.]+) s, sampling ([0-9.]+).*/$1 gemms $2: \2 fwd=\3 samp=\4/" >>"$OUT/qkv_ab.txt"
+    done
+  done
+  cat "$OUT/qkv_ab.txt"
+fi
 if [[ "$what" == s12a ]]; then
   # Session 12 (nvidia-h200, <= 420 s): the decode attention's q|k|v prologue (q/k norm + RoPE
   # + K/V store inside the attention, one kernel less per layer): its bit-identity test plain

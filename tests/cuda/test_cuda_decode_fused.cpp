@@ -175,6 +175,7 @@ TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
         width = std::max<int64_t>(width, (lens.back() + bs - 1) / bs);
         blocks += (lens.back() + bs - 1) / bs;
       }
+      while (std::gcd<int64_t>(7, blocks) != 1) ++blocks;  // 7 must generate every id
       // Each sequence's blocks: distinct ids in a scrambled order.
       std::vector<int32_t> table(static_cast<size_t>(B * width), 0);
       int64_t next = 0;

@@ -504,11 +504,75 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
     }
   }
 
+  // Position len - 1 holds this step's token, whose K/V the predecessor (or the q|k|v
+  // prologue below) makes: t_last when this split holds it, else -1.
+  const int t_last = len - 1 >= t0 && len - 1 < t1 ? len - 1 : -1;
   // q|k|v prologue (p.qkv): q heads [r_first, r_first + nq) of the tile; the CTA whose split
-  // holds position len - 1 (the new token) also makes that token's k and v (t_new; -1: none).
+  // holds the new token also makes that token's k and v (t_new = t_last; -1: none).
   const bool fused = p.qkv != nullptr;
   const int nq = min(kRows, rows_b - r_first);
-  const int t_new = fused && len - 1 >= t0 && len - 1 < t1 ? len - 1 : -1;
+  const int t_new = fused ? t_last : -1;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int64_t row_stride = static_cast<int64_t>(p.hkv) * kD;  // elements per cache slot
+  const int64_t head_off = static_cast<int64_t>(g) * kD + lane * 8;
+  const int n_steps = t1 > t0 ? (t1 - t0 + kStepTokens - 1) / kStepTokens : 0;
+
+  // Issue the loads of warp step `step` (nothing for a step past the end or a masked token).
+  // defer_last (before the PDL wait): position t_last, whose K/V this step makes, is left out
+  // (masked) for patch_last below to fill after the wait.
+  auto load_stage = [&](DecodeStage<T>& st, int step, bool defer_last) {
+    st.valid = 0u;
+#pragma unroll
+    for (int j = 0; j < kDecodeLoads; ++j) {
+      const int t = t0 + step * kStepTokens + j * kTokPerLoad + sub;
+      // Block and slot of position t: a shift for power-of-two block sizes (no integer
+      // division in the load path), a division otherwise.
+      const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
+      int id = -1;
+      if (step < n_steps && t < t1 && !(defer_last && t == t_last)) id = sm_blk[bi - blk0];
+      if (id >= 0 && t == t_new) {  // the new token (q|k|v prologue): its staged k and v
+        st.k[j].load_plain(&sm_qkv[kRows][lane * 8]);
+        st.v[j].load_plain(&sm_qkv[kRows + 1][lane * 8]);
+        st.valid |= 1u << j;
+      } else if (id >= 0) {
+        const int64_t off =
+            (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
+            head_off;
+        st.k[j].load(kc + off);
+        st.v[j].load(vc + off);
+        st.valid |= 1u << j;
+      } else {
+        st.k[j].zero();  // V must be finite: p = 0 times it is added below
+        st.v[j].zero();
+      }
+    }
+  };
+  // The deferred position of a stage loaded before the wait: from the prologue's shared memory
+  // (q|k|v prologue) or the cache (the predecessor stored it), as load_stage would have.
+  auto patch_last = [&](DecodeStage<T>& st, int step) {
+    if (t_last < 0 || step >= n_steps) return;
+#pragma unroll
+    for (int j = 0; j < kDecodeLoads; ++j) {
+      const int t = t0 + step * kStepTokens + j * kTokPerLoad + sub;
+      if (t != t_last) continue;
+      const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
+      const int id = sm_blk[bi - blk0];
+      if (id < 0) continue;
+      if (t == t_new) {
+        st.k[j].load_plain(&sm_qkv[kRows][lane * 8]);
+        st.v[j].load_plain(&sm_qkv[kRows + 1][lane * 8]);
+      } else {
+        const int64_t off =
+            (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
+            head_off;
+        st.k[j].load(kc + off);
+        st.v[j].load(vc + off);
+      }
+      st.valid |= 1u << j;
+    }
+  };
+
   const int wl = static_cast<int>(threadIdx.x) % 32;
   float pos = 0.f;
   dev::PairTerms pre_q[dev::kRopePrePairs], pre_k[dev::kRopePrePairs];
@@ -519,9 +583,17 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       dev::norm_rope_prepare(pre_k, static_cast<const T*>(p.k_norm), p.inv_freq, pos, kD, wl);
   }
 
-  // PDL (kernels/cuda/pdl.cuh): everything above reads only the step's uploaded indices; q and
-  // the K/V this step stored come from the predecessor (qkv_norm_rope_store, or with the q|k|v
-  // prologue the q|k|v GEMM): wait for it here.
+  // The warp's first K/V step is issued before the wait: every position but t_last was stored
+  // by an earlier step (no kernel of this step writes it), so its DRAM latency overlaps the
+  // predecessor's tail, the wait and the q work below.
+  __syncthreads();  // the block ids staged
+  DecodeStage<T> sa, sb;
+  int step = warp;
+  load_stage(sa, step, true);
+
+  // PDL (kernels/cuda/pdl.cuh): everything above reads only the step's uploaded indices and
+  // K/V of earlier steps; q and the K/V this step stores come from the predecessor
+  // (qkv_norm_rope_store, or with the q|k|v prologue the q|k|v GEMM): wait for it here.
   dev::pdl_wait();
 
   if (fused) {
@@ -579,40 +651,6 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
   }
   __syncthreads();
 
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
-  const int64_t row_stride = static_cast<int64_t>(p.hkv) * kD;  // elements per cache slot
-  const int64_t head_off = static_cast<int64_t>(g) * kD + lane * 8;
-  const int n_steps = t1 > t0 ? (t1 - t0 + kStepTokens - 1) / kStepTokens : 0;
-
-  // Issue the loads of warp step `step` (nothing for a step past the end or a masked token).
-  auto load_stage = [&](DecodeStage<T>& st, int step) {
-    st.valid = 0u;
-#pragma unroll
-    for (int j = 0; j < kDecodeLoads; ++j) {
-      const int t = t0 + step * kStepTokens + j * kTokPerLoad + sub;
-      // Block and slot of position t: a shift for power-of-two block sizes (no integer
-      // division in the load path), a division otherwise.
-      const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
-      int id = -1;
-      if (step < n_steps && t < t1) id = sm_blk[bi - blk0];
-      if (id >= 0 && t == t_new) {  // the new token (q|k|v prologue): its staged k and v
-        st.k[j].load_plain(&sm_qkv[kRows][lane * 8]);
-        st.v[j].load_plain(&sm_qkv[kRows + 1][lane * 8]);
-        st.valid |= 1u << j;
-      } else if (id >= 0) {
-        const int64_t off =
-            (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
-            head_off;
-        st.k[j].load(kc + off);
-        st.v[j].load(vc + off);
-        st.valid |= 1u << j;
-      } else {
-        st.k[j].zero();  // V must be finite: p = 0 times it is added below
-        st.v[j].zero();
-      }
-    }
-  };
 
   float m[kRows], l[kRows], acc[kRows][8];
 #pragma unroll
@@ -675,19 +713,15 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
   };
 
   // ---- stream: warp w computes steps w, w + 4, w + 8, ...; the next one is always loading.
-  {
-    DecodeStage<T> sa, sb;
-    int step = warp;
-    load_stage(sa, step);
-    while (step < n_steps) {
-      load_stage(sb, step + kDecodeWarps);
-      compute_stage(sa);
-      step += kDecodeWarps;
-      if (step >= n_steps) break;
-      load_stage(sa, step + kDecodeWarps);
-      compute_stage(sb);
-      step += kDecodeWarps;
-    }
+  patch_last(sa, step);
+  while (step < n_steps) {
+    load_stage(sb, step + kDecodeWarps, false);
+    compute_stage(sa);
+    step += kDecodeWarps;
+    if (step >= n_steps) break;
+    load_stage(sa, step + kDecodeWarps, false);
+    compute_stage(sb);
+    step += kDecodeWarps;
   }
   // Every K/V load of this CTA is done: the successor (the combine, or the o projection) may
   // start its prologue (no memory ordering: it waits for this grid to complete).
