@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,38 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s12d ]]; then
+  # Session 12 (nvidia-h200, <= 420 s): the final code (the decode attention's early K/V loads,
+  # q|k|v on the decode linear by default; the q|k|v prologue removed): the GPU suite minus the
+  # forward wgmma sweep, and the early-launch test under memcheck.
+  run cuda 300 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  run memcheck_early 90 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaDecodeFused.DecodeAttentionLaunchedEarly*'
+  grep -h "FAILED\|Failure\|ERROR SUMMARY" "$OUT/cuda.log" "$OUT/memcheck_early.log" | head -20
+fi
+if [[ "$what" == s12e ]]; then
+  # Session 12 (nvidia-h200, <= 420 s): `opd bench rollout` of the session's starting build
+  # (.carry/bin/opd_old, a3a67b3) and of this one with --decode-linear-gemms 10 / 11 (default) /
+  # 15, alternating; the stage attribution (--skip-stages, one stage at a time) at the defaults;
+  # then `opd bench w1`.
+  for i in 1 2; do
+    for v in "old 10" "new 10" "new 11" "new 15"; do
+      set -- $v
+      if [[ $1 == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
+      timeout 60 $bin bench rollout --runs 3 --decode-linear-gemms $2 2>&1 | grep -E "^  run [0-9]" | grep -v warm | \
+        sed -E "s/^  run ([0-9]).*: ([0-9.]+) s, .*decode forward ([0-9.]+) s, sampling ([0-9.]+).*/$1 gemms $2: \2 fwd=\3 samp=\4/" >>"$OUT/gemms_ab.txt"
+    done
+  done
+  sort "$OUT/gemms_ab.txt"
+  for st in none qkv rope attention combine o postnorm gateup swiglu down nextnorm qkv,o,gateup,down rope,combine,postnorm,swiglu,nextnorm; do
+    if [[ $st == none ]]; then arg=; else arg="--skip-stages $st"; fi
+    r=$(timeout 60 $B/opd bench rollout --runs 2 $arg 2>&1 | grep -E "^  run [0-9]" | grep -v warm | \
+        sed -E "s/.*: ([0-9.]+) s, .*decode forward ([0-9.]+) s.*/\2/" | tr '\n' ' ')
+    echo "skip $st: decode forward $r" | tee -a "$OUT/stages.txt"
+  done
+  run w1 120 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s12c ]]; then
   # Session 12 (nvidia-h200, <= 400 s): the decode attention issues each warp's first K/V step

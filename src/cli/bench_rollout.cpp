@@ -95,9 +95,6 @@ const Switch kSwitches[] = {
      "decode steps run the per-layer GEMMs named by --decode-linear-gemms on opd's decode linear "
      "(weights streamed under the PDL wait) instead of cuBLASLt; --no-decode-linear: cuBLASLt for "
      "all"},
-    {"attention-qkv", "attention_qkv", &EngineOptions::cuda_attention_qkv,
-     "decode steps run the q/k norm + RoPE + K/V store inside the decode attention (one kernel "
-     "less per layer, the same bits)"},
     {"fresh-prefill", "fresh_prefill", &EngineOptions::cuda_fresh_prefill,
      "prompt chunks starting at position 0 attend with the tensor-core varlen attention instead "
      "of the paged kernel (bf16, head_dim 64/128)"},
@@ -360,7 +357,7 @@ void register_bench_rollout(CLI::App& bench) {
   cmd->add_option("--block-size", o->block_size, "tokens per KV block")->capture_default_str();
   cmd->add_option("--decode-linear-gemms", o->decode_linear_gemms,
                   "with --decode-linear: which per-layer GEMMs run on it, a bit mask (1 q|k|v, 2 o, "
-                  "4 gate|up, 8 down; 10 = o and down, the two it wins on the H200)")
+                  "4 gate|up, 8 down; 11 = q|k|v, o and down, the three it wins on the H200)")
       ->capture_default_str();
   cmd->add_option("--skip-stages", o->skip_stages,
                   "measurement only: decode steps leave out these per-layer kernels, a comma list "

@@ -189,10 +189,6 @@ class PagedForward {
   static constexpr unsigned kDecodeLinearQkv = 1, kDecodeLinearO = 2, kDecodeLinearGateUp = 4,
                             kDecodeLinearDown = 8;
   void set_decode_linear(unsigned gemms) { decode_linear_ = gemms; }
-  // Decode steps (max_q_len <= 1, no fresh prompt) of the fused layer path run the q/k norm +
-  // RoPE + K/V store inside the decode attention (its q|k|v prologue: PagedAttentionArgs::qkv)
-  // instead of as a kernel of its own: one kernel less per layer, bit-identical results.
-  void set_attention_qkv(bool on) { attention_qkv_ = on; }
   // Measurement only (`opd bench rollout --skip-stages`): decode steps (max_q_len <= 1) of the
   // fused layer path launch none of the kernels named by these bits, so a step timed without
   // them attributes the step's time to its stages (METHOD: time variants that leave one stage
@@ -272,7 +268,6 @@ class PagedForward {
   bool pdl_ = false;
   unsigned decode_linear_ = 0;  // kDecodeLinear* bits
   unsigned skip_stages_ = 0;    // kStage* bits (measurement only)
-  bool attention_qkv_ = false;
   bool fresh_prefill_ = true;
   bool context_prefill_ = false;
   std::vector<Tensor> qkv_w_, qkv_b_, gu_w_;  // per layer: [(Hq + 2 Hkv) D, H], [..] or none, [2 I, H]

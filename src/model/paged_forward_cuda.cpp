@@ -251,10 +251,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   // tail (s.fresh_batch > 0) reads its keys/values as contiguous rows: k_rows/v_rows [T, Hkv D]
   // when the caller has them (the unfused path), else gathered from the cache by slot.
   const size_t es = dtype_size(dt);
-  // qkv (decode steps with set_attention_qkv): the decode attention's q|k|v prologue takes the
-  // packed rows and stores the new K/V itself (q is then unused).
-  auto attend = [&](size_t li, const void* q, const void* k_rows, const void* v_rows,
-                    const cuda::QkvNormRopeStoreArgs* qkv = nullptr) {
+  auto attend = [&](size_t li, const void* q, const void* k_rows, const void* v_rows) {
     const int64_t paged_batch = B - s.fresh_batch, paged_rows = s.fresh_batch ? s.fresh_row0 : T;
     if (s.fresh_batch > 0) {
       const int64_t r0 = s.fresh_row0, n = T - r0, kvw = Hkv * D;
@@ -311,7 +308,6 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     a.error_flag = s.error_flag;
     a.pdl = pdl;
     a.skip_combine = skip(PagedForward::kStageCombine);  // measurement only
-    a.qkv = qkv;
     const cuda::PagedAttentionLaunch launch = cuda::paged_attention_launch(a);
     cuda::paged_attention(a, ws.split_workspace(launch.workspace_bytes), stream);
   };
@@ -341,12 +337,8 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
       f.v_cache = cache.v(static_cast<int64_t>(li)).raw();
       f.error_flag = s.error_flag;
       f.pdl = pdl;
-      // Decode steps: the attention's q|k|v prologue does this kernel's work (one kernel less
-      // per layer, the same bits); other steps launch it.
-      const bool in_attention = attention_qkv_ && s.max_q_len <= 1 && s.fresh_batch == 0;
-      if (!in_attention && !skip(PagedForward::kStageRope)) cuda::qkv_norm_rope_store(f, stream);
-      if (!skip(PagedForward::kStageAttention))
-        attend(li, ws.qn.raw(), nullptr, nullptr, in_attention ? &f : nullptr);
+      if (!skip(PagedForward::kStageRope)) cuda::qkv_norm_rope_store(f, stream);
+      if (!skip(PagedForward::kStageAttention)) attend(li, ws.qn.raw(), nullptr, nullptr);
       if (!skip(PagedForward::kStageO))
         linear(kDecodeLinearO, ws.attn.raw(), L.o_proj.raw(), bias(L.o_bias), T, Hq * D, H, dt,
              ws.o.raw(), tune);

@@ -235,7 +235,6 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
         options_.cuda_decode_linear ? options_.cuda_decode_linear_gemms : 0u);
     device_->forward->set_fresh_prefill(options_.cuda_fresh_prefill);
     device_->forward->set_skip_stages(options_.cuda_skip_stages);
-    device_->forward->set_attention_qkv(options_.cuda_attention_qkv);
     device_->forward->set_context_prefill(options_.cuda_context_prefill);
     OPD_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
     stats_.pack_seconds = seconds_since(t_phase);

@@ -94,15 +94,12 @@ struct EngineOptions {
   // CUDA bf16 models: decode steps (<= 64 tokens) run some per-layer GEMMs on opd's decode
   // linear (PagedForward::set_decode_linear, kernels/cuda/decode_linear.h), which streams its
   // weights under the PDL wait, instead of cuBLASLt: those named in cuda_decode_linear_gemms
-  // (PagedForward::kDecodeLinear* bits: 1 q|k|v, 2 o, 4 gate|up, 8 down). Default o and down,
-  // the two it wins (H200, W1: decode forward 2.091 -> 2.056 ms per step; q|k|v on par,
-  // gate|up slower; docs/rollout.md "Decode linear v4"). Off: cuBLASLt for all four.
+  // (PagedForward::kDecodeLinear* bits: 1 q|k|v, 2 o, 4 gate|up, 8 down). Default q|k|v, o
+  // and down (11): session 10 took o and down (H200, W1: decode forward 2.091 -> 2.056 ms per
+  // step; q|k|v on par then, gate|up slower); since the decode attention loads K/V before its
+  // PDL wait (session 12), q|k|v on it gains too (docs/rollout.md). Off: cuBLASLt for all four.
   bool cuda_decode_linear = true;
-  unsigned cuda_decode_linear_gemms = 10;
-  // CUDA models (fused layers): decode steps run the q/k norm + RoPE + K/V store inside the
-  // decode attention (PagedForward::set_attention_qkv): one kernel less per layer, the same
-  // bits. False: its own kernel before the attention (for A/B measurements).
-  bool cuda_attention_qkv = true;
+  unsigned cuda_decode_linear_gemms = 11;
   // Measurement only (`opd bench rollout --skip-stages`): decode steps leave out the per-layer
   // kernels named by these PagedForward::kStage* bits (PagedForward::set_skip_stages); the
   // samples are then not the model's. 0 everywhere else.

@@ -138,14 +138,18 @@ TEST(CudaDecodeFused, QkvNormRopeStoreMatchesTheCpuComposition) {
   }
 }
 
-// The decode attention's q|k|v prologue (PagedAttentionArgs::qkv) against the two kernels it
-// replaces, qkv_norm_rope_store then the decode attention: the same output bits and the same
-// cache bytes, over GQA groups 1-16 (16: two query tiles per sequence, both making the new k/v),
-// head dims 8-256, with and without q/k norm, packed rows wider than the heads, automatic and
-// forced splits (the new token in a later split), unequal lengths down to 1; a bad slot is
-// reported as the row, as the separate kernel does, and leaves the other sequences' K/V stored.
-TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
+// The decode attention issues each warp's first K/V loads before its PDL wait, all positions but
+// this step's token (whose K/V its predecessor, qkv_norm_rope_store, writes). Launched early
+// behind that store, which itself waits behind a 200 us kernel, the attention's prologue runs
+// long before the store: with the new tokens' cache slots poisoned (NaN) beforehand, a load of
+// them before the wait would put NaN in the output. The output and the caches must equal the
+// plain launches' bytes over GQA groups 1-16, head dims 8-256, with and without q/k norm,
+// packed rows wider than the heads, automatic and forced splits (the new token in a later
+// split), unequal lengths down to 1.
+TEST(CudaDecodeFused, DecodeAttentionLaunchedEarlyReadsThisStepsTokenOnlyAfterItsStore) {
   REQUIRE_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   struct Case {
     int64_t batch, hq, hkv, d, bs;
     bool norm;
@@ -190,8 +194,15 @@ TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
       }
       Tensor qkv = dev(rand_in({B, R}, dt, seed++), dt);
       Tensor wq = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt), wk = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt);
-      Tensor kc0 = dev(rand_in({blocks, bs, hkv, d}, dt, seed++), dt);
-      Tensor vc0 = dev(rand_in({blocks, bs, hkv, d}, dt, seed++), dt);
+      // The caches: random, but NaN at every new token's slot until the store writes it.
+      Tensor kc_h = rand_in({blocks, bs, hkv, d}, dt, seed++);
+      Tensor vc_h = rand_in({blocks, bs, hkv, d}, dt, seed++);
+      for (int32_t slot : slots)
+        for (int64_t e = 0; e < hkv * d; ++e) {
+          kc_h.data<float>()[slot * hkv * d + e] = std::nanf("");
+          vc_h.data<float>()[slot * hkv * d + e] = std::nanf("");
+        }
+      Tensor kc0 = dev(kc_h, dt), vc0 = dev(vc_h, dt);
       Tensor inv = Tensor::empty({d / 2}, DType::F32);
       for (int64_t i = 0; i < d / 2; ++i)
         inv.data<float>()[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * i / d));
@@ -200,8 +211,9 @@ TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
       Tensor lens_d = dev_i32(Tensor::from_vector(lens, {B}));
       Tensor table_d = dev_i32(Tensor::from_vector(table, {B, width}));
 
-      // One call of each path on fresh copies of the caches; returns out, k cache, v cache, flag.
-      auto run = [&](bool prologue, const std::vector<int32_t>& slot_ids) {
+      // Store + attention on fresh copies of the caches, plain or PDL-launched behind the 200 us
+      // kernel; returns out, k cache, v cache, flag.
+      auto run = [&](bool pdl, const std::vector<int32_t>& slot_ids) {
         Tensor kc = kc0.clone(), vc = vc0.clone();
         Tensor q_out = dev_poison({B, hq, d}, dt), out = dev_poison({B, hq, d}, dt);
         Tensor flag = Tensor::from_vector(std::vector<int32_t>{-1}, {1}).to(Device::CUDA);
@@ -225,7 +237,7 @@ TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
         f.k_cache = kc.raw();
         f.v_cache = vc.raw();
         f.error_flag = reinterpret_cast<unsigned*>(flag.raw());
-        if (!prologue) cuda::qkv_norm_rope_store(f, nullptr);
+        f.pdl = pdl;
         cuda::PagedAttentionArgs a;
         a.q = q_out.raw();
         a.k_cache = kc.raw();
@@ -248,31 +260,30 @@ TEST(CudaDecodeFused, AttentionQkvPrologueGivesTheSeparateKernelsBits) {
         a.dtype = dt;
         a.error_flag = f.error_flag;
         a.force_splits = c.splits;
-        a.qkv = prologue ? &f : nullptr;
+        a.pdl = pdl;
         const cuda::PagedAttentionLaunch l = cuda::paged_attention_launch(a);
         cuda::DeviceBuffer ws(l.workspace_bytes, nullptr);
-        cuda::paged_attention(a, l.workspace_bytes ? ws.get() : nullptr, nullptr);
+        // Everything allocated and copied before the launches (an allocation may synchronize).
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        if (pdl) cuda::spin(200.0, stream, true);
+        cuda::qkv_norm_rope_store(f, stream);
+        cuda::paged_attention(a, l.workspace_bytes ? ws.get() : nullptr, stream);
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         if (c.splits > 0) EXPECT_EQ(l.num_splits, std::min<int64_t>(c.splits, max_len));
         return std::vector<Tensor>{out, kc, vc, flag.to(Device::CPU)};
       };
-      const std::vector<Tensor> sep = run(false, slots), fused = run(true, slots);
-      EXPECT_EQ(sep[3].data<int32_t>()[0], -1);
-      EXPECT_EQ(fused[3].data<int32_t>()[0], -1);
-      EXPECT_TRUE(bytes(fused[0]) == bytes(sep[0])) << diff_summary(host(fused[0]), host(sep[0]));
-      EXPECT_TRUE(bytes(fused[1]) == bytes(sep[1])) << "k cache differs";
-      EXPECT_TRUE(bytes(fused[2]) == bytes(sep[2])) << "v cache differs";
-      EXPECT_TRUE(bytes(fused[1]) != bytes(kc0)) << "nothing stored";
-
-      // A bad slot (row B - 1): reported as that row by both paths; the other rows' K/V stored.
-      std::vector<int32_t> bad = slots;
-      bad[B - 1] = static_cast<int32_t>(blocks * bs);
-      const std::vector<Tensor> sep_bad = run(false, bad), fused_bad = run(true, bad);
-      EXPECT_EQ(sep_bad[3].data<int32_t>()[0], B - 1);
-      EXPECT_EQ(fused_bad[3].data<int32_t>()[0], B - 1);
-      EXPECT_TRUE(bytes(fused_bad[1]) == bytes(sep_bad[1])) << "k cache differs with a bad slot";
+      const std::vector<Tensor> plain = run(false, slots), early = run(true, slots);
+      EXPECT_EQ(plain[3].data<int32_t>()[0], -1);
+      EXPECT_EQ(early[3].data<int32_t>()[0], -1);
+      // close(..., 0, 0, 0): exact, and NaN never passes.
+      EXPECT_TRUE(close(host(plain[0]), host(plain[0]), 0, 0, 0)) << "NaN in the plain output";
+      EXPECT_TRUE(close(host(plain[1]), host(plain[1]), 0, 0, 0)) << "a new token's k never stored";
+      EXPECT_TRUE(bytes(early[0]) == bytes(plain[0])) << diff_summary(host(early[0]), host(plain[0]));
+      EXPECT_TRUE(bytes(early[1]) == bytes(plain[1])) << "k cache differs";
+      EXPECT_TRUE(bytes(early[2]) == bytes(plain[2])) << "v cache differs";
     }
   }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST(CudaDecodeFused, SwigluPackedMatchesTheCpu) {

@@ -823,7 +823,7 @@ TEST(CudaRollout, DecodeLinearGreedyIsTheFullForwardArgmax) {
       opt.kv_cache_bytes = int64_t{256} << 20;
       opt.cuda_graphs = graphs;
       opt.cuda_decode_linear = true;
-      opt.cuda_decode_linear_gemms = 15;  // all four (the default takes o and down)
+      opt.cuda_decode_linear_gemms = 15;  // all four (the default takes q|k|v, o and down)
       std::vector<GenerationRequest> reqs;
       for (int i = 0; i < 6; ++i) {
         GenerationRequest r = request(seeded_prompt(1950 + i, 5 + 7 * i, V), 12, 0.0);

@@ -7,6 +7,7 @@
 #include "core/philox.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace opd::cuda {
 namespace {
@@ -40,7 +41,9 @@ __global__ void fill_ints_kernel(int32_t* out, int64_t n, uint64_t seed, int32_t
   }
 }
 
-__global__ void spin_kernel(uint64_t ns) {
+__global__ void spin_kernel(uint64_t ns, bool release_dependents) {
+  // A PDL-launched successor may start at once (tests: it runs its prologue while this spins).
+  if (release_dependents) dev::pdl_launch_dependents();
   uint64_t start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
@@ -107,8 +110,9 @@ void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,
   check_launch("fill_ints_kernel");
 }
 
-void spin(double microseconds, cudaStream_t stream) {
-  spin_kernel<<<1, 1, 0, stream>>>(static_cast<uint64_t>(microseconds * 1000.0));
+void spin(double microseconds, cudaStream_t stream, bool release_dependents) {
+  spin_kernel<<<1, 1, 0, stream>>>(static_cast<uint64_t>(microseconds * 1000.0),
+                                   release_dependents);
   check_launch("spin_kernel");
 }
 

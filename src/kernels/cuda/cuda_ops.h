@@ -214,8 +214,6 @@ struct PagedStoreArgs {
 };
 void kv_cache_store(const PagedStoreArgs& args, cudaStream_t stream);
 
-struct QkvNormRopeStoreArgs;  // below
-
 struct PagedAttentionArgs {
   const void* q = nullptr;        // [total_q, hq, head_dim]
   const void* k_cache = nullptr;  // [num_blocks, block_size, hkv, head_dim]
@@ -241,14 +239,6 @@ struct PagedAttentionArgs {
   // Measurement only (PagedForward::set_skip_stages): the splits are not combined, `out` is
   // left as it was.
   bool skip_combine = false;
-  // Decode calls only (max_q_len <= 1): the q|k|v prologue. Instead of reading `q` (left
-  // unused) and the new tokens' K/V from the cache, the decode kernel takes them from the packed
-  // q|k|v GEMM rows that `qkv` describes (set_packed_qkv layout; the same n, heads, head_dim,
-  // dtype, caches and error flag as these args), applies the q/k norm and RoPE there and stores
-  // each sequence's new K/V (position seq_len - 1, at qkv->slot_mapping[row]): the work and
-  // the bits of qkv_norm_rope_store followed by this call, one kernel less per layer. A bad
-  // slot is skipped and reported through the error flag (its row), as there.
-  const QkvNormRopeStoreArgs* qkv = nullptr;
 };
 // The grid a call will use: query rows (pairs (row, head) of one kv head) per CTA, tiles per
 // sequence, position splits and the f32 workspace they need:
@@ -327,7 +317,9 @@ void fill_ints(int32_t* out, int64_t n, uint64_t seed, int32_t lo, int32_t hi,
 // Normal(mean, std) by Box-Muller (random initialization of benchmark models on the device).
 void fill_normal(void* out, int64_t n, DType dtype, uint64_t seed, float mean, float std,
                  cudaStream_t stream);
-void spin(double microseconds, cudaStream_t stream);
+// spin: release_dependents lets a PDL-launched successor start at once (its prologue then runs
+// while this kernel occupies the stream: the tests of what a prologue may read).
+void spin(double microseconds, cudaStream_t stream, bool release_dependents = false);
 // out[b] = the SM that block b of a `blocks`-block grid ran on (each block stays ~20 us): the
 // SMs a stream's work may use (tests of cuda::SmPartition).
 void sm_ids(int32_t* out, int blocks, cudaStream_t stream);

@@ -23,7 +23,6 @@
 #include "core/cuda/stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/norm_rope.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace opd::cuda {
@@ -34,12 +33,39 @@ constexpr int kThreads = 256;  // 8 warps: one (token, head) row per warp
 // One warp per (token t, head slot j): j < Hq are query heads, then Hkv key heads, then Hkv
 // value heads. Lane l owns the rotate-half pairs (i, i + D/2) for i = l, l + 32, ... < D/2.
 //
-// PDL (kernels/cuda/pdl.cuh): the first dev::kRopePrePairs pairs' norm weights and RoPE sin/cos,
-// the token's position and slot are computed before pdl_wait() (none of them is written by the
+// PDL (kernels/cuda/pdl.cuh): the first kPrePairs pairs' norm weights and RoPE sin/cos, the
+// token's position and slot are computed before pdl_wait() (none of them is written by the
 // q|k|v GEMM this kernel follows); the q/k/v rows are read only after it. The successor (the
 // decode paged attention) is released at once: its prologue (block tables) overlaps this kernel.
-// The arithmetic is the same expressions on the same values either way (bit-identical); it is
-// norm_rope.cuh's, which the decode attention's q|k|v prologue shares.
+// The arithmetic is the same expressions on the same values either way (bit-identical).
+constexpr int kPrePairs = 4;  // pairs per lane precomputed: head_dim <= 2 * 32 * 4 = 256
+
+struct PairTerms {  // what pair i of a head needs besides the head's values
+  float w0, w1, sn, cs;
+};
+
+template <typename T>
+__device__ __forceinline__ PairTerms pair_terms(const T* w, const float* inv_freq, float pos,
+                                                   int64_t i, int64_t half) {
+  PairTerms p;
+  p.w0 = w ? dev::to_f32(w[i]) : 1.f;
+  p.w1 = w ? dev::to_f32(w[i + half]) : 1.f;
+  sincosf(pos * inv_freq[i], &p.sn, &p.cs);
+  return p;
+}
+
+// Pair i of one head: the normed value as rmsnorm_forward stores it (when w), then RoPE.
+template <typename T>
+__device__ __forceinline__ void rope_pair(const T* src, T* dst, int64_t i, int64_t half,
+                                          bool normed, float rs, const PairTerms& p) {
+  float x0 = dev::to_f32(src[i]), x1 = dev::to_f32(src[i + half]);
+  if (normed) {
+    x0 = dev::to_f32(dev::from_f32<T>(x0 * rs * p.w0));
+    x1 = dev::to_f32(dev::from_f32<T>(x1 * rs * p.w1));
+  }
+  dst[i] = dev::from_f32<T>(x0 * p.cs - x1 * p.sn);
+  dst[i + half] = dev::from_f32<T>(x1 * p.cs + x0 * p.sn);
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -54,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t t = warp / slots_per_token;
   const int64_t j = warp % slots_per_token;
-  const int64_t D = a.head_dim;
+  const int64_t D = a.head_dim, half = D / 2;
   const bool is_q = j < a.hq, is_k = !is_q && j < a.hq + a.hkv;
 
   T* dst = nullptr;
@@ -84,10 +110,27 @@ __global__ void __launch_bounds__(kThreads)
   }
   // ---- prologue: independent of the GEMM's output.
   const float pos = static_cast<float>(a.positions[t]);
-  dev::PairTerms pre[dev::kRopePrePairs];
-  dev::norm_rope_prepare(pre, w, a.inv_freq, pos, D, lane);
+  PairTerms pre[kPrePairs];
+#pragma unroll
+  for (int k = 0; k < kPrePairs; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i < half) pre[k] = pair_terms(w, a.inv_freq, pos, i, half);
+  }
   dev::pdl_wait();
-  dev::norm_rope_head(src, dst, w, a.inv_freq, pos, D, a.eps, pre, lane);
+
+  float ss = 0.f;
+  for (int64_t i = lane; i < D; i += 32) {
+    const float x = dev::to_f32(src[i]);
+    ss += x * x;
+  }
+  const float rs = w ? rsqrtf(dev::warp_sum(ss) / static_cast<float>(D) + a.eps) : 1.f;
+#pragma unroll
+  for (int k = 0; k < kPrePairs; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i < half) rope_pair(src, dst, i, half, w != nullptr, rs, pre[k]);
+  }
+  for (int64_t i = lane + 32 * kPrePairs; i < half; i += 32)  // head_dim > 256
+    rope_pair(src, dst, i, half, w != nullptr, rs, pair_terms(w, a.inv_freq, pos, i, half));
 }
 
 // expf (not __expf), as swiglu.cu: the f32 path is compared with the CPU at 1e-5.

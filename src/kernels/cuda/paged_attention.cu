@@ -37,7 +37,6 @@
 #include "core/cuda/stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/norm_rope.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace opd::cuda {
@@ -69,24 +68,6 @@ __device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
   f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
 }
 
-// The same from shared memory (the decode kernel's q|k|v prologue stages q there).
-__device__ __forceinline__ void load8_plain(const bf16* p, float (&f)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void load8_plain(const float* p, float (&f)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-  f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-}
-
 struct Params {
   const void* q;
   const void* k_cache;
@@ -102,18 +83,6 @@ struct Params {
   int max_q_len, max_seq_len, tiles_per_seq, num_splits, split_tokens;
   int bs_shift;  // log2(block_size) when it is a power of two (W1: 16), else -1 (decode kernel)
   float scale_log2;
-  // The decode kernel's q|k|v prologue (PagedAttentionArgs::qkv; qkv null: off): the packed
-  // q|k|v GEMM rows [total_q, qkv_stride] before the q/k norm and RoPE; the new token's K/V
-  // (position len - 1) go to the cache at slot_mapping[row] from here.
-  const void* qkv;
-  int64_t qkv_stride;
-  const void* q_norm;
-  const void* k_norm;
-  const float* inv_freq;
-  const int32_t* positions;
-  const int32_t* slot_mapping;
-  int64_t num_slots;
-  float eps;
 };
 
 // grid (batch * tiles_per_seq, hkv, num_splits), kThreads threads. Rows of (b, g) are the
@@ -393,10 +362,6 @@ struct Raw8 {
 #pragma unroll
     for (int i = 0; i < kWords; ++i) w[i] = load_stream16(reinterpret_cast<const uint4*>(p) + i);
   }
-  __device__ __forceinline__ void load_plain(const T* p) {  // shared memory
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const uint4*>(p)[i];
-  }
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int i = 0; i < kWords; ++i) w[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -442,9 +407,6 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
 
   __shared__ int sm_blk[kDecodeTable];
   __shared__ __align__(16) float sm_acc[kDecodeWarps][kRows][kD];
-  // q|k|v prologue (p.qkv): the tile's q heads after norm + RoPE, the new token's k (normed,
-  // roped) and v, as the separate kernel would have stored them.
-  __shared__ __align__(16) T sm_qkv[kRows + 2][kD];
   __shared__ float sm_m[kDecodeWarps][kRows], sm_l[kDecodeWarps][kRows];
 
   const int b = static_cast<int>(blockIdx.x) / p.tiles_per_seq;
@@ -504,14 +466,9 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
     }
   }
 
-  // Position len - 1 holds this step's token, whose K/V the predecessor (or the q|k|v
-  // prologue below) makes: t_last when this split holds it, else -1.
+  // Position len - 1 holds this step's token, whose K/V the predecessor (qkv_norm_rope_store or
+  // kv_cache_store) makes: t_last when this split holds it, else -1.
   const int t_last = len - 1 >= t0 && len - 1 < t1 ? len - 1 : -1;
-  // q|k|v prologue (p.qkv): q heads [r_first, r_first + nq) of the tile; the CTA whose split
-  // holds the new token also makes that token's k and v (t_new = t_last; -1: none).
-  const bool fused = p.qkv != nullptr;
-  const int nq = min(kRows, rows_b - r_first);
-  const int t_new = fused ? t_last : -1;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const int64_t row_stride = static_cast<int64_t>(p.hkv) * kD;  // elements per cache slot
@@ -531,11 +488,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
       int id = -1;
       if (step < n_steps && t < t1 && !(defer_last && t == t_last)) id = sm_blk[bi - blk0];
-      if (id >= 0 && t == t_new) {  // the new token (q|k|v prologue): its staged k and v
-        st.k[j].load_plain(&sm_qkv[kRows][lane * 8]);
-        st.v[j].load_plain(&sm_qkv[kRows + 1][lane * 8]);
-        st.valid |= 1u << j;
-      } else if (id >= 0) {
+      if (id >= 0) {
         const int64_t off =
             (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
             head_off;
@@ -548,8 +501,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       }
     }
   };
-  // The deferred position of a stage loaded before the wait: from the prologue's shared memory
-  // (q|k|v prologue) or the cache (the predecessor stored it), as load_stage would have.
+  // The deferred position of a stage loaded before the wait, from the cache after it (the
+  // predecessor stored it), as load_stage would have loaded it.
   auto patch_last = [&](DecodeStage<T>& st, int step) {
     if (t_last < 0 || step >= n_steps) return;
 #pragma unroll
@@ -559,29 +512,14 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
       const int id = sm_blk[bi - blk0];
       if (id < 0) continue;
-      if (t == t_new) {
-        st.k[j].load_plain(&sm_qkv[kRows][lane * 8]);
-        st.v[j].load_plain(&sm_qkv[kRows + 1][lane * 8]);
-      } else {
-        const int64_t off =
-            (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
-            head_off;
-        st.k[j].load(kc + off);
-        st.v[j].load(vc + off);
-      }
+      const int64_t off =
+          (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
+          head_off;
+      st.k[j].load(kc + off);
+      st.v[j].load(vc + off);
       st.valid |= 1u << j;
     }
   };
-
-  const int wl = static_cast<int>(threadIdx.x) % 32;
-  float pos = 0.f;
-  dev::PairTerms pre_q[dev::kRopePrePairs], pre_k[dev::kRopePrePairs];
-  if (fused) {  // the RoPE terms and norm weights: nothing the predecessor writes
-    pos = static_cast<float>(p.positions[q0]);
-    dev::norm_rope_prepare(pre_q, static_cast<const T*>(p.q_norm), p.inv_freq, pos, kD, wl);
-    if (t_new >= 0)
-      dev::norm_rope_prepare(pre_k, static_cast<const T*>(p.k_norm), p.inv_freq, pos, kD, wl);
-  }
 
   // The warp's first K/V step is issued before the wait: every position but t_last was stored
   // by an earlier step (no kernel of this step writes it), so its DRAM latency overlaps the
@@ -593,41 +531,9 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
 
   // PDL (kernels/cuda/pdl.cuh): everything above reads only the step's uploaded indices and
   // K/V of earlier steps; q and the K/V this step stores come from the predecessor
-  // (qkv_norm_rope_store, or with the q|k|v prologue the q|k|v GEMM): wait for it here.
+  // (qkv_norm_rope_store): wait for it here.
   dev::pdl_wait();
 
-  if (fused) {
-    // norm_rope.cuh's arithmetic, as qkv_norm_rope_store: the same bits. Warp w takes items
-    // w, w + 4, ...: the nq q heads, then (t_new) k and v.
-    const T* row = static_cast<const T*>(p.qkv) + static_cast<int64_t>(q0) * p.qkv_stride;
-    const int items = nq + (t_new >= 0 ? 2 : 0);
-    for (int it = warp; it < items; it += kDecodeWarps) {
-      if (it < nq) {
-        const int h = g * p.group + r_first + it;
-        dev::norm_rope_head(row + static_cast<int64_t>(h) * kD, &sm_qkv[it][0],
-                            static_cast<const T*>(p.q_norm), p.inv_freq, pos, kD, p.eps, pre_q, wl);
-      } else if (it == nq) {
-        dev::norm_rope_head(row + static_cast<int64_t>(p.hq + g) * kD, &sm_qkv[kRows][0],
-                            static_cast<const T*>(p.k_norm), p.inv_freq, pos, kD, p.eps, pre_k, wl);
-      } else {
-        const T* v = row + static_cast<int64_t>(p.hq + p.hkv + g) * kD;
-        for (int i = wl; i < kD; i += 32) sm_qkv[kRows + 1][i] = v[i];
-      }
-    }
-    __syncthreads();
-    if (t_new >= 0 && tile == 0) {  // one CTA per (sequence, kv head) stores the new K/V
-      const int32_t slot = p.slot_mapping[q0];
-      if (slot < 0 || static_cast<int64_t>(slot) >= p.num_slots) {
-        if (threadIdx.x == 0 && g == 0) report(p.error_flag, q0);
-      } else {
-        const int64_t off = (static_cast<int64_t>(slot) * p.hkv + g) * kD;
-        for (int i = static_cast<int>(threadIdx.x); i < kD; i += kDecodeThreads) {
-          static_cast<T*>(const_cast<void*>(p.k_cache))[off + i] = sm_qkv[kRows][i];
-          static_cast<T*>(const_cast<void*>(p.v_cache))[off + i] = sm_qkv[kRows + 1][i];
-        }
-      }
-    }
-  }
 
   // Query heads of the tile, pre-scaled so that q.k is the score in log2 units. Heads beyond
   // the group (a partial tile) compute on zeros and are never written.
@@ -637,11 +543,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
     const int r = r_first + i;
     if (r < rows_b) {
       const int h = g * p.group + r;
-      if (fused) {
-        load8_plain(&sm_qkv[i][lane * 8], qv[i]);
-      } else {
-        load8(static_cast<const T*>(p.q) + (static_cast<int64_t>(q0) * p.hq + h) * kD + lane * 8, qv[i]);
-      }
+      load8(static_cast<const T*>(p.q) + (static_cast<int64_t>(q0) * p.hq + h) * kD + lane * 8, qv[i]);
 #pragma unroll
       for (int c = 0; c < 8; ++c) qv[i][c] *= p.scale_log2;
     } else {
@@ -1025,34 +927,6 @@ void paged_attention(const PagedAttentionArgs& a, void* workspace, cudaStream_t 
   for (int sh = 0; sh < 31; ++sh)
     if ((int64_t{1} << sh) == a.block_size) p.bs_shift = sh;
   p.scale_log2 = static_cast<float>(a.scale) * kLog2e;
-  p.qkv = nullptr;
-  if (a.qkv != nullptr) {
-    const QkvNormRopeStoreArgs& f = *a.qkv;
-    const int64_t es = static_cast<int64_t>(dtype_size(a.dtype));
-    const char* base = static_cast<const char*>(f.q);
-    OPD_CHECK(l.decode, InvalidArgument, "paged_attention: the q|k|v prologue is for decode calls "
-              "(max_q_len <= 1), got max_q_len ", a.max_q_len);
-    OPD_CHECK(f.dtype == a.dtype && f.n == a.total_q && f.hq == a.hq && f.hkv == a.hkv &&
-                  f.head_dim == a.head_dim && f.k_cache == a.k_cache && f.v_cache == a.v_cache &&
-                  f.error_flag == a.error_flag && f.num_slots == a.num_blocks * a.block_size,
-              InvalidArgument, "paged_attention: the q|k|v prologue's args describe another call");
-    OPD_CHECK(f.q_stride == f.k_stride && f.k_stride == f.v_stride &&
-                  f.q_stride >= (a.hq + 2 * a.hkv) * a.head_dim &&
-                  static_cast<const char*>(f.k) == base + a.hq * a.head_dim * es &&
-                  static_cast<const char*>(f.v) == base + (a.hq + a.hkv) * a.head_dim * es &&
-                  f.positions != nullptr && f.inv_freq != nullptr && f.slot_mapping != nullptr,
-              InvalidArgument, "paged_attention: the q|k|v prologue needs packed rows "
-              "(QkvNormRopeStoreArgs::set_packed_qkv), positions, inv_freq and slots");
-    p.qkv = f.q;
-    p.qkv_stride = f.q_stride;
-    p.q_norm = f.q_norm;
-    p.k_norm = f.k_norm;
-    p.inv_freq = f.inv_freq;
-    p.positions = f.positions;
-    p.slot_mapping = f.slot_mapping;
-    p.num_slots = f.num_slots;
-    p.eps = f.eps;
-  }
   OPD_CHECK(a.batch * l.tiles_per_seq < (int64_t{1} << 31) && a.hkv <= 65535 &&
                 l.num_splits <= 65535,
             Unsupported, "paged_attention on CUDA: grid too large");
