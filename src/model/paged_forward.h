@@ -178,8 +178,8 @@ class PagedForward {
   // Decode steps (max_q_len <= 1) launch opd's kernels that follow another kernel (RMSNorms,
   // q/k norm + RoPE + K/V store, the decode attention, SwiGLU) with programmatic dependent
   // launch (kernels/cuda/pdl.cuh): each may start while its predecessor finishes, loads what
-  // does not depend on it (norm weights, block tables, positions, RoPE terms) and then waits for
-  // it. Bit-identical results; cuBLASLt's GEMMs are launched as before (opd's decode linear,
+  // does not depend on it (norm weights, block tables, positions, RoPE terms, the attention's
+  // first K/V of earlier positions) and then waits for it. Bit-identical results; cuBLASLt's GEMMs are launched as before (opd's decode linear,
   // set_decode_linear, is PDL-launched too).
   void set_pdl(bool on) { pdl_ = on; }
   // Decode-sized bf16 steps (<= 64 tokens) run the per-layer GEMMs named in `gemms` (bits

@@ -330,6 +330,9 @@ __global__ void __launch_bounds__(kThreads)
 //   - f32 scores, online softmax in log2 units, f32 accumulators; the lanes of one token group
 //     are one stream, merged in the warp (shuffles), then across warps through shared memory
 //     in a fixed order (deterministic).
+//   - Launched with PDL, each warp issues its first K/V step before griddepcontrol.wait: every
+//     position but this step's token (stored by the predecessor, loaded after the wait) was
+//     written by an earlier step, so the first DRAM latency overlaps the predecessor's tail.
 //   - Splits only when batch x kv heads would not fill the machine (flash-decoding, Dao et al.
 //     2023: FA2's wave-efficiency rule), the partials merged by the combine kernel above.
 constexpr int kDecodeWarps = 4;
@@ -452,8 +455,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
     t1 = t0;
   }
   // ---- stage the split's block ids; a bad one becomes -1 (its tokens are skipped) and is
-  // reported. Overlaps with the q loads below (no dependency until the barrier), and with a PDL
-  // launch also with the predecessor kernel.
+  // reported. With a PDL launch this overlaps the predecessor kernel.
   {
     const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_blocks + blk0;
     for (int i = static_cast<int>(threadIdx.x); i < n_blk; i += kDecodeThreads) {
@@ -534,7 +536,6 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
   // (qkv_norm_rope_store): wait for it here.
   dev::pdl_wait();
 
-
   // Query heads of the tile, pre-scaled so that q.k is the score in log2 units. Heads beyond
   // the group (a partial tile) compute on zeros and are never written.
   float qv[kRows][8];
@@ -552,7 +553,6 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
     }
   }
   __syncthreads();
-
 
   float m[kRows], l[kRows], acc[kRows][8];
 #pragma unroll
