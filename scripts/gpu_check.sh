@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,41 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s12g ]]; then
+  # Session 12's last call (nvidia-h200, <= 480 s): gather_rows and the packed SwiGLU in 16-byte
+  # chunks (s12f: 10 and 32 us per prefill call): the GPU suite minus the forward wgmma sweep,
+  # W1's prefill alone (s12f: 0.049 s) and its kernels under ncu, `opd bench rollout`, W1.
+  run cuda 300 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+  for i in 1 2; do
+    timeout 60 $B/opd bench rollout --new-tokens 1 --runs 3 2>&1 | grep -E "split:" >>"$OUT/prefill.txt"
+  done
+  cat "$OUT/prefill.txt"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 120 "$NCU" --clock-control none --page raw --metrics gpu__time_duration.sum --csv \
+      $B/opd bench rollout --warmup 0 --runs 1 --new-tokens 1 >"$OUT/ncu.csv" 2>/dev/null
+  python3 tools/ncu_summary.py --totals "$OUT/ncu.csv" | cut -c1-50,150- | head -16 && rm -f "$OUT/ncu.csv"
+  run rollout 60 $B/opd bench rollout --runs 3
+  grep -h "^opd:\|split:" "$OUT/rollout.log"
+  run w1 120 $B/opd bench w1 --work-dir /tmp/opd_w1
+  grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
+fi
+if [[ "$what" == s12f ]]; then
+  # Session 12 (nvidia-h200, <= 300 s): W1's prefill alone (`opd bench rollout --new-tokens 1`:
+  # 64 prompts of 256 in steps of --max-step-tokens 2048 (default) / 4096 / 16384), then the
+  # same prefill under ncu, kernel families' total time (tools/ncu_summary.py --totals).
+  for mst in 2048 4096 16384 2048; do
+    timeout 60 $B/opd bench rollout --new-tokens 1 --runs 3 --max-step-tokens $mst 2>&1 | \
+      grep -E "^  run [0-9]|split:" | grep -v warm | sed "s/^/mst $mst: /" | cut -c1-200 >>"$OUT/prefill.txt"
+  done
+  cat "$OUT/prefill.txt"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  run ncu_prefill 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      $B/opd bench rollout --warmup 0 --runs 1 --new-tokens 1
+  python3 tools/ncu_summary.py --totals "$OUT/ncu_prefill.log" > "$OUT/ncu_prefill_totals.txt" 2>&1 && \
+    rm -f "$OUT/ncu_prefill.log"
+  head -40 "$OUT/ncu_prefill_totals.txt"
 fi
 if [[ "$what" == s12d ]]; then
   # Session 12 (nvidia-h200, <= 420 s): the final code (the decode attention's early K/V loads,

@@ -289,19 +289,22 @@ TEST(CudaDecodeFused, DecodeAttentionLaunchedEarlyReadsThisStepsTokenOnlyAfterIt
 TEST(CudaDecodeFused, SwigluPackedMatchesTheCpu) {
   REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16}) {
-    const int64_t n = 13, inter = 40;
-    Tensor gu = rand_in({n, 2 * inter}, dt, 77, -4, 4);
-    Tensor g = Tensor::empty({n, inter}, DType::F32), u = Tensor::empty({n, inter}, DType::F32);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t i = 0; i < inter; ++i) {
-        g.data<float>()[t * inter + i] = gu.data<float>()[t * 2 * inter + i];
-        u.data<float>()[t * inter + i] = gu.data<float>()[t * 2 * inter + inter + i];
-      }
-    Tensor ref = Tensor::empty({n, inter}, DType::F32);
-    ops::swiglu_forward(g, u, ref);
-    Tensor gu_d = dev(gu, dt), out = dev_poison({n, inter}, dt);
-    cuda::swiglu_packed_forward(gu_d.raw(), n, inter, dt, out.raw(), nullptr);
-    EXPECT_TRUE(close_as(host(out), ref, dt)) << dtype_label(dt);
+    for (int64_t inter : {40, 37}) {  // 16-byte chunks; single elements
+      SCOPED_TRACE(cat(dtype_label(dt), " inter ", inter));
+      const int64_t n = 13;
+      Tensor gu = rand_in({n, 2 * inter}, dt, 77, -4, 4);
+      Tensor g = Tensor::empty({n, inter}, DType::F32), u = Tensor::empty({n, inter}, DType::F32);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < inter; ++i) {
+          g.data<float>()[t * inter + i] = gu.data<float>()[t * 2 * inter + i];
+          u.data<float>()[t * inter + i] = gu.data<float>()[t * 2 * inter + inter + i];
+        }
+      Tensor ref = Tensor::empty({n, inter}, DType::F32);
+      ops::swiglu_forward(g, u, ref);
+      Tensor gu_d = dev(gu, dt), out = dev_poison({n, inter}, dt);
+      cuda::swiglu_packed_forward(gu_d.raw(), n, inter, dt, out.raw(), nullptr);
+      EXPECT_TRUE(close_as(host(out), ref, dt));
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // CUDA gather_rows / convert against the CPU: every in/out dtype pair (f32, bf16), -1 rows,
-// row widths on and off the 256-thread block, more rows than one grid row, poisoned outputs,
+// row widths on and off the 256-thread block and the 16-byte chunks, more rows than one grid
+// row, poisoned outputs,
 // f32 -> bf16 rounding identical to the host's, bad maps rejected with nothing written.
 #include <gtest/gtest.h>
 
@@ -40,6 +41,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRows,
                          ::testing::Values(std::pair<int64_t, int64_t>{1, 1},
                                            std::pair<int64_t, int64_t>{7, 255},
                                            std::pair<int64_t, int64_t>{33, 1024},
+                                           std::pair<int64_t, int64_t>{70000, 16},
                                            std::pair<int64_t, int64_t>{70000, 3}));
 
 TEST(CudaRowsErrors, BadMapRejectedNothingWritten) {

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/cuda/stream.h"
 #include "kernels/cuda/common.cuh"
@@ -136,18 +137,23 @@ __global__ void __launch_bounds__(kThreads)
 // expf (not __expf), as swiglu.cu: the f32 path is compared with the CPU at 1e-5.
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-template <typename T>
+// W consecutive elements per thread (16-byte loads and stores when inter % W == 0 and the
+// buffers are 16-byte aligned, else W = 1): the same expression per element either way.
+template <typename T, int W>
 __global__ void swiglu_packed_kernel(const T* __restrict__ gu, int64_t n, int64_t inter,
                                      T* __restrict__ out) {
   dev::pdl_launch_dependents();  // the down GEMM (opd's, PDL-launched) may stream its weights now
   dev::pdl_wait();  // nothing to do before the gate|up GEMM's output is there (PDL: launch latency)
-  const int64_t total = n * inter;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t t = e / inter, i = e % inter;
-    const float g = dev::to_f32(gu[t * 2 * inter + i]);
-    const float u = dev::to_f32(gu[t * 2 * inter + inter + i]);
-    out[e] = dev::from_f32<T>(g * sigmoid(g) * u);
+  const int64_t per_row = inter / W, total = n * per_row;
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; c < total;
+       c += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t t = c / per_row, i = (c % per_row) * W;
+    dev::Pack<T, W> g, u, o;
+    g.load(gu + t * 2 * inter + i);
+    u.load(gu + t * 2 * inter + inter + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) o.f[k] = g.f[k] * sigmoid(g.f[k]) * u.f[k];
+    o.store(out + t * inter + i);
   }
 }
 
@@ -180,17 +186,24 @@ void qkv_norm_rope_store(const QkvNormRopeStoreArgs& a, cudaStream_t stream) {
 void swiglu_packed_forward(const void* gu, int64_t n, int64_t inter, DType dtype, void* out,
                            cudaStream_t stream, bool pdl) {
   if (n == 0 || inter == 0) return;
-  const dim3 grid(grid_for(n * inter, kThreads)), block(kThreads);
+  auto run = [&](auto* type_tag) {
+    using T = std::remove_pointer_t<decltype(type_tag)>;
+    constexpr int V = 16 / sizeof(T);
+    const T* in = static_cast<const T*>(gu);
+    T* o = static_cast<T*>(out);
+    const dim3 block(kThreads);
+    if (inter % V == 0 && dev::aligned16(in) && dev::aligned16(o)) {
+      launch_kernel("swiglu_packed_kernel", swiglu_packed_kernel<T, V>,
+                    dim3(grid_for(n * (inter / V), kThreads)), block, 0, stream, pdl, in, n,
+                    inter, o);
+    } else {
+      launch_kernel("swiglu_packed_kernel", swiglu_packed_kernel<T, 1>,
+                    dim3(grid_for(n * inter, kThreads)), block, 0, stream, pdl, in, n, inter, o);
+    }
+  };
   switch (dtype) {
-    case DType::F32:
-      launch_kernel("swiglu_packed_kernel", swiglu_packed_kernel<float>, grid, block, 0, stream,
-                    pdl, static_cast<const float*>(gu), n, inter, static_cast<float*>(out));
-      break;
-    case DType::BF16:
-      launch_kernel("swiglu_packed_kernel", swiglu_packed_kernel<__nv_bfloat16>, grid, block, 0,
-                    stream, pdl, static_cast<const __nv_bfloat16*>(gu), n, inter,
-                    static_cast<__nv_bfloat16*>(out));
-      break;
+    case DType::F32: run(static_cast<float*>(nullptr)); break;
+    case DType::BF16: run(static_cast<__nv_bfloat16*>(nullptr)); break;
     default: OPD_FAIL(Unsupported, "swiglu_packed_forward: dtype ", dtype_name(dtype));
   }
 }

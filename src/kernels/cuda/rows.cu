@@ -16,18 +16,30 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Block (x, y) covers columns [x * 256, ...) of rows y, y + gridDim.y, ... A source row outside
-// [0, n_in) (the dispatcher validated the map, so only -1 gets here) reads nothing and writes
-// zeros: the kernel never dereferences an unchecked index.
-template <typename Ti, typename To>
+// A thread copies W consecutive elements of a row per chunk (grid-stride over the n_out x h / W
+// chunks): 16-byte loads of the input when h % W == 0 and the buffers are 16-byte aligned (W =
+// 16 / sizeof(Ti)), else W = 1; each element converted as to_f32 then from_f32<To> either way.
+// A source row outside [0, n_in) (the dispatcher validated the map, so only -1 gets here) reads
+// nothing and writes zeros: the kernel never dereferences an unchecked index.
+template <typename Ti, typename To, int W>
 __global__ void gather_rows_kernel(const Ti* in, int64_t n_in, const int32_t* rows, int64_t n_out,
                                    int64_t h, To* out) {
-  const int64_t col = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
-  if (col >= h) return;
-  for (int64_t i = blockIdx.y; i < n_out; i += gridDim.y) {
+  const int64_t per_row = h / W, total = n_out * per_row;
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; c < total;
+       c += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t i = c / per_row, col = (c % per_row) * W;
     const int64_t r = rows[i];
-    const float v = (r >= 0 && r < n_in) ? dev::to_f32(in[r * h + col]) : 0.0f;
-    out[i * h + col] = dev::from_f32<To>(v);
+    dev::Pack<To, W> o;
+    if (r >= 0 && r < n_in) {
+      dev::Pack<Ti, W> v;
+      v.load(in + r * h + col);
+#pragma unroll
+      for (int k = 0; k < W; ++k) o.f[k] = v.f[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) o.f[k] = 0.0f;
+    }
+    o.store(out + i * h + col);
   }
 }
 
@@ -41,10 +53,16 @@ __global__ void convert_kernel(const Ti* in, int64_t n, To* out) {
 template <typename Ti, typename To>
 void gather_typed(const void* in, int64_t n_in, const int32_t* rows, int64_t n_out, int64_t h,
                   void* out, cudaStream_t stream) {
-  const unsigned col_blocks = static_cast<unsigned>((h + kThreads - 1) / kThreads);
-  const unsigned row_blocks = static_cast<unsigned>(n_out < 65535 ? n_out : 65535);
-  gather_rows_kernel<Ti, To><<<dim3(col_blocks, row_blocks), kThreads, 0, stream>>>(
-      static_cast<const Ti*>(in), n_in, rows, n_out, h, static_cast<To*>(out));
+  constexpr int V = 16 / sizeof(Ti);
+  const Ti* src = static_cast<const Ti*>(in);
+  To* dst = static_cast<To*>(out);
+  if (h % V == 0 && dev::aligned16(src) && dev::aligned16(dst)) {
+    gather_rows_kernel<Ti, To, V><<<grid_for(n_out * (h / V), kThreads), kThreads, 0, stream>>>(
+        src, n_in, rows, n_out, h, dst);
+  } else {
+    gather_rows_kernel<Ti, To, 1><<<grid_for(n_out * h, kThreads), kThreads, 0, stream>>>(
+        src, n_in, rows, n_out, h, dst);
+  }
   check_launch("gather_rows_kernel");
 }
 
