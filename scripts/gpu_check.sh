@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,14 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s12h ]]; then
+  # Session 12 (nvidia-h200, <= 200 s): after the review (the decode attention's two K/V load
+  # sites share one lambda): the attention, decode, rows and rollout suites; `opd bench rollout`.
+  run final 150 $B/test_cuda --gtest_filter='CudaPagedAttention.*:CudaDecodeFused.*:CudaRows*:CudaRollout.*:CudaDecodeLinear*'
+  grep -h "FAILED\|Failure" "$OUT/final.log" | head -10
+  run rollout 40 $B/opd bench rollout --runs 3
+  grep -h "^opd:\|split:" "$OUT/rollout.log"
 fi
 if [[ "$what" == s12g ]]; then
   # Session 12's last call (nvidia-h200, <= 480 s): gather_rows and the packed SwiGLU in 16-byte

@@ -477,6 +477,15 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
   const int64_t head_off = static_cast<int64_t>(g) * kD + lane * 8;
   const int n_steps = t1 > t0 ? (t1 - t0 + kStepTokens - 1) / kStepTokens : 0;
 
+  // K and V of position t (block bi, cache block id) into slot j of a stage.
+  auto load_token = [&](DecodeStage<T>& st, int j, int id, int t, int bi) {
+    const int64_t off =
+        (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
+        head_off;
+    st.k[j].load(kc + off);
+    st.v[j].load(vc + off);
+    st.valid |= 1u << j;
+  };
   // Issue the loads of warp step `step` (nothing for a step past the end or a masked token).
   // defer_last (before the PDL wait): position t_last, whose K/V this step makes, is left out
   // (masked) for patch_last below to fill after the wait.
@@ -491,12 +500,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       int id = -1;
       if (step < n_steps && t < t1 && !(defer_last && t == t_last)) id = sm_blk[bi - blk0];
       if (id >= 0) {
-        const int64_t off =
-            (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
-            head_off;
-        st.k[j].load(kc + off);
-        st.v[j].load(vc + off);
-        st.valid |= 1u << j;
+        load_token(st, j, id, t, bi);
       } else {
         st.k[j].zero();  // V must be finite: p = 0 times it is added below
         st.v[j].zero();
@@ -513,13 +517,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(sizeof(T), k
       if (t != t_last) continue;
       const int bi = p.bs_shift >= 0 ? t >> p.bs_shift : t / p.block_size;
       const int id = sm_blk[bi - blk0];
-      if (id < 0) continue;
-      const int64_t off =
-          (static_cast<int64_t>(id) * p.block_size + (t - bi * p.block_size)) * row_stride +
-          head_off;
-      st.k[j].load(kc + off);
-      st.v[j].load(vc + off);
-      st.valid |= 1u << j;
+      if (id >= 0) load_token(st, j, id, t, bi);
     }
   };
 
