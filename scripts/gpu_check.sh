@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,23 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s12i ]]; then
+  # Session 12 (nvidia-h200, <= 240 s): qkv_norm_rope_store with several heads per warp at
+  # prefill sizes (s12f: 35 us per call at 2048 tokens): the decode, rollout and attention suites;
+  # W1's prefill alone (s12g: 0.044 s) and its kernels under ncu; `opd bench rollout`.
+  run final 150 $B/test_cuda --gtest_filter='CudaDecodeFused.*:CudaRollout.*:CudaPagedAttention.*'
+  grep -h "FAILED\|Failure" "$OUT/final.log" | head -10
+  for i in 1 2; do
+    timeout 60 $B/opd bench rollout --new-tokens 1 --runs 3 2>&1 | grep -E "split:" >>"$OUT/prefill.txt"
+  done
+  cat "$OUT/prefill.txt"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 90 "$NCU" --clock-control none --page raw --metrics gpu__time_duration.sum --csv \
+      $B/opd bench rollout --warmup 0 --runs 1 --new-tokens 1 >"$OUT/ncu.csv" 2>/dev/null
+  python3 tools/ncu_summary.py --totals "$OUT/ncu.csv" | cut -c1-50,150- | head -12 && rm -f "$OUT/ncu.csv"
+  run rollout 40 $B/opd bench rollout --runs 3
+  grep -h "^opd:\|split:" "$OUT/rollout.log"
 fi
 if [[ "$what" == s12h ]]; then
   # Session 12 (nvidia-h200, <= 200 s): after the review (the decode attention's two K/V load

@@ -138,6 +138,83 @@ TEST(CudaDecodeFused, QkvNormRopeStoreMatchesTheCpuComposition) {
   }
 }
 
+// The several-heads-per-warp kernel of qkv_norm_rope_store (prefill-sized calls) against the
+// one-head kernel: the same q rows and cache bytes, chosen by the call at >= 256 tokens and
+// forced at 5; head dims 64/128/256, with and without q/k norm, slot counts that do not fill the
+// last warp's heads (7 slots), rows wider than the heads; a bad slot reported as the same row.
+TEST(CudaDecodeFused, QkvNormRopeStoreSeveralHeadsPerWarpGivesTheOneHeadBits) {
+  REQUIRE_GPU();
+  uint64_t seed = 1300;
+  auto bytes = [](const Tensor& t) {
+    Tensor h = t.to(Device::CPU);
+    const auto* p = static_cast<const uint8_t*>(h.raw());
+    return std::vector<uint8_t>(p, p + h.nbytes());
+  };
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (const FusedCase& fc : {FusedCase{300, 16, 8, 128, true}, FusedCase{5, 16, 8, 128, false},
+                                FusedCase{260, 5, 1, 64, true}, FusedCase{5, 2, 1, 256, true},
+                                FusedCase{257, 2, 1, 256, false}}) {
+      SCOPED_TRACE(cat(dtype_label(dt), " n ", fc.n, " heads ", fc.hq, "/", fc.hkv, " d ", fc.d,
+                       fc.norm ? " norm" : ""));
+      const int64_t n = fc.n, hq = fc.hq, hkv = fc.hkv, d = fc.d, R = (hq + 2 * hkv) * d + 8;
+      const int64_t bs = 16, blocks = (n + bs - 1) / bs + 2, slots_n = blocks * bs;
+      std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) {
+        pos[t] = static_cast<int32_t>((5 + 37 * t) % 40000);
+        slots[t] = static_cast<int32_t>((t * 5 + 3) % slots_n);
+      }
+      ASSERT_EQ(std::gcd<int64_t>(5, slots_n), 1) << "slots must be distinct";
+      Tensor inv = Tensor::empty({d / 2}, DType::F32);
+      for (int64_t i = 0; i < d / 2; ++i)
+        inv.data<float>()[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * i / d));
+      Tensor qkv = dev(rand_in({n, R}, dt, seed++), dt);
+      Tensor wq = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt), wk = dev(rand_in({d}, dt, seed++, 0.5, 1.5), dt);
+      Tensor pos_d = dev_i32(Tensor::from_vector(pos, {n})), inv_d = inv.to(Device::CUDA);
+      auto run = [&](int heads_per_warp, const std::vector<int32_t>& slot_ids) {
+        Tensor q_out = dev_poison({n, hq, d}, dt);
+        Tensor kc = dev_poison({blocks, bs, hkv, d}, dt), vc = dev_poison({blocks, bs, hkv, d}, dt);
+        Tensor flag = Tensor::from_vector(std::vector<int32_t>{-1}, {1}).to(Device::CUDA);
+        Tensor slots_d = dev_i32(Tensor::from_vector(slot_ids, {n}));
+        cuda::QkvNormRopeStoreArgs a;
+        a.set_packed_qkv(qkv.raw(), hq, hkv, d, dt);
+        a.q_stride = a.k_stride = a.v_stride = R;
+        a.q_norm = fc.norm ? wq.raw() : nullptr;
+        a.k_norm = fc.norm ? wk.raw() : nullptr;
+        a.positions = pos_d.data<int32_t>();
+        a.inv_freq = inv_d.data<float>();
+        a.slot_mapping = slots_d.data<int32_t>();
+        a.n = n;
+        a.hq = hq;
+        a.hkv = hkv;
+        a.head_dim = d;
+        a.num_slots = slots_n;
+        a.dtype = dt;
+        a.q_out = q_out.raw();
+        a.k_cache = kc.raw();
+        a.v_cache = vc.raw();
+        a.error_flag = reinterpret_cast<unsigned*>(flag.raw());
+        a.heads_per_warp = heads_per_warp;
+        cuda::qkv_norm_rope_store(a, nullptr);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return std::vector<Tensor>{q_out, kc, vc, flag.to(Device::CPU)};
+      };
+      const int several = n >= 256 ? 0 : 4;  // the call's own choice at >= 256 tokens
+      const std::vector<Tensor> one = run(1, slots), many = run(several, slots);
+      EXPECT_EQ(one[3].data<int32_t>()[0], -1);
+      EXPECT_EQ(many[3].data<int32_t>()[0], -1);
+      EXPECT_TRUE(close(host(one[0]), host(one[0]), 0, 0, 0)) << "a q row left unwritten";
+      for (int o = 0; o < 3; ++o) EXPECT_TRUE(bytes(many[o]) == bytes(one[o])) << "output " << o;
+      std::vector<int32_t> bad = slots;
+      bad[n / 2] = -3;
+      const std::vector<Tensor> one_bad = run(1, bad), many_bad = run(several, bad);
+      EXPECT_EQ(one_bad[3].data<int32_t>()[0], n / 2);
+      EXPECT_EQ(many_bad[3].data<int32_t>()[0], n / 2);
+      for (int o = 0; o < 3; ++o)
+        EXPECT_TRUE(bytes(many_bad[o]) == bytes(one_bad[o])) << "output " << o << " (bad slot)";
+    }
+  }
+}
+
 // The decode attention issues each warp's first K/V loads before its PDL wait, all positions but
 // this step's token (whose K/V its predecessor, qkv_norm_rope_store, writes). Launched early
 // behind that store, which itself waits behind a 200 us kernel, the attention's prologue runs
