@@ -292,10 +292,6 @@ struct QkvNormRopeStoreArgs {
   // weights and RoPE terms are read before waiting for the predecessor (the q|k|v GEMM); the
   // successor may start its prologue at once. Same results either way.
   bool pdl = false;
-  // Head slots per warp: 0 lets the call choose (several for prefill-sized calls of >= 256
-  // tokens that are not PDL-launched, head_dim 64/128/256: fewer, longer warps; one otherwise),
-  // 1 forces one, > 1 forces several (tests; head_dim 64/128/256). The same bits either way.
-  int heads_per_warp = 0;
   // q, k, v (and their strides) as the column blocks of one packed [n, (hq + 2 hkv) d] row
   // buffer of `dt` (the fused q|k|v GEMM's output).
   void set_packed_qkv(const void* qkv, int64_t hq_, int64_t hkv_, int64_t d, DType dt) {

@@ -55,24 +55,17 @@ __device__ __forceinline__ PairTerms pair_terms(const T* w, const float* inv_fre
   return p;
 }
 
-// Pair (x0, x1) = elements (i, i + half) of one head: the normed values as rmsnorm_forward
-// stores them (when normed), then RoPE, into dst[i], dst[i + half].
+// Pair i of one head: the normed value as rmsnorm_forward stores it (when w), then RoPE.
 template <typename T>
-__device__ __forceinline__ void rope_values(float x0, float x1, T* dst, int64_t i, int64_t half,
-                                            bool normed, float rs, const PairTerms& p) {
+__device__ __forceinline__ void rope_pair(const T* src, T* dst, int64_t i, int64_t half,
+                                          bool normed, float rs, const PairTerms& p) {
+  float x0 = dev::to_f32(src[i]), x1 = dev::to_f32(src[i + half]);
   if (normed) {
     x0 = dev::to_f32(dev::from_f32<T>(x0 * rs * p.w0));
     x1 = dev::to_f32(dev::from_f32<T>(x1 * rs * p.w1));
   }
   dst[i] = dev::from_f32<T>(x0 * p.cs - x1 * p.sn);
   dst[i + half] = dev::from_f32<T>(x1 * p.cs + x0 * p.sn);
-}
-
-// Pair i of one head read from src.
-template <typename T>
-__device__ __forceinline__ void rope_pair(const T* src, T* dst, int64_t i, int64_t half,
-                                          bool normed, float rs, const PairTerms& p) {
-  rope_values(dev::to_f32(src[i]), dev::to_f32(src[i + half]), dst, i, half, normed, rs, p);
 }
 
 template <typename T>
@@ -141,103 +134,6 @@ __global__ void __launch_bounds__(kThreads)
     rope_pair(src, dst, i, half, w != nullptr, rs, pair_terms(w, a.inv_freq, pos, i, half));
 }
 
-// Prefill-sized calls (many tokens, head_dim 64/128/256, no PDL launch): a warp takes H
-// consecutive head slots of one token and loads all their values (lane l: elements l, l + 32,
-// ...; both halves of its pairs, since half % 32 == 0) before it reduces any, so one warp's
-// dependent chain (load, sum of squares, warp_sum, RoPE, store) serves H heads instead of one:
-// ~8 waves of short chains become ~2 at W1's 2048-token steps. The arithmetic per head is the
-// single-head kernel's (the same sum order, warp_sum, rope_values): the same bits.
-constexpr int kMaxLaneValues = 8;  // head_dim <= 256
-
-template <typename T, int H, int kD>
-__global__ void __launch_bounds__(kThreads)
-    qkv_norm_rope_store_heads_kernel(QkvNormRopeStoreArgs a) {
-  static_assert(kD % 64 == 0 && kD <= 32 * kMaxLaneValues, "head_dim 64, 128 or 256");
-  dev::pdl_launch_dependents();
-  dev::pdl_wait();
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t slots_per_token = a.hq + 2 * a.hkv, groups = (slots_per_token + H - 1) / H;
-  if (warp >= a.n * groups) return;
-  const int64_t t = warp / groups, j0 = (warp % groups) * H;
-  constexpr int64_t D = kD, half = kD / 2;
-  constexpr int values = kD / 32, pairs = kD / 64;  // per lane (registers: compile-time indices)
-  const float pos = static_cast<float>(a.positions[t]);
-  const int32_t slot = a.slot_mapping[t];
-  const bool slot_ok = slot >= 0 && static_cast<int64_t>(slot) < a.num_slots;
-
-  const T* src[H];
-  T* dst[H];
-  const T* w[H];
-  int kind[H];  // 0 q, 1 k, 2 v, -1 nothing (past the last slot, or k/v with a bad slot)
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    const int64_t j = j0 + h;
-    kind[h] = -1;
-    src[h] = nullptr;
-    dst[h] = nullptr;
-    w[h] = nullptr;
-    if (j >= slots_per_token) continue;
-    if (j < a.hq) {
-      kind[h] = 0;
-      src[h] = static_cast<const T*>(a.q) + t * a.q_stride + j * D;
-      dst[h] = static_cast<T*>(a.q_out) + (t * a.hq + j) * D;
-      w[h] = static_cast<const T*>(a.q_norm);
-      continue;
-    }
-    if (!slot_ok) {  // k and v go to the cache: reported once, by the first k head's warp
-      if (lane == 0 && j == a.hq && a.error_flag) atomicMin(a.error_flag, static_cast<unsigned>(t));
-      continue;
-    }
-    const bool is_k = j < a.hq + a.hkv;
-    const int64_t g = is_k ? j - a.hq : j - a.hq - a.hkv;
-    kind[h] = is_k ? 1 : 2;
-    src[h] = is_k ? static_cast<const T*>(a.k) + t * a.k_stride + g * D
-                  : static_cast<const T*>(a.v) + t * a.v_stride + g * D;
-    dst[h] = static_cast<T*>(is_k ? a.k_cache : a.v_cache) + (static_cast<int64_t>(slot) * a.hkv + g) * D;
-    w[h] = is_k ? static_cast<const T*>(a.k_norm) : nullptr;
-  }
-  // Every value of the H heads first (v heads are copied as they are).
-  float x[H][values];
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-#pragma unroll
-    for (int m = 0; m < values; ++m)
-      x[h][m] = kind[h] >= 0 && kind[h] != 2 ? dev::to_f32(src[h][lane + 32 * m]) : 0.f;
-  }
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    if (kind[h] != 2) continue;
-    for (int64_t i = lane; i < D; i += 32) dst[h][i] = src[h][i];
-  }
-  // The RoPE terms of the lane's pairs: the same position for every head of the warp.
-  float sn[pairs], cs[pairs];
-#pragma unroll
-  for (int k = 0; k < pairs; ++k) sincosf(pos * a.inv_freq[lane + 32 * k], &sn[k], &cs[k]);
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    if (kind[h] != 0 && kind[h] != 1) continue;
-    float ss = 0.f;
-#pragma unroll
-    for (int m = 0; m < values; ++m) ss += x[h][m] * x[h][m];
-    const float rs = w[h] ? rsqrtf(dev::warp_sum(ss) / static_cast<float>(D) + a.eps) : 1.f;
-#pragma unroll
-    for (int k = 0; k < pairs; ++k) {
-      const int64_t i = lane + 32 * k;
-      PairTerms p;
-      p.w0 = w[h] ? dev::to_f32(w[h][i]) : 1.f;
-      p.w1 = w[h] ? dev::to_f32(w[h][i + half]) : 1.f;
-      p.sn = sn[k];
-      p.cs = cs[k];
-      rope_values(x[h][k], x[h][k + pairs], dst[h], i, half, w[h] != nullptr, rs, p);
-    }
-  }
-}
-constexpr int kHeadsPerWarp = 4;
-// Tokens from which a call (not PDL-launched) takes the several-heads kernel: below, the one-head
-// kernel's warps fit the machine in one or two waves anyway (decode steps: 64 tokens).
-constexpr int64_t kHeadsKernelMinTokens = 256;
-
 // expf (not __expf), as swiglu.cu: the f32 path is compared with the CPU at 1e-5.
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
@@ -270,35 +166,6 @@ void qkv_norm_rope_store(const QkvNormRopeStoreArgs& a, cudaStream_t stream) {
             InvalidArgument, "qkv_norm_rope_store: head_dim ", a.head_dim, ", heads ", a.hq, "/",
             a.hkv, ", strides ", a.q_stride, "/", a.k_stride, "/", a.v_stride);
   if (a.n == 0) return;
-  const bool heads_dim = a.head_dim % 64 == 0 && a.head_dim <= 32 * kMaxLaneValues;
-  const bool heads = a.heads_per_warp > 1 || (a.heads_per_warp == 0 && !a.pdl &&
-                                              a.n >= kHeadsKernelMinTokens && heads_dim);
-  if (heads) {
-    OPD_CHECK(heads_dim, InvalidArgument,
-              "qkv_norm_rope_store: several heads per warp need head_dim 64, 128 or 256, got ",
-              a.head_dim);
-    const int64_t groups = (a.hq + 2 * a.hkv + kHeadsPerWarp - 1) / kHeadsPerWarp;
-    const int64_t blocks = (a.n * groups * 32 + kThreads - 1) / kThreads;
-    OPD_CHECK(blocks < (int64_t{1} << 31), Unsupported, "qkv_norm_rope_store: grid too large");
-    const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
-    auto launch = [&](auto* type_tag) {
-      using T = std::remove_pointer_t<decltype(type_tag)>;
-      auto go = [&](auto kernel) {
-        launch_kernel("qkv_norm_rope_store_heads_kernel", kernel, grid, block, 0, stream, a.pdl,
-                      a);
-      };
-      switch (a.head_dim) {
-        case 64: go(qkv_norm_rope_store_heads_kernel<T, kHeadsPerWarp, 64>); break;
-        case 128: go(qkv_norm_rope_store_heads_kernel<T, kHeadsPerWarp, 128>); break;
-        default: go(qkv_norm_rope_store_heads_kernel<T, kHeadsPerWarp, 256>); break;
-      }
-    };
-    switch (a.dtype) {
-      case DType::F32: launch(static_cast<float*>(nullptr)); return;
-      case DType::BF16: launch(static_cast<__nv_bfloat16*>(nullptr)); return;
-      default: OPD_FAIL(Unsupported, "qkv_norm_rope_store: dtype ", dtype_name(a.dtype));
-    }
-  }
   const int64_t warps = a.n * (a.hq + 2 * a.hkv);
   const int64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
   OPD_CHECK(blocks < (int64_t{1} << 31), Unsupported, "qkv_norm_rope_store: grid too large");
