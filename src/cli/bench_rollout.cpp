@@ -123,6 +123,7 @@ nlohmann::json run_torch(const BenchRolloutOptions& o) {
 }
 
 void run_bench_rollout(const BenchRolloutOptions& o) {
+  const unsigned skip_stages = PagedForward::parse_stages(o.skip_stages);  // names first
   OPD_CHECK(cuda::device_count() > 0, Unsupported, "opd bench rollout needs a CUDA device");
   OPD_CHECK(o.prompts >= 1 && o.prompt_len >= 1 && o.new_tokens >= 1 && o.layers >= 1 &&
                 o.runs >= 1 && o.warmup >= 0 && o.n >= 1,
@@ -156,7 +157,7 @@ void run_bench_rollout(const BenchRolloutOptions& o) {
   eo.cuda_fused = !o.no_fused;
   eo.cuda_tuned_gemm = o.tuned_gemm;
   eo.cuda_decode_linear_gemms = o.decode_linear_gemms;
-  eo.cuda_skip_stages = PagedForward::parse_stages(o.skip_stages);
+  eo.cuda_skip_stages = skip_stages;
   eo.keep_device_state = o.keep_state;
   RolloutEngine engine(model, eo, {});
 
@@ -360,10 +361,10 @@ void register_bench_rollout(CLI::App& bench) {
                   "4 gate|up, 8 down; 11 = q|k|v, o and down, the three it wins on the H200)")
       ->capture_default_str();
   cmd->add_option("--skip-stages", o->skip_stages,
-                  "measurement only: decode steps leave out these per-layer kernels, a comma list "
-                  "of qkv, rope, attention, combine, o, postnorm, gateup, swiglu, down, nextnorm; "
-                  "the step's time without them attributes its time to stages (the samples are "
-                  "then not the model's; default none)");
+                  cat("measurement only: decode steps leave out these per-layer kernels, a comma "
+                      "list of ", PagedForward::stage_names(), "; the step's time without them "
+                      "attributes its time to stages (the samples are then not the model's; "
+                      "default none)"));
   cmd->add_option("--max-step-tokens", o->max_step_tokens, "tokens per step (prefill chunk budget)")
       ->capture_default_str();
   cmd->add_option("--max-running", o->max_running, "sequences in the running batch")

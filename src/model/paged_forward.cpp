@@ -196,12 +196,22 @@ Tensor PagedForward::run_step(const PagedStep& s, KvCache& cache, bool all_hidde
   return logits;
 }
 
+namespace {
+const std::pair<const char*, unsigned> kStageNames[] = {
+    {"qkv", PagedForward::kStageQkv},         {"rope", PagedForward::kStageRope},
+    {"attention", PagedForward::kStageAttention}, {"combine", PagedForward::kStageCombine},
+    {"o", PagedForward::kStageO},             {"postnorm", PagedForward::kStagePostNorm},
+    {"gateup", PagedForward::kStageGateUp},   {"swiglu", PagedForward::kStageSwiglu},
+    {"down", PagedForward::kStageDown},       {"nextnorm", PagedForward::kStageNextNorm}};
+}  // namespace
+
+std::string PagedForward::stage_names() {
+  std::string known;
+  for (const auto& [n, b] : kStageNames) known += std::string(known.empty() ? "" : ", ") + n;
+  return known;
+}
+
 unsigned PagedForward::parse_stages(const std::string& names) {
-  static const std::pair<const char*, unsigned> kNames[] = {
-      {"qkv", kStageQkv},       {"rope", kStageRope},         {"attention", kStageAttention},
-      {"combine", kStageCombine}, {"o", kStageO},             {"postnorm", kStagePostNorm},
-      {"gateup", kStageGateUp}, {"swiglu", kStageSwiglu},     {"down", kStageDown},
-      {"nextnorm", kStageNextNorm}};
   unsigned bits = 0;
   size_t at = 0;
   while (at < names.size()) {
@@ -211,13 +221,10 @@ unsigned PagedForward::parse_stages(const std::string& names) {
     at = end + 1;
     if (name.empty()) continue;
     unsigned bit = 0;
-    for (const auto& [n, b] : kNames)
+    for (const auto& [n, b] : kStageNames)
       if (name == n) bit = b;
-    if (bit == 0) {
-      std::string known;
-      for (const auto& [n, b] : kNames) known += std::string(known.empty() ? "" : ", ") + n;
-      OPD_FAIL(InvalidArgument, "unknown decode stage '", name, "' (the stages: ", known, ")");
-    }
+    OPD_CHECK(bit != 0, InvalidArgument, "unknown decode stage '", name, "' (the stages: ",
+              stage_names(), ")");
     bits |= bit;
   }
   return bits;

@@ -250,6 +250,7 @@ class PagedForward {
                             kStageNextNorm = 512;
   // "qkv,swiglu" -> bits ("" -> 0); an unknown name throws InvalidArgument listing the names.
   static unsigned parse_stages(const std::string& names);
+  static std::string stage_names();  // "qkv, rope, ..., nextnorm"
 
  private:
   // step() and step_hidden(): the checks, the plan, then CPU ops or step_cuda.
