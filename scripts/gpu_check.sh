@@ -611,6 +611,7 @@ if [[ "$what" == s8j ]]; then
   cat "$OUT/norm_ab.txt"
 fi
 if [[ "$what" == s12i ]]; then
+  # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)
   # Session 12 (nvidia-h200, <= 240 s): qkv_norm_rope_store with several heads per warp at
   # prefill sizes (s12f: 35 us per call at 2048 tokens): the decode, rollout and attention suites;
   # W1's prefill alone (s12g: 0.044 s) and its kernels under ncu; `opd bench rollout`.
@@ -703,6 +704,7 @@ if [[ "$what" == s12e ]]; then
   grep -h "whole step\|rollout  \|scoring\|train  \|peak" "$OUT/w1.log" | head -8
 fi
 if [[ "$what" == s12c ]]; then
+  # (Runs only with a build of c3f89a1: --attention-qkv and its test were removed in ad5f560.)
   # Session 12 (nvidia-h200, <= 400 s): the decode attention issues each warp's first K/V step
   # before its PDL wait (every position but this step's token): the decode, attention and
   # rollout suites, memcheck of the prologue test; then `opd bench rollout` of this build with
@@ -723,6 +725,7 @@ if [[ "$what" == s12c ]]; then
   sort "$OUT/qkv_ab.txt"
 fi
 if [[ "$what" == s12b ]]; then
+  # (Runs only with a build of c3f89a1: --attention-qkv and its test were removed in ad5f560.)
   # Session 12 (nvidia-h200, <= 300 s): the q|k|v prologue's test after its fix (plain and
   # memcheck); `opd bench rollout` with the prologue on/off x q|k|v on cuBLASLt / on opd's
   # decode linear (--decode-linear-gemms 10 / 11: the attention's own prologue can overlap a
@@ -741,6 +744,7 @@ if [[ "$what" == s12b ]]; then
   cat "$OUT/qkv_ab.txt"
 fi
 if [[ "$what" == s12a ]]; then
+  # (Runs only with a build of ef98ce8: --attention-qkv and its test were removed in ad5f560.)
   # Session 12 (nvidia-h200, <= 420 s): the decode attention's q|k|v prologue (q/k norm + RoPE
   # + K/V store inside the attention, one kernel less per layer): its bit-identity test plain
   # and under memcheck, the decode/attention/rollout suites; then `opd bench rollout` with and
