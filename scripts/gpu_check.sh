@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -609,6 +609,32 @@ if [[ "$what" == s8j ]]; then
     timeout 40 $B/opd_$v bench train --loss-tile f32 2>&1 | grep "^opd:" | sed "s/^/$v /" >>"$OUT/norm_ab.txt"
   done
   cat "$OUT/norm_ab.txt"
+fi
+if [[ "$what" == s13a ]]; then
+  # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle. Each bench plain,
+  # then under tools/trace/opd_trace.cpp (CUPTI activity records: every kernel, copy and sync
+  # with its GPU start and end; bundle it with scripts/gpu_bundle.sh build/trace/libopd_trace.so
+  # /usr/local/cuda/lib64/libcupti.so.13), summarized by tools/trace_summary.py; the traces
+  # come back xz-compressed.
+  export OPD_TRACE_API_MIN_NS=5000
+  tr() {  # name, limit, command...: traced run + summary
+    local name=$1 limit=$2; shift 2
+    CUDA_INJECTION64_PATH=$PWD/$B/libopd_trace.so OPD_TRACE_OUT=/tmp/$name.csv \
+      timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "== $name rc=$? $(grep -h 'opd_trace' "$OUT/$name.log")"
+    python3 tools/trace_summary.py --top 10 /tmp/$name.csv >"$OUT/$name.summary.txt" 2>&1
+    xz -T0 -3 -c /tmp/$name.csv >"$OUT/$name.csv.xz" 2>/dev/null || true
+  }
+  run score_plain 60 $B/opd bench score --no-server --iters 3
+  tr score_trace 90 $B/opd bench score --no-server --iters 3
+  run train_plain 60 $B/opd bench train --steps 2
+  tr train_trace 90 $B/opd bench train --steps 2
+  run rollout_plain 60 $B/opd bench rollout --runs 1
+  tr rollout_trace 120 $B/opd bench rollout --runs 1
+  run w1_plain 120 $B/opd bench w1 --work-dir /tmp/opd_w1
+  tr w1_trace 150 $B/opd bench w1 --work-dir /tmp/opd_w1b
+  grep -h "^opd:\|split:\|scored\|MFU\|whole step\|rollout  \|scoring  \|train  \|opd_trace" "$OUT"/*_plain.log "$OUT"/*_trace.log | cut -c1-200
+  for f in "$OUT"/*.summary.txt; do echo "#### $f"; grep -E "== segment|\[|largest|^ +[0-9]" "$f" | head -60 | cut -c1-180; done
 fi
 if [[ "$what" == s12i ]]; then
   # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)
