@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -610,31 +610,55 @@ if [[ "$what" == s8j ]]; then
   done
   cat "$OUT/norm_ab.txt"
 fi
+# trace_run NAME LIMIT COMMAND...: COMMAND under tools/trace/opd_trace.cpp (CUPTI activity
+# records: every kernel, copy and sync with its GPU start and end; bundle it with
+# scripts/gpu_bundle.sh build/trace/libopd_trace.so /usr/local/cuda/lib64/libcupti.so.13),
+# summarized by tools/trace_summary.py into $OUT/NAME.summary.txt; the trace comes back as
+# $OUT/NAME.csv.xz. (Session 13's first call named this function `tr`, which shadowed the tr
+# command that run() uses for its summary line.)
+trace_run() {
+  local name=$1 limit=$2; shift 2
+  CUDA_INJECTION64_PATH=$PWD/$B/libopd_trace.so OPD_TRACE_OUT=/tmp/$name.csv OPD_TRACE_API_MIN_NS=5000 \
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "== $name rc=$? $(grep -h 'opd_trace' "$OUT/$name.log")"
+  python3 tools/trace_summary.py --top 10 --split-ms 3 --min-ms 50 /tmp/$name.csv >"$OUT/$name.summary.txt" 2>&1
+  xz -T0 -1 -c /tmp/$name.csv >"$OUT/$name.csv.xz" 2>/dev/null || true
+}
 if [[ "$what" == s13a ]]; then
-  # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle. Each bench plain,
-  # then under tools/trace/opd_trace.cpp (CUPTI activity records: every kernel, copy and sync
-  # with its GPU start and end; bundle it with scripts/gpu_bundle.sh build/trace/libopd_trace.so
-  # /usr/local/cuda/lib64/libcupti.so.13), summarized by tools/trace_summary.py; the traces
-  # come back xz-compressed.
-  export OPD_TRACE_API_MIN_NS=5000
-  tr() {  # name, limit, command...: traced run + summary
-    local name=$1 limit=$2; shift 2
-    CUDA_INJECTION64_PATH=$PWD/$B/libopd_trace.so OPD_TRACE_OUT=/tmp/$name.csv \
-      timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-    echo "== $name rc=$? $(grep -h 'opd_trace' "$OUT/$name.log")"
-    python3 tools/trace_summary.py --top 10 /tmp/$name.csv >"$OUT/$name.summary.txt" 2>&1
-    xz -T0 -3 -c /tmp/$name.csv >"$OUT/$name.csv.xz" 2>/dev/null || true
-  }
+  # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
+  # then traced (trace_run above).
   run score_plain 60 $B/opd bench score --no-server --iters 3
-  tr score_trace 90 $B/opd bench score --no-server --iters 3
+  trace_run score_trace 90 $B/opd bench score --no-server --iters 3
   run train_plain 60 $B/opd bench train --steps 2
-  tr train_trace 90 $B/opd bench train --steps 2
+  trace_run train_trace 90 $B/opd bench train --steps 2
   run rollout_plain 60 $B/opd bench rollout --runs 1
-  tr rollout_trace 120 $B/opd bench rollout --runs 1
+  trace_run rollout_trace 120 $B/opd bench rollout --runs 1
   run w1_plain 120 $B/opd bench w1 --work-dir /tmp/opd_w1
-  tr w1_trace 150 $B/opd bench w1 --work-dir /tmp/opd_w1b
+  trace_run w1_trace 150 $B/opd bench w1 --work-dir /tmp/opd_w1b
   grep -h "^opd:\|split:\|scored\|MFU\|whole step\|rollout  \|scoring  \|train  \|opd_trace" "$OUT"/*_plain.log "$OUT"/*_trace.log | cut -c1-200
-  for f in "$OUT"/*.summary.txt; do echo "#### $f"; grep -E "== segment|\[|largest|^ +[0-9]" "$f" | head -60 | cut -c1-180; done
+fi
+if [[ "$what" == s13b ]]; then
+  # Session 13 (nvidia-h200, <= 420 s): the teacher payload's check on a helper thread beside
+  # the first micro-batch's forward, the widening and the entropy metric in parallel: the GPU
+  # trainer and scorer suites; `opd bench w1` of the session's starting build
+  # (.carry/bin/opd_old, 7c877a9's code) and of this one, alternating; then this one traced.
+  run suites 200 $B/test_cuda --gtest_filter='CudaTrainer*:CudaScorer*:CudaTopKLmHead.*'
+  grep -h "FAILED\|Failure" "$OUT/suites.log" | head -10
+  for i in 1 2; do
+    for v in old new; do
+      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
+      timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
+      # The phases, and the wall time from step 1's end to step 3's (two steps with everything
+      # between them: the metrics, the progress line).
+      grep -E "rollout  |scoring  |train  |whole step" /tmp/w1_$v$i.log | tr -s ' ' | sed "s/^/$v $i: /" >>"$OUT/w1_ab.txt"
+      grep -E "step [13]/3" /tmp/w1_$v$i.log | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$v $i: step 1 and 3 end at /" >>"$OUT/w1_ab.txt"
+      echo >>"$OUT/w1_ab.txt"
+    done
+  done
+  cat "$OUT/w1_ab.txt"
+  trace_run w1_trace 150 $B/opd bench w1 --work-dir /tmp/opd_w1b
+  grep -h "opd_trace\|whole step" "$OUT/w1_trace.log"
+  grep -E "== segment" "$OUT/w1_trace.summary.txt" | tail -4
 fi
 if [[ "$what" == s12i ]]; then
   # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)

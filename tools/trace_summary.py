@@ -13,6 +13,7 @@ Usage: tools/trace_summary.py [--split-ms 2] [--min-ms 5] [--top 8] [--segments 
 """
 import argparse
 import csv
+import functools
 import re
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ def demangle(names):
     return {n: (lines[i] if i < len(lines) and lines[i] else n) for i, n in enumerate(names)}
 
 
+@functools.lru_cache(maxsize=None)
 def family(name):
     """A kernel's family: its name without namespaces' noise, template arguments and parameters
     (cuBLAS's nvjet kernels keep their tile name)."""
@@ -67,8 +69,8 @@ def segments(gpu, split_ns):
         if cur and op[0] - end >= split_ns:
             segs.append(cur)
             cur = []
+        end = op[1] if not cur else max(end, op[1])
         cur.append(op)
-        end = op[1] if not cur[:-1] else max(end, op[1])
     if cur:
         segs.append(cur)
     return segs

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
 #include "model/transformer.h"
@@ -91,8 +92,15 @@ TeacherPayload to_teacher_payload(const ScoreResponse& r) {
   const int64_t rows = r.num_rows();
   p.entry_offsets.resize(static_cast<size_t>(rows + 1));
   for (int64_t i = 0; i <= rows; ++i) p.entry_offsets[static_cast<size_t>(i)] = i * r.k;
-  p.ids.assign(r.ids.begin(), r.ids.end());
-  p.logprobs.assign(r.logprobs.begin(), r.logprobs.end());
+  // Widened in parallel (W1: 2.1M entries, ~5-13 ms in one pass).
+  p.ids.resize(r.ids.size());
+  p.logprobs.resize(r.logprobs.size());
+  parallel_for(static_cast<int64_t>(r.ids.size()), [&](int64_t i0, int64_t i1) {
+    std::copy(r.ids.begin() + i0, r.ids.begin() + i1, p.ids.begin() + i0);
+  }, int64_t{1} << 16);
+  parallel_for(static_cast<int64_t>(r.logprobs.size()), [&](int64_t i0, int64_t i1) {
+    std::copy(r.logprobs.begin() + i0, r.logprobs.begin() + i1, p.logprobs.begin() + i0);
+  }, int64_t{1} << 16);
   p.actual_logprobs.assign(r.actual_logprobs.begin(), r.actual_logprobs.end());
   return p;
 }
