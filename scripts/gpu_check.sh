@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -659,6 +659,19 @@ if [[ "$what" == s13b ]]; then
   trace_run w1_trace 150 $B/opd bench w1 --work-dir /tmp/opd_w1b
   grep -h "opd_trace\|whole step" "$OUT/w1_trace.log"
   grep -E "== segment" "$OUT/w1_trace.summary.txt" | tail -4
+fi
+if [[ "$what" == s13c ]]; then
+  # Session 13's last call (nvidia-h200, <= 580 s): the final code: the GPU suite minus the
+  # forward wgmma sweep, then the sweep (not run since session 11), then memcheck of the rollout
+  # engine with the decode linear on q|k|v, o and down (the default since session 12).
+  run cuda 330 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+  if (( SECONDS < 400 )); then run sweep $(( 470 - SECONDS )) $B/test_cuda --gtest_filter='Shapes/CudaAttentionWgmma.*'; fi
+  grep -h "FAILED\|Failure" "$OUT/sweep.log" 2>/dev/null | head -10
+  if (( SECONDS < 470 )); then
+    run memcheck_engine $(( 570 - SECONDS )) compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+        --gtest_filter='CudaRollout.DecodeLinearGreedyIsTheFullForwardArgmax'
+  fi
 fi
 if [[ "$what" == s12i ]]; then
   # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)
