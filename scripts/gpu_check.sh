@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -672,6 +672,16 @@ if [[ "$what" == s13c ]]; then
     run memcheck_engine $(( 570 - SECONDS )) compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
         --gtest_filter='CudaRollout.DecodeLinearGreedyIsTheFullForwardArgmax'
   fi
+fi
+if [[ "$what" == s13d ]]; then
+  # Session 13 (nvidia-h200, <= 400 s): after the CPU path went back to checking the payload in
+  # the step (a thread per step slowed the 2-core demo): the GPU trainer suite with the check's
+  # failure on the GPU (AnInProcessTeachersBadScoresStopTheRunBeforeAnyUpdate), then W1 beside
+  # its HF transformers anchor (`opd bench w1 --with-torch`).
+  run trainer 120 $B/test_cuda --gtest_filter='CudaTrainer*'
+  grep -h "FAILED\|Failure" "$OUT/trainer.log" | head -10
+  run w1_anchor 300 $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
+  grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
 fi
 if [[ "$what" == s12i ]]; then
   # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)

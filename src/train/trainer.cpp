@@ -311,7 +311,8 @@ class Trainer {
   // done; its response is then checked and converted (validate_teacher_payload, ~10-20 ms of
   // host work at W1's 2.1M entries) on a helper thread, so the check overlaps the first
   // micro-batch's forward on the GPU: get() joins it (and rethrows its InvalidData). A remote
-  // teacher's client validates as it receives, so its future is ready.
+  // teacher's client validates as it receives, and a CPU student's step checks at once, so
+  // their futures are ready.
   std::future<TeacherTopK> score(const std::vector<Sequence>& seqs);
   // Runs `call` (one teacher request), retrying transport failures of a remote teacher with
   // backoff for --teacher-timeout while honouring stop signals.
@@ -1020,13 +1021,17 @@ std::future<TeacherTopK> Trainer::score(const std::vector<Sequence>& seqs) {
   }
   ScoreResponse resp = with_retry([&] { return scorer_->score(req); });
   const int64_t vocab = student_->config().vocab_size;
-  return std::async(std::launch::async,
-                    [req = std::move(req), resp = std::move(resp), vocab, loss = loss_] {
-                      check_response_matches(resp, req);
-                      return validate_teacher_payload(to_teacher_payload(resp),
-                                                      completion_layout(req), vocab, loss,
-                                                      DType::F32, nullptr);
-                    });
+  auto check = [req = std::move(req), resp = std::move(resp), vocab, loss = loss_] {
+    check_response_matches(resp, req);
+    return validate_teacher_payload(to_teacher_payload(resp), completion_layout(req), vocab, loss,
+                                    DType::F32, nullptr);
+  };
+  // Only a GPU forward leaves the host's cores free for the check; a CPU student's forward
+  // needs them (a thread per step made the 2-core demo ~8% slower), so it checks here.
+  if (device_ == Device::CUDA) return std::async(std::launch::async, std::move(check));
+  std::promise<TeacherTopK> ready;
+  ready.set_value(check());
+  return ready.get_future();
 }
 
 double Trainer::evaluate(const char* when, int64_t step) {

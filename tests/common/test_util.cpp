@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -121,6 +122,20 @@ Diff compare(const Tensor& a, const Tensor& b) {
              << " > " << atol << " + " << rtol << "*|ref|); rel_l2 " << d.rel_l2;
   }
   return ::testing::AssertionSuccess();
+}
+
+void write_teacher_beyond_student_vocab(const std::string& dir, ModelConfig c) {
+  c.vocab_size = 300;
+  ModelWeights w = init_weights(c, 2, 0.1);
+  for (LayerWeights& l : w.layers) {
+    std::fill_n(l.o_proj.data<float>(), l.o_proj.numel(), 0.f);
+    std::fill_n(l.down_proj.data<float>(), l.down_proj.numel(), 0.f);
+  }
+  float* e = w.embed_tokens.data<float>();
+  for (int64_t v = 0; v < c.vocab_size; ++v) e[v * c.hidden_size] = v < 272 ? 1.f : 100.f;
+  std::fill_n(w.final_norm.data<float>(), c.hidden_size, 0.f);
+  w.final_norm.data<float>()[0] = 1.f;
+  save_model_dir(dir, c, w, source_dir() + "/demo/tokenizer");
 }
 
 void write_tiny_distillation(const std::string& dir, int lines) {

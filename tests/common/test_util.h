@@ -37,6 +37,14 @@ ModelConfig tiny_demo_config(int64_t hidden, int64_t layers);
 // train.jsonl with `lines` two-number additions ({"prompt": "a+b=", "completion": "a+b"}).
 void write_tiny_distillation(const std::string& dir, int lines);
 
+// A teacher model directory whose every top-K (K <= 28) lies beyond the student's 272 ids:
+// `c` (a tiny_demo_config-like config) widened to vocabulary 300, no layer output (o and down
+// projections zero, so the final hidden state is the token's embedding), the embedding's first
+// column 1 for the 272 ids a prompt can hold and 100 for the 28 beyond, and the final norm
+// keeping only that column. Under --vocab-policy clip-to-student, the payload check rejects
+// every row ("leaves no entry").
+void write_teacher_beyond_student_vocab(const std::string& dir, ModelConfig c);
+
 // Uniform in [lo, hi) from Philox(seed); f32 or f64 tensors on the CPU.
 Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, double lo = -1, double hi = 1);
 // Uniform integers in [lo, hi) as i32.

@@ -141,6 +141,29 @@ TEST_F(CudaTrainerTest, EverySourceOfCompletionsRunsOnTheGpu) {
   }
 }
 
+TEST_F(CudaTrainerTest, AnInProcessTeachersBadScoresStopTheRunBeforeAnyUpdate) {
+  REQUIRE_GPU();
+  // On the GPU the in-process teacher's payload check runs on a helper thread beside the first
+  // micro-batch's forward (Trainer::score); its rejection must surface there and stop the run
+  // before any gradient is applied or checkpoint written (TrainerTest's CPU twin).
+  test::write_teacher_beyond_student_vocab(path("far_teacher"), gpu_tiny(96, 2));
+  for (double lmbda : {0.0, 1.0}) {
+    TrainOptions o = base(lmbda == 0 ? "far_dataset" : "far_on_policy", "cuda", "bf16");
+    o.teacher = path("far_teacher");
+    o.vocab_policy = "clip-to-student";
+    o.lmbda = lmbda;
+    try {
+      train(o);
+      FAIL() << "a teacher whose top-K is outside the student's vocabulary must stop the run";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidData) << e.what();
+      EXPECT_NE(std::string(e.what()).find("teacher payload"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("leaves no entry"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(list_checkpoints(o.out + "/checkpoints").empty());
+  }
+}
+
 TEST_F(CudaTrainerTest, ResumeOnTheGpuIsBitwiseExact) {
   REQUIRE_GPU();
   // 4 steps at once, or 2 steps and then a resumed run to 4 (constant LR: the schedule does not

@@ -356,26 +356,11 @@ TEST_F(TrainerTest, ANonFiniteRolloutIsABadStepToo) {
 }
 
 TEST_F(TrainerTest, AnInProcessTeachersBadScoresStopTheRunBeforeAnyUpdate) {
-  // The in-process teacher's response is checked on a helper thread beside the first
-  // micro-batch's forward (Trainer::score); the check's error must still stop the run at the
-  // first step, before any gradient is applied or checkpoint written. A teacher whose top-K
-  // ids all lie beyond the student's vocabulary fails it under --vocab-policy clip-to-student
-  // ("leaves no entry"): vocabulary 300 (the student has 272), no layer output (o and down
-  // projections zero, so the final hidden state is the token's embedding), the embedding's
-  // first column 1 for the 272 ids a prompt can hold and 100 for the 28 beyond, the final
-  // norm keeping only that column: every position's K = 8 best ids are among the 28.
-  ModelConfig c = test::tiny_demo_config(48, 2);
-  c.vocab_size = 300;
-  ModelWeights w = init_weights(c, 2, 0.1);
-  for (LayerWeights& l : w.layers) {
-    std::fill_n(l.o_proj.data<float>(), l.o_proj.numel(), 0.f);
-    std::fill_n(l.down_proj.data<float>(), l.down_proj.numel(), 0.f);
-  }
-  float* e = w.embed_tokens.data<float>();
-  for (int64_t v = 0; v < c.vocab_size; ++v) e[v * c.hidden_size] = v < 272 ? 1.f : 100.f;
-  std::fill_n(w.final_norm.data<float>(), c.hidden_size, 0.f);
-  w.final_norm.data<float>()[0] = 1.f;
-  save_model_dir(path("far_teacher"), c, w, test::source_dir() + "/demo/tokenizer");
+  // A teacher whose top-K ids all lie beyond the student's vocabulary fails the payload check
+  // under --vocab-policy clip-to-student: the run stops at the first step with the check's
+  // message, before any gradient is applied or checkpoint written. (On the CPU the check runs
+  // in the step; on the GPU beside the first micro-batch's forward, CudaTrainerTest's twin.)
+  test::write_teacher_beyond_student_vocab(path("far_teacher"), test::tiny_demo_config(48, 2));
   for (double lmbda : {0.0, 1.0}) {
     TrainOptions o = base(lmbda == 0 ? "far_teacher_dataset" : "far_teacher_on_policy");
     o.teacher = path("far_teacher");
