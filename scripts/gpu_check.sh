@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -682,6 +682,23 @@ if [[ "$what" == s13d ]]; then
   grep -h "FAILED\|Failure" "$OUT/trainer.log" | head -10
   run w1_anchor 300 $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
   grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
+fi
+if [[ "$what" == s13e ]]; then
+  # Session 13 (nvidia-h200, <= 300 s): topk_tile_kernel's merge by ranks when the tile's
+  # candidates and the kept keys number <= 256 (one pass, no barrier; the radix select
+  # otherwise): the top-K and scorer suites, the row kernels under racecheck, then W1's scoring
+  # with a 2-layer teacher (the top-K over the full 151,936-id lm_head dominates) for the
+  # previous build (.carry/bin/opd_prev) and this one, alternating.
+  run topk 120 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaScorer*'
+  grep -h "FAILED\|Failure" "$OUT/topk.log" | head -10
+  run racecheck_topk 90 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_cuda --gtest_filter="$RACE_TOPK"
+  for i in 1 2; do
+    for v in prev new; do
+      if [[ $v == prev ]]; then bin=$B/opd_prev; else bin=$B/opd; fi
+      timeout 60 $bin bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process" | sed "s/^/$v $i: /" >>"$OUT/topk_ab.txt"
+    done
+  done
+  cat "$OUT/topk_ab.txt"
 fi
 if [[ "$what" == s12i ]]; then
   # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)

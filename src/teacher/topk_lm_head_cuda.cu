@@ -295,6 +295,31 @@ __global__ void __launch_bounds__(kThreads)
         }
         for (int i = tid; i < count; i += kThreads) f(old[i]);
       };
+      if (in_smem && n_cand + count <= kThreads) {
+        // Few keys (a later tile's handful of candidates + the k kept): each thread ranks one
+        // key against all of them (keys are unique: ranks are distinct) and the k best land at
+        // kept[rank]. One pass and no barrier where the radix select below takes up to 8 rounds
+        // of 3 barriers and a serial 256-bucket scan (ncu: 32% of the cycles stalled at
+        // barriers). Same set, so the same outputs (the final kernel sorts the kept keys).
+        const int n = n_cand + count;
+        if (tid < n) {
+          const u64 mine = tid < n_cand ? cand[tid] : old[tid - n_cand];
+          int rank = 0;
+          for (int j = 0; j < n_cand; ++j) rank += cand[j] > mine;
+          for (int j = 0; j < count; ++j) rank += old[j] > mine;
+          if (rank < k) {
+            kept[rank] = mine;
+            local_min = mine;
+          }
+        }
+        const int written = min(n, k);  // == k unless an invariant broke (n_cand < C)
+        const u64 mn = block_reduce(local_min, MinU(), red_u);
+        st.count = written;
+        st.thr = written == k ? mn : 0;
+        if (overflow) report_slot_overflow(error_flag, row0 + row);
+        if (tid == 0) states[row] = st;
+        return;
+      }
       u64 prefix = 0, mask = 0;
       int need = k;
       for (int shift = 56; shift >= 0; shift -= 8) {
