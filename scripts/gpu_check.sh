@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -699,6 +699,16 @@ if [[ "$what" == s13e ]]; then
     done
   done
   cat "$OUT/topk_ab.txt"
+fi
+if [[ "$what" == s13f ]]; then
+  # Session 13's last call (nvidia-h200, <= 200 s): W1 twice with the final code (the top-K
+  # merge by ranks included): phases, and the wall time per step between the progress lines.
+  for i in 1 2; do
+    timeout 90 $B/opd bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$i.log 2>&1
+    grep -E "rollout  |scoring  |train  |whole step|peak device" /tmp/w1_$i.log | tr -s ' ' | sed "s/^/$i: /"
+    grep -E "step [13]/3" /tmp/w1_$i.log | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$i: step 1 and 3 end at /"
+    echo
+  done
 fi
 if [[ "$what" == s12i ]]; then
   # (The several-heads kernel it measures is in e7acab1 only; reverted in ae14a68.)
