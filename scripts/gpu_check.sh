@@ -624,6 +624,13 @@ trace_run() {
   python3 tools/trace_summary.py --top 10 --split-ms 3 --min-ms 50 /tmp/$name.csv >"$OUT/$name.summary.txt" 2>&1
   xz -T0 -1 -c /tmp/$name.csv >"$OUT/$name.csv.xz" 2>/dev/null || true
 }
+# w1_lines LOG PREFIX: an `opd bench w1` log's phase lines and the wall time from step 1's end to
+# step 3's (two steps with everything between them: the metrics, the progress line).
+w1_lines() {
+  grep -E "rollout  |scoring  |train  |whole step|peak device" "$1" | tr -s ' ' | sed "s/^/$2: /"
+  grep -E "step [13]/3" "$1" | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$2: step 1 and 3 end at /"
+  echo
+}
 if [[ "$what" == s13a ]]; then
   # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
   # then traced (trace_run above).
@@ -648,11 +655,7 @@ if [[ "$what" == s13b ]]; then
     for v in old new; do
       if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
       timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
-      # The phases, and the wall time from step 1's end to step 3's (two steps with everything
-      # between them: the metrics, the progress line).
-      grep -E "rollout  |scoring  |train  |whole step" /tmp/w1_$v$i.log | tr -s ' ' | sed "s/^/$v $i: /" >>"$OUT/w1_ab.txt"
-      grep -E "step [13]/3" /tmp/w1_$v$i.log | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$v $i: step 1 and 3 end at /" >>"$OUT/w1_ab.txt"
-      echo >>"$OUT/w1_ab.txt"
+      w1_lines /tmp/w1_$v$i.log "$v $i" >>"$OUT/w1_ab.txt"
     done
   done
   cat "$OUT/w1_ab.txt"
@@ -705,9 +708,7 @@ if [[ "$what" == s13f ]]; then
   # merge by ranks included): phases, and the wall time per step between the progress lines.
   for i in 1 2; do
     timeout 90 $B/opd bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$i.log 2>&1
-    grep -E "rollout  |scoring  |train  |whole step|peak device" /tmp/w1_$i.log | tr -s ' ' | sed "s/^/$i: /"
-    grep -E "step [13]/3" /tmp/w1_$i.log | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$i: step 1 and 3 end at /"
-    echo
+    w1_lines /tmp/w1_$i.log "$i"
   done
 fi
 if [[ "$what" == s12i ]]; then

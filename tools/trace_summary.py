@@ -14,10 +14,13 @@ Usage: tools/trace_summary.py [--split-ms 2] [--min-ms 5] [--top 8] [--segments 
 import argparse
 import csv
 import functools
-import re
+import os
 import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ncu_summary  # noqa: E402  (tools/ncu_summary.py: the kernel-family naming)
 
 BUCKETS = [(0, 2e3), (2e3, 5e3), (5e3, 20e3), (20e3, 100e3), (100e3, 1e6), (1e6, float("inf"))]
 
@@ -35,14 +38,10 @@ def demangle(names):
 
 @functools.lru_cache(maxsize=None)
 def family(name):
-    """A kernel's family: its name without namespaces' noise, template arguments and parameters
-    (cuBLAS's nvjet kernels keep their tile name)."""
-    if "nvjet" in name:
-        return name.split("(")[0][:60]
-    n = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
-    n = re.sub(r"<.*", "", n.split("(")[0]).strip()
-    n = n[5:] if n.startswith("void ") else n
-    return n.split("::")[-1][:60] if n.startswith("opd::") else n[:60]
+    """A kernel's family: ncu_summary's (no template arguments or parameters; cuBLAS's nvjet
+    kernels keep their tile name), without opd's namespaces."""
+    n = ncu_summary.family(name)
+    return n.split("::")[-1] if n.startswith("opd::") else n
 
 
 def load(path):
