@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -631,6 +631,64 @@ w1_lines() {
   grep -E "step [13]/3" "$1" | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$2: step 1 and 3 end at /"
   echo
 }
+# topk_tiles BIN NAME: every topk_tile_kernel launch of one W1 scoring call with a 2-layer
+# teacher under ncu (duration only), summed per vocabulary tile (16 row chunks of 2,048 rows
+# each) into $OUT/NAME.txt.
+topk_tiles() {
+  local NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 150 "$NCU" --clock-control none --page raw --metrics gpu__time_duration.sum --csv \
+      -k regex:topk_tile_kernel "$1" bench score --no-server --layers 2 --warmup 0 --iters 1 \
+      >/tmp/$2.csv 2>/dev/null
+  python3 - /tmp/$2.csv >"$OUT/$2.txt" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+h = rows[0]; t = h.index("gpu__time_duration.sum")
+d = [float(r[t]) for r in rows[2:] if "topk_tile_kernel" in r[h.index("Kernel Name")]]
+unit = rows[1][t]
+tiles = [sum(d[i:i + 16]) for i in range(0, len(d), 16)]
+print(f"{len(d)} launches, total {sum(d):.0f} {unit}; per tile of 16 chunks:", " ".join(f"{x:.0f}" for x in tiles))
+PY
+  sed "s/^/$2: /" "$OUT/$2.txt"
+}
+if [[ "$what" == s14a ]]; then
+  # Session 14 (nvidia-h200, <= 420 s): topk_tile_kernel gathers a tile's candidates in its LSE
+  # pass once the row's kept set is full, and a row's first tile gets a floor from the threads'
+  # maxima (no radix rounds over the row); cuda_memcpy no longer drains the stream after
+  # host-to-device and device-to-device copies; the scorer reads its results straight into
+  # its vectors. The top-K and scorer suites, the row kernels under racecheck and memcheck,
+  # the top-K kernel per tile under ncu for the session's starting build (.carry/bin/opd_old)
+  # and this one, then W1's scoring with a 2-layer teacher alternating.
+  run topk 150 $B/test_cuda --gtest_filter='CudaTopKLmHead.*:CudaScorer*'
+  grep -h "FAILED\|Failure" "$OUT/topk.log" | head -10
+  run racecheck_topk 100 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_cuda --gtest_filter="$RACE_TOPK"
+  run memcheck_topk 100 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaTopKLmHead.RowKernels*:CudaTopKLmHead.Bad*:CudaTopKLmHead.GraphCapture*'
+  topk_tiles $B/opd_old tiles_old
+  topk_tiles $B/opd tiles_new
+  for i in 1 2; do
+    for v in old new; do
+      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
+      timeout 60 $bin bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process" | sed "s/^/$v $i: /" >>"$OUT/topk_ab.txt"
+    done
+  done
+  cat "$OUT/topk_ab.txt"
+fi
+if [[ "$what" == s14b ]]; then
+  # Session 14 (nvidia-h200, <= 590 s): the GPU suite minus the forward wgmma sweep and the
+  # suites s14a ran (cuda_memcpy's change touches every test), then W1 for the session's
+  # starting build and this one, alternating.
+  run cuda 330 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*:CudaTopKLmHead.*:CudaScorer*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+  for i in 1 2; do
+    for v in old new; do
+      (( SECONDS > 420 )) && break
+      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
+      timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
+      w1_lines /tmp/w1_$v$i.log "$v $i" >>"$OUT/w1_ab.txt"
+    done
+  done
+  cat "$OUT/w1_ab.txt"
+fi
 if [[ "$what" == s13a ]]; then
   # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
   # then traced (trace_run above).

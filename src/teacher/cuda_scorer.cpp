@@ -22,11 +22,17 @@ namespace opd {
 
 namespace {
 
-template <typename T, typename U>
-void host_copy(const Tensor& device_tensor, std::vector<U>& out) {
-  const Tensor h = device_tensor.to(Device::CPU);
-  const T* p = h.data<T>();
-  out.assign(p, p + h.numel());
+// Straight into the vector (one device-to-host copy; a host Tensor in between cost a second
+// pass over W1's ~17 MB of top-K rows on the host).
+template <typename T>
+void host_copy(const Tensor& device_tensor, std::vector<T>& out) {
+  OPD_CHECK(device_tensor.dtype() == dtype_of<T>() && device_tensor.device() == Device::CUDA,
+            Internal, "CUDA scorer: ", device_tensor.describe(), " read back as ",
+            dtype_name(dtype_of<T>()), " on the host");
+  out.resize(static_cast<size_t>(device_tensor.numel()));
+  if (out.empty()) return;
+  device_hooks::cuda_memcpy(out.data(), Device::CPU, device_tensor.raw(), Device::CUDA,
+                            device_tensor.nbytes());
 }
 
 }  // namespace
@@ -138,10 +144,10 @@ ScoreResponse CudaScorer::score(const ScoreRequest& req) {
                           req.temperature, req.with_ranks, opts_.vocab_tile, opts_.row_chunk);
   std::vector<int32_t> ids, ranks;
   std::vector<float> logprobs, actual_logprobs;
-  host_copy<int32_t>(d.ids, ids);
-  host_copy<float>(d.logprobs, logprobs);
-  host_copy<float>(d.actual_logprobs, actual_logprobs);
-  if (req.with_ranks) host_copy<int32_t>(d.actual_ranks, ranks);
+  host_copy(d.ids, ids);
+  host_copy(d.logprobs, logprobs);
+  host_copy(d.actual_logprobs, actual_logprobs);
+  if (req.with_ranks) host_copy(d.actual_ranks, ranks);
 
   // Back to request order.
   const int64_t K = req.k, rows = plan.rows;

@@ -1,8 +1,9 @@
 // CUDA tiled lm_head top-K with online log-sum-exp (algorithm, memory and error contract in
 // teacher/topk_lm_head_cuda.h; the CPU reference is teacher/topk_lm_head.cpp):
 // cuBLASLt GEMM of each [row_chunk, vocab_tile] logit tile in f32, then one CTA per row merges
-// the tile into the row's state (online LSE, running top-K by unique 64-bit keys with a radix
-// select when it overflows), an optional rank pass, and a final per-row sort.
+// the tile into the row's state (online LSE, running top-K by unique 64-bit keys: candidates
+// gathered in shared memory, merged by ranks or a radix select), an optional rank pass, and a
+// final per-row sort.
 //
 // Index safety inside the kernels: every slot handed out by a shared-memory counter (atomicAdd
 // on s_n) and every count read back from the row state is bounded by the capacity of the array
@@ -29,6 +30,7 @@ namespace {
 using u64 = unsigned long long;
 constexpr int kThreads = 256;
 constexpr int kCandCap = kTopKLmHeadCandCap;  // candidates of one tile merged in shared memory
+static_assert(kThreads == 256, "topk_tile_kernel: hist[256] doubles as one float per thread");
 
 struct RowState {
   u64 thr;        // smallest kept key once `count == k` (candidates must beat it), else 0
@@ -143,10 +145,35 @@ __global__ void __launch_bounds__(kThreads)
   const bool vec = (vn & 3) == 0 && (reinterpret_cast<uintptr_t>(zr) & 15) == 0;
   RowState st = states[row];
   const u64 thr = st.thr;
+  // Once the row's kept set is full (thr != 0), a tile holds few candidates (W1: ~64 / (t - 1)
+  // in its t-th vocabulary tile): pass 1 then stores them in cand[] as it finds them, and the
+  // merge below needs no second pass over the row (it read the whole row again, from L2 at
+  // best, for every tile with a candidate: nearly every row of every tile at W1). Before that
+  // (the first tiles), pass 1 only counts them. A finite z below the threshold key's z cannot
+  // beat it: one float compare per logit before the key is formed.
+  const bool collect = k > 0 && thr != 0;  // uniform over the CTA (st is)
+  const float thr_z = collect ? key_z(thr) : 0.f;
+  if (collect) {
+    if (tid == 0) s_n = 0;
+    __syncthreads();
+  }
 
-  // ---- pass 1: online LSE of z / T, non-finite ids, count of top-K candidates.
+  // ---- pass 1: online LSE of z / T, non-finite ids, top-K candidates (stored or counted).
   float lm = -INFINITY, ls = 0.f;
   int c = 0, bad = INT_MAX;
+  auto candidate = [&](float x, int id) {  // x finite
+    if (collect) {
+      if (x >= thr_z) {
+        const u64 key = make_key(x, id);
+        if (key > thr) {
+          const int slot = atomicAdd(&s_n, 1);  // s_n ends as the exact count
+          if (slot < cand_cap) cand[slot] = key;
+        }
+      }
+    } else if (k > 0 && make_key(x, id) > thr) {
+      ++c;
+    }
+  };
   auto lse_step = [&](float x, int j) {
     if (!isfinite(x)) {
       bad = min(bad, v0 + j);
@@ -159,7 +186,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       ls += expf(y - lm);
     }
-    if (k > 0 && make_key(x, v0 + j) > thr) ++c;
+    candidate(x, v0 + j);
   };
   if (vec) {
     // kUnroll x 4 logits per round: their maximum first, so the running sum is rescaled at most
@@ -188,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
             bad = min(bad, v0 + 4 * i + e);
             y[u][e] = -INFINITY;  // not in the sum
           } else if (i < n4) {
-            if (k > 0 && make_key(x, v0 + 4 * i + e) > thr) ++c;
+            candidate(x, v0 + 4 * i + e);
             y[u][e] = x * inv_t;
             rm = fmaxf(rm, y[u][e]);
           }
@@ -210,8 +237,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = tid; j < vn; j += kThreads) lse_step(zr[j], j);
   }
   const float M = block_reduce(lm, MaxF(), red_f);
+  // Read after the reduction's barrier (every atomic is done); the next reductions' barriers
+  // come before any thread resets s_n below.
+  const int collected = collect ? s_n : 0;
   const float S = block_reduce(lm == -INFINITY ? 0.f : ls * expf(lm - M), SumF(), red_f);
-  const int C = block_reduce(c, SumI(), red_i);
+  const int C = collect ? collected : block_reduce(c, SumI(), red_i);
+  const bool have = collect && C <= cand_cap;  // the tile's candidates are cand[0, C)
   const int B = block_reduce(bad, MinI(), red_i);
   if (M > -INFINITY) {
     const float mn = fmaxf(st.m, M);
@@ -261,25 +292,50 @@ __global__ void __launch_bounds__(kThreads)
       // Merge: the k best of (old kept U candidates) by an 8-bit radix select on the keys.
       u64* old = cand + cand_cap;
       for (int i = tid; i < count; i += kThreads) old[i] = kept[i];
-      const bool in_smem = C <= cand_cap;
-      int n_cand = 0;  // candidates stored in cand[] (<= cand_cap)
-      if (in_smem) {
+      // More candidates than cand[] holds (a row's first tiles): a floor under the k-th best
+      // key's z / T from pass 1's per-thread maxima. Any k distinct elements' smallest value is
+      // <= the k-th best, so the k-th largest of the threads' maxima (distinct elements: each
+      // thread saw its own logits) is such a floor, and every key of the k best has z / T >= it
+      // (x -> x * inv_t is monotone under rounding). W1's first tile: ~16,000 candidates, ~75
+      // above the floor; without it the radix select re-read the row in each of its rounds.
+      float floor_y = -INFINITY;
+      if (!have && C > cand_cap && k <= kThreads) {
+        float* s_max = reinterpret_cast<float*>(hist);  // hist is free until the radix select
+        s_max[tid] = lm;  // this thread's maximum of z / T over its finite logits (or -inf)
+        __syncthreads();
+        int rank = 0, finite = 0;  // rank: unique, by value then thread index
+        for (int j = 0; j < kThreads; ++j) {
+          const float o = s_max[j];
+          finite += o > -INFINITY;
+          rank += o > lm || (o == lm && j < tid);
+        }
+        __syncthreads();  // every thread read s_max: s_max[0] may be overwritten
+        if (finite >= k && rank == k - 1) s_max[0] = lm;  // finite >= k: this lm is finite
+        __syncthreads();
+        if (finite >= k) floor_y = s_max[0];
+        __syncthreads();  // hist is zeroed by the radix select below
+      }
+      const bool bounded = floor_y > -INFINITY;
+      bool in_smem = have;
+      int n_cand = have ? C : 0;  // candidates stored in cand[] (<= cand_cap)
+      if (!have && (C <= cand_cap || bounded)) {
         if (tid == 0) s_n = 0;
         __syncthreads();
         for_each_logit(zr, vn, vec, tid, [&](float x, int j) {
-          if (!isfinite(x)) return;
+          if (!isfinite(x) || (bounded && x * inv_t < floor_y)) return;
           const u64 key = make_key(x, v0 + j);
           if (key > thr) {
             const int slot = atomicAdd(&s_n, 1);
-            if (slot < C) {
-              cand[slot] = key;
-            } else {
-              overflow = true;
-            }
+            if (slot < cand_cap) cand[slot] = key;
+            if (!bounded && slot >= C) overflow = true;  // more than pass 1 counted
           }
         });
         __syncthreads();
-        n_cand = min(s_n, C);  // s_n is final after the barrier; == C unless an invariant broke
+        const int found = s_n;  // final after the barrier
+        // Bounded: ties at the floor may still leave more than cand[] holds (then the radix
+        // select over the row, below). Unbounded: == C unless an invariant broke.
+        in_smem = found <= cand_cap;
+        n_cand = in_smem ? (bounded ? found : min(found, C)) : 0;
       }
       __syncthreads();
       // visit(f): f(key) over the union, each key once, strided over the block.

@@ -8,11 +8,15 @@
 // Running top-K per row, merged across tiles (one CTA per row per tile): every logit has a
 // unique 64-bit key (order-preserving float bits << 32 | ~id), so "better" is a total order and
 // the K best form an exact set. A row keeps its K best keys so far (unordered) and their minimum
-// (threshold). A tile's candidates are the keys above the threshold -- after the first tiles
-// there are ~K x tile / (ids seen) of them, usually none, so most tiles cost one read of the
-// row. When kept + candidates exceed K, an 8-bit radix select over kept U candidates finds the
-// K-th best key and the keys >= it become the new kept set. The K entries are sorted once at the
-// end (bitonic sort in shared memory).
+// (threshold). A tile's candidates are the keys above the threshold -- once K keys are kept
+// there are ~K x tile / (ids seen) of them, and the LSE pass stores them in shared memory as it
+// finds them, so such a tile costs one read of the row. A tile with more candidates than
+// shared memory holds (a row's first tile) gets a floor from the LSE pass instead: the K-th
+// largest of the CTA's per-thread maxima is <= the K-th best logit, and the keys above it
+// (~K + a few dozen) are gathered in one more read. Kept U candidates then merge into the K
+// best: by ranks (<= 256 keys), else an 8-bit radix select (over the row again only when even
+// the floor leaves too many, e.g. thousands of tied logits). The K entries are sorted once at
+// the end (bitonic sort in shared memory).
 //
 // Memory (device, besides inputs and outputs):
 //   topk_lm_head_cuda_workspace_bytes = min(R, row_chunk) x min(V, tile) x 4   logit tile (f32)

@@ -383,6 +383,14 @@ TEST(CudaTopKLmHead, RowKernelsOnGivenLogitsMatchDenseReference) {
       {"k1", 7, 2000, 1, 333, 7, 2.0, 3, false},
       {"k4096_opt_in_smem", 2, 9000, 4096, 4096, 2, 1.0, cuda::kTopKLmHeadCandCap, false},
       {"many_rows", 300, 4000, 64, 1024, 128, 1.0, cuda::kTopKLmHeadCandCap, true},
+      // A first tile with more candidates than the capacity and k <= 256: the floor from the
+      // threads' maxima (continuous rows: ~100 keys above it, ranked; 1/8-grid rows: a few
+      // hundred tied keys, the radix select in shared memory), then later tiles collected in
+      // pass 1.
+      {"first_tile_floor", 6, 20000, 64, 8192, 3, 1.0, cuda::kTopKLmHeadCandCap, true},
+      // The same with a capacity the tied rows' keys above the floor overflow: those rows fall
+      // back to the radix select over the row.
+      {"first_tile_floor_overflow", 5, 9001, 64, 4096, 2, 0.8, 300, true},
   };
   uint64_t seed = 100;
   for (const LogitCase& c : cases) run_logit_case(c, seed += 3);
