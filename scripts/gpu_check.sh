@@ -643,7 +643,7 @@ topk_tiles() {
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 h = rows[0]; t = h.index("gpu__time_duration.sum")
-d = [float(r[t]) for r in rows[2:] if "topk_tile_kernel" in r[h.index("Kernel Name")]]
+d = [float(r[t].replace(",", "")) for r in rows[2:] if "topk_tile_kernel" in r[h.index("Kernel Name")]]
 unit = rows[1][t]
 tiles = [sum(d[i:i + 16]) for i in range(0, len(d), 16)]
 print(f"{len(d)} launches, total {sum(d):.0f} {unit}; per tile of 16 chunks:", " ".join(f"{x:.0f}" for x in tiles))
