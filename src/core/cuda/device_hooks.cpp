@@ -42,15 +42,11 @@ void cuda_free(void* ptr) {
   }
 }
 
-// Device-to-host copies are synchronous: host buffers are pageable and callers read the
-// result right after. Host-to-device and device-to-device copies are stream-ordered only:
-// every later op on this stream sees their bytes, and the host may reuse a pageable source
-// at once (the driver has staged it before cudaMemcpyAsync returns; no Tensor's host storage
-// is pinned). Work on another stream that reads the destination must be ordered after this
-// stream by an event or a synchronization, as for any kernel's output (the rollout starts
-// with cudaDeviceSynchronize, ZeRO's communication stream and the layered teacher upload wait
-// on events). Until session 14 every copy drained the stream, which left the GPU idle while
-// the host queued the kernels after each of the trainer's uploads.
+// Synchronous on purpose: host buffers are pageable and callers read results right after.
+// With a non-default current stream, wait for it first so the copy sees the op's results.
+// (Session 14 measured leaving host-to-device and device-to-device copies stream-ordered only:
+// W1's training phase did not move, 0.447-0.450 s either way: a copy from pageable memory is
+// staged by the driver, which waits for the stream anyway. Kept synchronous.)
 void cuda_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = dst_device == Device::CUDA
                             ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice
@@ -58,7 +54,7 @@ void cuda_memcpy(void* dst, Device dst_device, const void* src, Device src_devic
                             : cudaMemcpyDeviceToHost;
   cudaStream_t stream = cuda::current_stream();
   OPD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
-  if (kind == cudaMemcpyDeviceToHost) OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  OPD_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void cuda_memset_zero(void* ptr, size_t bytes) {
