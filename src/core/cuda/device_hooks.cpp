@@ -46,7 +46,7 @@ void cuda_free(void* ptr) {
 // With a non-default current stream, wait for it first so the copy sees the op's results.
 // (Session 14 measured leaving host-to-device and device-to-device copies stream-ordered only:
 // W1's training phase did not move, 0.447-0.450 s either way: a copy from pageable memory is
-// staged by the driver, which waits for the stream anyway. Kept synchronous.)
+// staged by the driver, which likely waits for the stream anyway. Kept synchronous.)
 void cuda_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = dst_device == Device::CUDA
                             ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice
