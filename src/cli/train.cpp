@@ -1,13 +1,15 @@
 // `opd train` (on-policy distillation), `opd sft` (the same trainer, cross-entropy on dataset
 // completions), `opd eval` (held-out exact match) and `opd init` (a randomly initialized model
 // directory from a config.json). Flags follow TRL / ms-swift names where one exists; every flag
-// can also come from a TOML config file (--config FILE, keys = flag names without dashes).
+// can also come from a flags file (--config FILE: TOML or JSON, keys = flag names without
+// dashes; cli/flags_file.h).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/dataset.h"
@@ -29,7 +31,7 @@ namespace {
 
 // Flags shared by train and sft; `distill` adds the teacher/rollout/loss ones.
 void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
-  c->set_config("--config", "", "TOML file holding flags (key = flag name without --)");
+  accept_flags_file(c);
   c->add_option("--student", o.student, "student model directory (Hugging Face layout)")->required();
   c->add_option("--data", o.data, "training JSONL file(s): prompt/completion, messages, "
                 "prompt/response or query/response (docs/data.md)")->required();

@@ -67,6 +67,82 @@ class TrainCli : public test::TinyDistillationTest {
 
 };
 
+// `--config FILE` (cli/flags_file.h): a TOML file's flags reach the run (its config.json), with
+// underscores or dashes, under an optional [train] header; a flag also on the command line keeps
+// the command line's value; a .json object works the same. (CLI11's own config support ignored
+// a config option on a subcommand: until session 14 every key was silently dropped.)
+TEST_F(TrainCli, FlagsFileSetsFlagsAndTheCommandLineWins) {
+  {
+    std::ofstream f(path("run.toml"));
+    f << "# a run's flags\n[train]\nlmbda = 0.25  # on-policy share\nseed = 1_007\n"
+         "learning_rate = 0.5\nsave-total-limit = 3\nno-tensorboard = false\nignore_eos = true\n"
+         "lr-scheduler-type = \"linear\"\n";
+  }
+  // train_args holds --learning-rate 0.01 and --no-tensorboard.
+  std::vector<std::string> args = train_args("toml", 1);
+  args.insert(args.end(), {"--config", path("run.toml")});
+  auto c = spawn(args, path("toml.log"));
+  ASSERT_EQ(c->wait_exit(120s), 0) << c->output();
+  auto cfg = nlohmann::json::parse(std::ifstream(path("toml") + "/config.json"));
+  EXPECT_EQ(cfg["lmbda"].get<double>(), 0.25);
+  EXPECT_EQ(cfg["seed"].get<int64_t>(), 1007);
+  EXPECT_EQ(cfg["learning_rate"].get<double>(), 0.01) << "the command line's value wins";
+  EXPECT_EQ(cfg["save_total_limit"].get<int64_t>(), 3);
+  EXPECT_EQ(cfg["lr_scheduler_type"].get<std::string>(), "linear");
+  EXPECT_TRUE(cfg["ignore_eos"].get<bool>());
+  EXPECT_FALSE(cfg["tensorboard"].get<bool>()) << "the command line's --no-tensorboard wins";
+
+  {
+    std::ofstream f(path("run.json"));
+    f << R"({"lmbda": 0.75, "seed": 5, "ignore_eos": false, "save_total_limit": 2})";
+  }
+  args = train_args("json", 1);
+  args.insert(args.end(), {"--config", path("run.json")});
+  auto j = spawn(args, path("json.log"));
+  ASSERT_EQ(j->wait_exit(120s), 0) << j->output();
+  cfg = nlohmann::json::parse(std::ifstream(path("json") + "/config.json"));
+  EXPECT_EQ(cfg["lmbda"].get<double>(), 0.75);
+  EXPECT_EQ(cfg["seed"].get<int64_t>(), 5);
+  EXPECT_FALSE(cfg["ignore_eos"].get<bool>());
+  EXPECT_EQ(cfg["save_total_limit"].get<int64_t>(), 2);
+}
+
+// A flags file's mistakes stop the run before anything starts, naming the file, the line and
+// the key: an unknown key (with the closest flag), an unquoted word, an array for a one-value
+// flag, a number for a switch, another command's section, a key set twice, a missing file.
+TEST_F(TrainCli, FlagsFileMistakesNameTheFileLineAndKey) {
+  const std::string base = "train --student " + path("student") + " --teacher " +
+                           path("teacher") + " --data " + path("train.jsonl") + " --out " +
+                           path("never") + " --max-steps 1 --config " + path("bad.toml");
+  const struct {
+    const char* text;
+    const char* expect;  // in the error, after "bad.toml:"
+  } cases[] = {
+      {"lmbda = 0.5\nlearnin_rate = 0.1\n", "2: `learnin_rate` is not a flag of `opd train` (did you mean `learning-rate`?)"},
+      {"lr-scheduler-type = cosine\n", "1: `cosine` is not a value"},
+      {"seed = [1, 2]\n", "1: `seed` takes one value, not an array"},
+      {"\n\nseq-kd = 1\n", "3: `seq-kd` is a switch of `opd train`: true or false"},
+      {"[sft]\nlmbda = 0\n", "1: section [sft]"},
+      {"lmbda = 0.5\nlmbda = 0.25\n", "2: `lmbda` is set twice"},
+      {"beta = \"0.5\n", "1: unterminated string"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    {
+      std::ofstream f(path("bad.toml"));
+      f << c.text;
+    }
+    const test::OpdResult r = test::run_opd(base, test::Stderr::Merge);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find(std::string("bad.toml:") + c.expect), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(path("never"))) << "nothing may start";
+  }
+  fs::remove(path("bad.toml"));
+  const test::OpdResult r = test::run_opd(base, test::Stderr::Merge);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("bad.toml: cannot be read"), std::string::npos) << r.out;
+}
+
 TEST_F(TrainCli, SigkillAtARandomStepThenResumeIsBitwiseExact) {
   auto full = spawn(train_args("full", 24), path("full.log"));
   ASSERT_EQ(full->wait_exit(300s), 0) << full->output();
