@@ -558,7 +558,9 @@ void Trainer::setup_teacher() {
                                    static_cast<size_t>(env_.rank) % pool.size() + 1, " of ",
                                    pool.size(), " in --teacher-url)")
                              : std::string());
-    scorer_ = std::make_unique<TeacherClient>(c);
+    // A teacher server that is not up yet (started beside the run, still loading its model)
+    // is waited for as one that disappears mid-run is: up to --teacher-timeout.
+    scorer_ = with_retry([&] { return std::make_unique<TeacherClient>(c); });
     ModelSide t = student_side();  // a server reports vocab, tokenizer, EOS only
     t.where = teacher_url_;
     t.vocab_size = scorer_->info().vocab_size;

@@ -241,5 +241,41 @@ TEST_F(TrainCli, TeacherServerKilledAndRestartedCostsNoStep) {
   server2->wait_exit(10s);
 }
 
+// A teacher server that comes up after the run started (launched beside it, still loading) is
+// waited for (--teacher-timeout), as one that disappears mid-run is; until session 14 the run
+// gave up after the client's 8 connection attempts (~9 s) whatever --teacher-timeout said.
+TEST_F(TrainCli, TeacherServerThatStartsLateIsWaitedFor) {
+  auto probe = spawn({"serve", "--model", path("teacher"), "--port", "0", "--threads", "2"},
+                     path("probe.log"));
+  int port = 0;
+  for (int i = 0; i < 3000 && port == 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+    const std::string out = probe->output();
+    auto pos = out.find("opd serve: port ");
+    if (pos != std::string::npos) port = std::atoi(out.c_str() + pos + 16);
+  }
+  ASSERT_GT(port, 0) << probe->output();
+  kill(probe->pid, SIGKILL);  // a port that was free a moment ago, now closed
+  probe->wait_exit(10s);
+  std::vector<std::string> args = train_args("run", 3);
+  args[3] = "--teacher-url";
+  args[4] = "http://127.0.0.1:" + std::to_string(port);
+  args.insert(args.end(), {"--teacher-timeout", "120"});
+  auto c = spawn(args, path("run.log"));
+  std::this_thread::sleep_for(12s);  // past the client's own ~9 s of attempts
+  int status = 0;
+  const pid_t reaped = waitpid(c->pid, &status, WNOHANG);
+  if (reaped == c->pid) c->pid = -1;
+  ASSERT_EQ(reaped, 0) << "the run gave up:\n" << c->output();
+  auto server = spawn({"serve", "--model", path("teacher"), "--port", std::to_string(port),
+                       "--threads", "4"},
+                      path("serve.log"));
+  EXPECT_EQ(c->wait_exit(300s), 0) << c->output();
+  EXPECT_EQ(steps_done("run"), 3);
+  EXPECT_NE(c->output().find("teacher unreachable"), std::string::npos) << c->output();
+  kill(server->pid, SIGTERM);
+  server->wait_exit(10s);
+}
+
 }  // namespace
 }  // namespace opd
