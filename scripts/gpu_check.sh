@@ -689,6 +689,25 @@ if [[ "$what" == s14b ]]; then
   done
   cat "$OUT/w1_ab.txt"
 fi
+if [[ "$what" == s14c ]]; then
+  # Session 14 (nvidia-h200, <= 420 s): the attention backward's D = rowsum(dO * O) with 16-byte
+  # loads: the attention, model and trainer suites, memcheck of the attention backward's small
+  # cases, `opd bench train` for the session's starting build and this one alternating, then the
+  # top-K kernel per vocabulary tile (ncu) for both (s14a's summary failed to parse).
+  run attn 200 $B/test_cuda --gtest_filter='CudaAttention*:*CudaModel*:CudaTrainer*:-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/attn.log" | head -10
+  run memcheck_attn 100 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaAttentionBackward.*:CudaAttention.ForwardThenBackwardEndToEnd'
+  for i in 1 2; do
+    for v in old new; do
+      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
+      timeout 60 $bin bench train --steps 3 2>&1 | grep "^opd:" | sed "s/^/$v $i: /" >>"$OUT/train_ab.txt"
+    done
+  done
+  cat "$OUT/train_ab.txt"
+  topk_tiles $B/opd_old tiles_old
+  topk_tiles $B/opd tiles_new
+fi
 if [[ "$what" == s13a ]]; then
   # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
   # then traced (trace_run above).
