@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -707,6 +707,29 @@ if [[ "$what" == s14c ]]; then
   cat "$OUT/train_ab.txt"
   topk_tiles $B/opd_old tiles_old
   topk_tiles $B/opd tiles_new
+fi
+if [[ "$what" == s14d ]]; then
+  # Session 14 (nvidia-h200, <= 560 s): the top-K tile kernel with 8 row loads in flight per
+  # thread instead of 4 (.carry/bin/opd_u8) against this build, alternating (W1's scoring with a
+  # 2-layer teacher); W1 for the session's starting build and this one, alternating; then W1
+  # beside its HF transformers anchor.
+  for i in 1 2; do
+    for v in u4 u8; do
+      if [[ $v == u8 ]]; then bin=$B/opd_u8; else bin=$B/opd; fi
+      timeout 60 $bin bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process" | sed "s/^/$v $i: /" >>"$OUT/unroll_ab.txt"
+    done
+  done
+  cat "$OUT/unroll_ab.txt"
+  for i in 1 2; do
+    for v in old new; do
+      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
+      timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
+      w1_lines /tmp/w1_$v$i.log "$v $i" >>"$OUT/w1_ab.txt"
+    done
+  done
+  cat "$OUT/w1_ab.txt"
+  run w1_anchor $(( 560 - SECONDS )) $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
+  grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
 fi
 if [[ "$what" == s13a ]]; then
   # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
