@@ -788,9 +788,12 @@ void Trainer::resume_if_any() {
                           "kd_temperature", "learning_rate", "seed", "num_generations",
                           "max_completion_length", "teacher_top_k"}) {
     const nlohmann::json now = o_.to_json().at(key);
-    if (saved.contains(key) && saved[key] != now)
-      log_warn("resume: --", key, " was ", saved[key].dump(), " in the checkpoint, now ",
+    if (saved.contains(key) && saved[key] != now) {
+      std::string flag = key;  // the command-line spelling
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      log_warn("resume: --", flag, " was ", saved[key].dump(), " in the checkpoint, now ",
                now.dump(), " (the resumed run is not the same run)");
+    }
   }
   log_info("resumed from checkpoint step ", step_, " (", ckpt_root_, ")");
 }
