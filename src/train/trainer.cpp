@@ -286,6 +286,7 @@ class Trainer {
   // cheapest setting that fits (before setup_teacher, which offloads the teacher).
   void fit_memory_budget_or_fail();
   void setup_teacher();
+  void check_context_lengths() const;
   void build_optimizer();
   void run_doctor_checks(const ModelSide& teacher);
   // describe_model_dir of the student and the in-process teacher, read once at start-up (the
@@ -513,6 +514,32 @@ void Trainer::load_data() {
     eval_data_ = std::make_unique<Dataset>(Dataset::load(o_.eval_data, *encoder_, renderer_.get(), e));
     log_info("eval data: ", eval_data_->report().summary());
   }
+}
+
+// Sequences longer than a model's max_position_embeddings run (RoPE has no hard limit, and
+// transformers does not refuse them either) but sit at positions the model was not trained on,
+// and a vLLM teacher rejects them (max_model_len): said once at start-up, with the numbers.
+void Trainer::check_context_lengths() const {
+  int64_t longest_prompt = 0, longest_line = 0;
+  for (size_t i = 0; i < data_->size(); ++i) {
+    const Sample& s = (*data_)[i];
+    longest_prompt = std::max(longest_prompt, static_cast<int64_t>(s.prompt_ids.size()));
+    longest_line = std::max(longest_line, s.sequence_length());
+  }
+  const bool samples = o_.lmbda > 0 || o_.seq_kd;  // completions generated up to the limit
+  const int64_t longest =
+      std::max(longest_line, samples ? longest_prompt + o_.max_completion_length : 0);
+  auto check = [&](const std::string& who, int64_t limit) {
+    if (limit > 0 && longest > limit)
+      log_warn("context: sequences of up to ", longest, " tokens (longest prompt ",
+               longest_prompt, samples ? cat(" + --max-completion-length ", o_.max_completion_length)
+                                       : std::string(), ") exceed the ", who,
+               "'s max_position_embeddings ", limit, ": positions past it are outside what it was "
+               "trained on (a vLLM teacher rejects them); --max-prompt-length caps prompts");
+  };
+  check("student " + o_.student, student_->config().max_position_embeddings);
+  if (scorer_) check("teacher " + (o_.teacher.empty() ? teacher_url_ : o_.teacher),
+                     scorer_->info().max_model_len);
 }
 
 void Trainer::setup_teacher() {
@@ -1060,6 +1087,7 @@ TrainResult Trainer::run_steps() {
   load_data();
   fit_memory_budget_or_fail();
   setup_teacher();
+  check_context_lengths();
   if (device_ == Device::CUDA) {  // the per-GPU memory plan (opd doctor --device cuda prints it too)
     const std::optional<ModelSide>& tm = teacher_side_;
     const MemoryPlanOptions po = memory_plan_options();

@@ -143,6 +143,28 @@ TEST_F(TrainCli, FlagsFileMistakesNameTheFileLineAndKey) {
   EXPECT_NE(r.out.find("bad.toml: cannot be read"), std::string::npos) << r.out;
 }
 
+// Sequences longer than the models' max_position_embeddings (64 in the playground) are said at
+// start-up with the numbers; the playground's own runs (prompt + 5 tokens) are not.
+TEST_F(TrainCli, SequencesPastTheContextLengthAreCalledOut) {
+  auto command = [&](const std::string& out, const std::string& completion) {
+    std::vector<std::string> args = train_args(out, 1);
+    std::string cmd;
+    for (size_t i = 0; i < args.size(); ++i)
+      cmd += (i > 0 && args[i - 1] == "--max-completion-length" ? completion : args[i]) + " ";
+    return cmd;
+  };
+  test::OpdResult r = test::run_opd(command("short", "5"), test::Stderr::Merge);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("context:"), std::string::npos) << r.out;
+  r = test::run_opd(command("long", "70"), test::Stderr::Merge);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* who : {"the student", "the teacher"})
+    EXPECT_NE(r.out.find(std::string("+ --max-completion-length 70) exceed ") + who),
+              std::string::npos)
+        << r.out;
+  EXPECT_NE(r.out.find("max_position_embeddings 64"), std::string::npos) << r.out;
+}
+
 TEST_F(TrainCli, SigkillAtARandomStepThenResumeIsBitwiseExact) {
   auto full = spawn(train_args("full", 24), path("full.log"));
   ASSERT_EQ(full->wait_exit(300s), 0) << full->output();
