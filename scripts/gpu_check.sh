@@ -731,6 +731,23 @@ if [[ "$what" == s14d ]]; then
   run w1_anchor $(( 560 - SECONDS )) $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
   grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
 fi
+if [[ "$what" == s14e ]]; then
+  # Session 14 (nvidia-h200, <= 560 s): the lm_head logit tile's shape for the top-K (a tile of
+  # 512 x 16,384 f32 logits is 33.5 MB, under the 50 MB L2, where W1's 2,048 x 16,384 is
+  # 134 MB): W1's scoring with a 2-layer teacher for row chunks 512-4,096 x vocabulary tiles
+  # 8,192-32,768, the default (2,048 x 16,384) again last; then the whole GPU suite minus the
+  # forward wgmma sweep on the final code.
+  for rc in 512 1024 2048 4096; do
+    for vt in 8192 16384 32768; do
+      timeout 40 $B/opd bench score --no-server --layers 2 --iters 5 --row-chunk $rc --vocab-tile $vt 2>&1 \
+          | grep "in-process:" | sed "s/^/rc $rc vt $vt: /" >>"$OUT/tiles.txt"
+    done
+  done
+  timeout 40 $B/opd bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process:" | sed "s/^/default again: /" >>"$OUT/tiles.txt"
+  cut -c1-60 "$OUT/tiles.txt"
+  run cuda $(( 550 - SECONDS )) $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+fi
 if [[ "$what" == s13a ]]; then
   # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
   # then traced (trace_run above).
