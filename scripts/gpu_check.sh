@@ -631,6 +631,30 @@ w1_lines() {
   grep -E "step [13]/3" "$1" | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$2: step 1 and 3 end at /"
   echo
 }
+# alternate KIND FILE NAME_A BIN_A NAME_B BIN_B: two rounds of A then B into $OUT/FILE (then
+# printed). KIND score: W1's scoring with a 2-layer teacher (`opd bench score --no-server
+# --layers 2 --iters 5`, its in-process line); KIND train: `opd bench train --steps 3`; KIND w1:
+# `opd bench w1` (w1_lines), none started after $W1_DEADLINE seconds of the call.
+alternate() {
+  local kind=$1 file=$2 i j
+  local names=("$3" "$5") bins=("$4" "$6")
+  for i in 1 2; do
+    for j in 0 1; do
+      local name=${names[$j]} bin=${bins[$j]}
+      if [[ $kind == score ]]; then
+        timeout 60 "$bin" bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process" \
+            | sed "s/^/$name $i: /" >>"$OUT/$file"
+      elif [[ $kind == train ]]; then
+        timeout 60 "$bin" bench train --steps 3 2>&1 | grep "^opd:" | sed "s/^/$name $i: /" >>"$OUT/$file"
+      else
+        (( SECONDS > ${W1_DEADLINE:-100000} )) && break 2
+        timeout 100 "$bin" bench w1 --work-dir /tmp/opd_w1 >"/tmp/w1_$name$i.log" 2>&1
+        w1_lines "/tmp/w1_$name$i.log" "$name $i" >>"$OUT/$file"
+      fi
+    done
+  done
+  cat "$OUT/$file"
+}
 # topk_tiles BIN NAME: every topk_tile_kernel launch of one W1 scoring call with a 2-layer
 # teacher under ncu (duration only), summed per vocabulary tile (16 row chunks of 2,048 rows
 # each) into $OUT/NAME.txt.
@@ -665,13 +689,7 @@ if [[ "$what" == s14a ]]; then
       --gtest_filter='CudaTopKLmHead.RowKernels*:CudaTopKLmHead.Bad*:CudaTopKLmHead.GraphCapture*'
   topk_tiles $B/opd_old tiles_old
   topk_tiles $B/opd tiles_new
-  for i in 1 2; do
-    for v in old new; do
-      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
-      timeout 60 $bin bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process" | sed "s/^/$v $i: /" >>"$OUT/topk_ab.txt"
-    done
-  done
-  cat "$OUT/topk_ab.txt"
+  alternate score topk_ab.txt old $B/opd_old new $B/opd
 fi
 if [[ "$what" == s14b ]]; then
   # Session 14 (nvidia-h200, <= 590 s): the GPU suite minus the forward wgmma sweep and the
@@ -679,15 +697,7 @@ if [[ "$what" == s14b ]]; then
   # starting build and this one, alternating.
   run cuda 330 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*:CudaTopKLmHead.*:CudaScorer*'
   grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
-  for i in 1 2; do
-    for v in old new; do
-      (( SECONDS > 420 )) && break
-      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
-      timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
-      w1_lines /tmp/w1_$v$i.log "$v $i" >>"$OUT/w1_ab.txt"
-    done
-  done
-  cat "$OUT/w1_ab.txt"
+  W1_DEADLINE=420 alternate w1 w1_ab.txt old $B/opd_old new $B/opd
 fi
 if [[ "$what" == s14c ]]; then
   # Session 14 (nvidia-h200, <= 420 s): the attention backward's D = rowsum(dO * O) with 16-byte
@@ -698,13 +708,7 @@ if [[ "$what" == s14c ]]; then
   grep -h "FAILED\|Failure" "$OUT/attn.log" | head -10
   run memcheck_attn 100 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
       --gtest_filter='CudaAttentionBackward.*:CudaAttention.ForwardThenBackwardEndToEnd'
-  for i in 1 2; do
-    for v in old new; do
-      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
-      timeout 60 $bin bench train --steps 3 2>&1 | grep "^opd:" | sed "s/^/$v $i: /" >>"$OUT/train_ab.txt"
-    done
-  done
-  cat "$OUT/train_ab.txt"
+  alternate train train_ab.txt old $B/opd_old new $B/opd
   topk_tiles $B/opd_old tiles_old
   topk_tiles $B/opd tiles_new
 fi
@@ -713,21 +717,8 @@ if [[ "$what" == s14d ]]; then
   # thread instead of 4 (.carry/bin/opd_u8) against this build, alternating (W1's scoring with a
   # 2-layer teacher); W1 for the session's starting build and this one, alternating; then W1
   # beside its HF transformers anchor.
-  for i in 1 2; do
-    for v in u4 u8; do
-      if [[ $v == u8 ]]; then bin=$B/opd_u8; else bin=$B/opd; fi
-      timeout 60 $bin bench score --no-server --layers 2 --iters 5 2>&1 | grep "in-process" | sed "s/^/$v $i: /" >>"$OUT/unroll_ab.txt"
-    done
-  done
-  cat "$OUT/unroll_ab.txt"
-  for i in 1 2; do
-    for v in old new; do
-      if [[ $v == old ]]; then bin=$B/opd_old; else bin=$B/opd; fi
-      timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
-      w1_lines /tmp/w1_$v$i.log "$v $i" >>"$OUT/w1_ab.txt"
-    done
-  done
-  cat "$OUT/w1_ab.txt"
+  alternate score unroll_ab.txt u4 $B/opd u8 $B/opd_u8
+  alternate w1 w1_ab.txt old $B/opd_old new $B/opd
   run w1_anchor $(( 560 - SECONDS )) $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
   grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
 fi

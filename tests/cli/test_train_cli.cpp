@@ -57,6 +57,21 @@ class TrainCli : public test::TinyDistillationTest {
     }
     return false;
   }
+  // `opd serve` of the playground's teacher on `port` (0: a free one, read back from its log
+  // into *bound, 0 when it did not say within 30 s).
+  std::unique_ptr<Child> serve_teacher(int port, const std::string& log, int* bound) const {
+    auto server = spawn({"serve", "--model", path("teacher"), "--port", std::to_string(port),
+                         "--threads", "4"},
+                        path(log));
+    *bound = 0;
+    for (int i = 0; i < 3000 && *bound == 0; ++i) {
+      std::this_thread::sleep_for(10ms);
+      const std::string out = server->output();
+      auto pos = out.find("opd serve: port ");
+      if (pos != std::string::npos) *bound = std::atoi(out.c_str() + pos + 16);
+    }
+    return server;
+  }
   std::string final_weights_sha(const std::string& out) const {
     auto list = list_checkpoints(path(out) + "/checkpoints");
     if (list.empty()) return "";
@@ -227,15 +242,8 @@ TEST_F(TrainCli, SecondSigintExitsAtOnceAndKeepsTheLastCheckpoint) {
 }
 
 TEST_F(TrainCli, TeacherServerKilledAndRestartedCostsNoStep) {
-  auto server = spawn({"serve", "--model", path("teacher"), "--port", "0", "--threads", "4"},
-                      path("serve1.log"));
   int port = 0;
-  for (int i = 0; i < 3000 && port == 0; ++i) {
-    std::this_thread::sleep_for(10ms);
-    const std::string out = server->output();
-    auto pos = out.find("opd serve: port ");
-    if (pos != std::string::npos) port = std::atoi(out.c_str() + pos + 16);
-  }
+  auto server = serve_teacher(0, "serve1.log", &port);
   ASSERT_GT(port, 0) << server->output();
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   std::vector<std::string> args = train_args("run", 30);
@@ -248,7 +256,7 @@ TEST_F(TrainCli, TeacherServerKilledAndRestartedCostsNoStep) {
   std::this_thread::sleep_for(1500ms);
   auto server2 = spawn({"serve", "--model", path("teacher"), "--port", std::to_string(port),
                         "--threads", "4"},
-                       path("serve2.log"));
+                       path("serve2.log"));  // not waited for: the run retries until it is up
   EXPECT_EQ(c->wait_exit(300s), 0) << c->output();
   EXPECT_EQ(steps_done("run"), 30) << "every step exactly once";
   std::set<int64_t> steps;
@@ -267,15 +275,8 @@ TEST_F(TrainCli, TeacherServerKilledAndRestartedCostsNoStep) {
 // waited for (--teacher-timeout), as one that disappears mid-run is; until session 14 the run
 // gave up after the client's 8 connection attempts (~9 s) whatever --teacher-timeout said.
 TEST_F(TrainCli, TeacherServerThatStartsLateIsWaitedFor) {
-  auto probe = spawn({"serve", "--model", path("teacher"), "--port", "0", "--threads", "2"},
-                     path("probe.log"));
   int port = 0;
-  for (int i = 0; i < 3000 && port == 0; ++i) {
-    std::this_thread::sleep_for(10ms);
-    const std::string out = probe->output();
-    auto pos = out.find("opd serve: port ");
-    if (pos != std::string::npos) port = std::atoi(out.c_str() + pos + 16);
-  }
+  auto probe = serve_teacher(0, "probe.log", &port);
   ASSERT_GT(port, 0) << probe->output();
   kill(probe->pid, SIGKILL);  // a port that was free a moment ago, now closed
   probe->wait_exit(10s);
@@ -289,9 +290,9 @@ TEST_F(TrainCli, TeacherServerThatStartsLateIsWaitedFor) {
   const pid_t reaped = waitpid(c->pid, &status, WNOHANG);
   if (reaped == c->pid) c->pid = -1;
   ASSERT_EQ(reaped, 0) << "the run gave up:\n" << c->output();
-  auto server = spawn({"serve", "--model", path("teacher"), "--port", std::to_string(port),
-                       "--threads", "4"},
-                      path("serve.log"));
+  int bound = 0;
+  auto server = serve_teacher(port, "serve.log", &bound);
+  EXPECT_EQ(bound, port) << server->output();
   EXPECT_EQ(c->wait_exit(300s), 0) << c->output();
   EXPECT_EQ(steps_done("run"), 3);
   EXPECT_NE(c->output().find("teacher unreachable"), std::string::npos) << c->output();
