@@ -240,6 +240,7 @@ struct LogitCase {
   double t;
   int cand_cap;
   bool ranks;
+  bool constant_rows = false;  // every logit of a row equal (row r: r / 4 - 1): ties only
 };
 
 struct DenseRef {
@@ -325,7 +326,9 @@ RawOutputs run_logit_case(const LogitCase& c, uint64_t seed) {
     for (int64_t j = 0; j < c.v; ++j) {
       const double u = philox_uniform(seed, static_cast<uint64_t>(r), static_cast<uint64_t>(j));
       const double x = 16 * u - 8;
-      z[static_cast<size_t>(r * c.v + j)] = static_cast<float>(r % 2 == 0 ? std::round(x * 8) / 8 : x);
+      z[static_cast<size_t>(r * c.v + j)] =
+          c.constant_rows ? static_cast<float>(r) / 4 - 1
+                          : static_cast<float>(r % 2 == 0 ? std::round(x * 8) / 8 : x);
     }
   const std::vector<int32_t> actual = make_actual(c.n, c.v, seed + 1);
   const DenseRef ref = dense_reference(z, c.n, c.v, c.k, c.t, actual);
@@ -391,6 +394,10 @@ TEST(CudaTopKLmHead, RowKernelsOnGivenLogitsMatchDenseReference) {
       // The same with a capacity the tied rows' keys above the floor overflow: those rows fall
       // back to the radix select over the row.
       {"first_tile_floor_overflow", 5, 9001, 64, 4096, 2, 0.8, 300, true},
+      // Every logit of a row tied: the first tile's floor equals them all, so its 4,096 keys
+      // overflow the capacity and the lowest ids win through the radix select over the row;
+      // later tiles' equal logits lose to the kept keys by id (no candidate).
+      {"constant_rows", 3, 9000, 64, 4096, 2, 1.0, cuda::kTopKLmHeadCandCap, true, true},
   };
   uint64_t seed = 100;
   for (const LogitCase& c : cases) run_logit_case(c, seed += 3);
