@@ -237,11 +237,12 @@ const CLI::Option* find_flag(const CLI::App& cmd, const std::string& key) {
 
 [[noreturn]] void unknown_key(const CLI::App& cmd, const Entry& e) {
   std::string best;
-  size_t best_d = 4;
   std::string dashed = e.key;
   std::replace(dashed.begin(), dashed.end(), '_', '-');
+  size_t best_d = std::max<size_t>(2, dashed.size() / 3) + 1;  // a suggestion must be close
   for (const CLI::Option* o : cmd.get_options()) {
     for (const std::string& name : o->get_lnames()) {
+      if (name == "help" || name == "config") continue;
       const size_t d = edit_distance(dashed, name);
       if (d < best_d) {
         best_d = d;
@@ -277,10 +278,8 @@ void append_flag(const CLI::App& cmd, const Entry& e, const CLI::Option* opt,
     OPD_FAIL(InvalidData, e.where, ": `", e.key, "` takes one value, not an array");
   if (e.values.empty())
     OPD_FAIL(InvalidData, e.where, ": `", e.key, "` = []: an empty array sets nothing");
-  for (const Scalar& v : e.values) {
-    out.push_back(flag);
-    out.push_back(v.text);
-  }
+  // `--flag=value`: a value that starts with '-' stays a value.
+  for (const Scalar& v : e.values) out.push_back(flag + "=" + v.text);
 }
 
 }  // namespace
