@@ -5,9 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/flags_file.h"
-
 #include "cli/commands.h"
+#include "cli/flags_file.h"
 #include "core/error.h"
 #include "core/log.h"
 

@@ -524,7 +524,10 @@ void Trainer::check_context_lengths() const {
   for (size_t i = 0; i < data_->size(); ++i) {
     const Sample& s = (*data_)[i];
     longest_prompt = std::max(longest_prompt, static_cast<int64_t>(s.prompt_ids.size()));
-    longest_line = std::max(longest_line, s.sequence_length());
+    longest_line = std::max(  // dataset completions are cut at --max-completion-length
+        longest_line, static_cast<int64_t>(s.prompt_ids.size()) +
+                          std::min<int64_t>(static_cast<int64_t>(s.completion_ids.size()),
+                                            o_.max_completion_length));
   }
   const bool samples = o_.lmbda > 0 || o_.seq_kd;  // completions generated up to the limit
   const int64_t longest =
