@@ -628,6 +628,7 @@ void launch_delta_vec(const void* dout, const void* out, int64_t rows, int d, fl
 template <typename T>
 void launch_delta(const void* dout, const void* out, int64_t rows, int d, float* delta,
                   cudaStream_t stream) {
+  if (rows == 0) return;  // no grid of zero blocks
   constexpr int V = 16 / static_cast<int>(sizeof(T));
   const int chunks = d / V;  // 16-byte chunks per row
   if (d % V == 0 && chunks >= 1 && dev::aligned16(dout) && dev::aligned16(out)) {
