@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -748,6 +748,22 @@ if [[ "$what" == s14f ]]; then
   OPD_LOG_LEVEL=debug timeout 100 $B/opd bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_debug.log 2>&1
   w1_lines /tmp/w1_debug.log debug
   grep -h "D\] rollout: " /tmp/w1_debug.log | cut -c1-400 | tail -4
+fi
+if [[ "$what" == s14g ]]; then
+  # Session 14 (nvidia-h200, <= 330 s): the RMSNorm backward with the next row's loads issued
+  # before this row's reduction (kept as bf16 until used): the norm, model and trainer suites;
+  # the norm kernels alone for the starting build (opd_old), this one (opd) and this one held
+  # to 64 registers (opd_lb4), alternating; `opd bench train` old / new alternating.
+  run norm 150 $B/test_cuda --gtest_filter='*Rmsnorm*:*CudaModel*:CudaTrainer*'
+  grep -h "FAILED\|Failure" "$OUT/norm.log" | head -10
+  for i in 1 2; do
+    for v in old new lb4; do
+      bin=$B/opd; [[ $v == old ]] && bin=$B/opd_old; [[ $v == lb4 ]] && bin=$B/opd_lb4
+      timeout 30 $bin bench kernels --filter rmsnorm 2>&1 | grep "^rmsnorm" | cut -c1-80 | sed "s/^/$v $i: /" >>"$OUT/norm_ab.txt"
+    done
+  done
+  cat "$OUT/norm_ab.txt"
+  alternate train train_ab.txt old $B/opd_old new $B/opd
 fi
 if [[ "$what" == s13a ]]; then
   # Session 13 (nvidia-h200, <= 400 s): where W1's phases leave the GPU idle: each bench plain,
