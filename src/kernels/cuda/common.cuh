@@ -85,35 +85,6 @@ struct Pack {
   }
 };
 
-// A Pack's elements as stored (T, not f32): half the registers of a Pack for bf16, for loads
-// issued ahead of their use (a loop's next row); unpack() gives the Pack the same load would.
-template <typename T, int W>
-struct RawPack {
-  T v[W];
-  __device__ __forceinline__ void load(const T* p) {
-    if constexpr (W * sizeof(T) == 16) {
-      *reinterpret_cast<uint4*>(v) = __ldg(reinterpret_cast<const uint4*>(p));
-    } else {
-#pragma unroll
-      for (int i = 0; i < W; ++i) v[i] = p[i];
-    }
-  }
-  __device__ __forceinline__ void load_rw(const T* p) {  // p may be written by this kernel
-    if constexpr (W * sizeof(T) == 16) {
-      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(p);
-    } else {
-#pragma unroll
-      for (int i = 0; i < W; ++i) v[i] = p[i];
-    }
-  }
-  __device__ __forceinline__ Pack<T, W> unpack() const {
-    Pack<T, W> r;
-#pragma unroll
-    for (int i = 0; i < W; ++i) r.f[i] = to_f32(v[i]);
-    return r;
-  }
-};
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -142,74 +142,42 @@ __global__ void __launch_bounds__(kBlock)
   }
   __shared__ float red[kBlock / 32];
   // Block-uniform trip count (group_sum's barriers): a group past the last row idles along.
-  // Every load of a row (dy, x, rstd and the residual's gradient) is issued one iteration
-  // ahead: the next row's loads are in flight while this row is reduced, computed and stored
-  // (the loop was bound by one memory round trip per row). Same rows in the same order per
-  // thread, so the same bits. The loads go to RawPacks (bf16 as stored: half the registers of
-  // f32 Packs) and are converted when used.
-  using Raw = dev::RawPack<T, W>;
-  auto load_row = [&](int64_t base, Raw (&dyr)[kE], Raw (&xr)[kE], Raw (&dr)[kE], float& rs) {
-    const int64_t row = base + threadIdx.x / kGroup;
-    const bool active = row < n;
-    rs = active ? rstd[row] : 0.f;
-#pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
-      if (active && col < h) {
-        dyr[e].load(dy + row * h + col);
-        xr[e].load(x + row * h + col);
-        if constexpr (kRes) dr[e].load_rw(dres + row * h + col);  // dres may alias dx
-      }
-    }
-  };
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  Raw dyr[kE], xr[kE], dr[kE], dyn[kE], xn[kE], dn[kE];
-  float rs = 0.f, rsn = 0.f;
-  int64_t base = blockIdx.x * static_cast<int64_t>(kRowsPerBlock);
-  if (base < n) load_row(base, dyr, xr, dr, rs);
-  for (; base < n; base += stride) {
-    // The next row's loads first (another row than this one's stores below: dres may alias dx
-    // only row for row).
-    if (base + stride < n) load_row(base + stride, dyn, xn, dn, rsn);
+  // Every load of a row (dy, x, rstd and the residual's gradient) is issued before the
+  // reduction, so a row costs one memory round trip.
+  for (int64_t base = blockIdx.x * static_cast<int64_t>(kRowsPerBlock); base < n;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const int64_t row = base + threadIdx.x / kGroup;
     const bool active = row < n;
     Pack<T, W> dyv[kE], xv[kE], dv[kE];
     float dot = 0;  // sum_i x_i * w_i * dy_i
+    const float rs = active ? rstd[row] : 0.f;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
       if (active && col < h) {
-        dyv[e] = dyr[e].unpack();
-        xv[e] = xr[e].unpack();
-        if constexpr (kRes) dv[e] = dr[e].unpack();
+        dyv[e].load(dy + row * h + col);
+        xv[e].load(x + row * h + col);
+        if constexpr (kRes) dv[e].load_rw(dres + row * h + col);  // dres may alias dx
 #pragma unroll
         for (int i = 0; i < W; ++i) dot += xv[e].f[i] * wv[e].f[i] * dyv[e].f[i];
       }
     }
     const float mean = group_sum<kGroup>(dot, red) / static_cast<float>(h);
-    if (active) {
-#pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
-        if (col < h) {
-          Pack<T, W> o;
-#pragma unroll
-          for (int i = 0; i < W; ++i) {
-            o.f[i] = rs * (wv[e].f[i] * dyv[e].f[i] - xv[e].f[i] * rs * rs * mean);
-            dw[e][i] += dyv[e].f[i] * xv[e].f[i] * rs;
-            if constexpr (kRes) o.f[i] += dv[e].f[i];
-          }
-          o.store(dx + row * h + col);
-        }
-      }
-    }
+    if (!active) continue;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
-      dyr[e] = dyn[e];
-      xr[e] = xn[e];
-      if constexpr (kRes) dr[e] = dn[e];
+      const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
+      if (col < h) {
+        Pack<T, W> o;
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+          o.f[i] = rs * (wv[e].f[i] * dyv[e].f[i] - xv[e].f[i] * rs * rs * mean);
+          dw[e][i] += dyv[e].f[i] * xv[e].f[i] * rs;
+          if constexpr (kRes) o.f[i] += dv[e].f[i];
+        }
+        o.store(dx + row * h + col);
+      }
     }
-    rs = rsn;
   }
   float* out = partial + blockIdx.x * h;
   if constexpr (kRowsPerBlock == 1) {
