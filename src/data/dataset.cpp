@@ -60,6 +60,10 @@ DatasetFormat detect(const ojson& obj, bool require_completion) {
   if (obj.contains("query") && obj.contains("response")) return DatasetFormat::QueryResponse;
   if (!require_completion && obj.contains("prompt")) return DatasetFormat::PromptCompletion;
   if (!require_completion && obj.contains("query")) return DatasetFormat::QueryResponse;
+  if (obj.contains("prompt") || obj.contains("query"))
+    bad(std::string("a \"") + (obj.contains("prompt") ? "prompt" : "query") +
+        "\" without a reference completion (\"completion\" or \"response\"), which this use "
+        "needs (SFT, dataset completions, exact match); the line has keys " + keys_of(obj));
   bad("no recognized fields: expected \"messages\", \"prompt\"/\"completion\", \"prompt\"/\"response\" or "
       "\"query\"/\"response\" or \"prompt_ids\"" + std::string(require_completion ? "" : " (or a prompt alone)") + "; the line has keys " + keys_of(obj));
 }

@@ -190,7 +190,10 @@ TEST_F(DatasetTest, PromptOnlyLinesWhenCompletionIsOptional) {
   EXPECT_EQ(text_of(ds[1].prompt_ids), "[user]u|[assistant]");
   EXPECT_EQ(text_of(ds[2].prompt_ids), "[user]q|[assistant]");
   // The same lines are errors when a completion is required.
-  EXPECT_NE(error(R"({"prompt": "p"})" "\n").find("no recognized fields"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt": "p"})" "\n").find("a \"prompt\" without a reference completion"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"query": "q"})" "\n").find("a \"query\" without a reference completion"),
+            std::string::npos);
   EXPECT_NE(error(R"({"messages": [{"role": "user", "content": "u"}]})" "\n").find("no assistant turn"), std::string::npos);
 }
 
