@@ -1,6 +1,7 @@
 // Flags files: `opd train --config run.toml` (and the other commands that call
 // accept_flags_file) read flags from a file. CLI11's own config support (2.1, Debian's) ignores
-// a config option set on a subcommand, so opd expands the file itself, before CLI11 parses:
+// a config option set on a subcommand, so opd expands the file itself, before CLI11 parses (the
+// text is parsed by core/flags_text.h, fuzzed in tests/core; this file maps keys to flags):
 //   - TOML: `key = value` lines, `#` comments, an optional `[train]` header naming the command;
 //     values are strings ("..." with \" \\ \n \t escapes, or '...'), integers and floats (`_`
 //     separators allowed), true / false, and one-line arrays of those (for repeatable flags).
