@@ -631,6 +631,19 @@ w1_lines() {
   grep -E "step [13]/3" "$1" | sed -E 's/^\[opd ([0-9:.]+).*/\1/' | tr '\n' ' ' | sed "s/^/$2: step 1 and 3 end at /"
   echo
 }
+# prefill_profile NCU_LIMIT ROWS (modes s12g, s12i): W1's prefill alone (`opd bench rollout
+# --new-tokens 1`, two calls of 3 runs, their split lines), then its kernels under ncu within
+# NCU_LIMIT seconds, the ROWS largest kernel families (tools/ncu_summary.py --totals).
+prefill_profile() {
+  for i in 1 2; do
+    timeout 60 $B/opd bench rollout --new-tokens 1 --runs 3 2>&1 | grep -E "split:" >>"$OUT/prefill.txt"
+  done
+  cat "$OUT/prefill.txt"
+  local NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout "$1" "$NCU" --clock-control none --page raw --metrics gpu__time_duration.sum --csv \
+      $B/opd bench rollout --warmup 0 --runs 1 --new-tokens 1 >"$OUT/ncu.csv" 2>/dev/null
+  python3 tools/ncu_summary.py --totals "$OUT/ncu.csv" | cut -c1-50,150- | head -"$2" && rm -f "$OUT/ncu.csv"
+}
 # alternate KIND FILE NAME_A BIN_A NAME_B BIN_B: two rounds of A then B into $OUT/FILE (then
 # printed). KIND score: W1's scoring with a 2-layer teacher (`opd bench score --no-server
 # --layers 2 --iters 5`, its in-process line); KIND train: `opd bench train --steps 3`; KIND w1:
@@ -852,14 +865,7 @@ if [[ "$what" == s12i ]]; then
   # W1's prefill alone (s12g: 0.044 s) and its kernels under ncu; `opd bench rollout`.
   run final 150 $B/test_cuda --gtest_filter='CudaDecodeFused.*:CudaRollout.*:CudaPagedAttention.*'
   grep -h "FAILED\|Failure" "$OUT/final.log" | head -10
-  for i in 1 2; do
-    timeout 60 $B/opd bench rollout --new-tokens 1 --runs 3 2>&1 | grep -E "split:" >>"$OUT/prefill.txt"
-  done
-  cat "$OUT/prefill.txt"
-  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout 90 "$NCU" --clock-control none --page raw --metrics gpu__time_duration.sum --csv \
-      $B/opd bench rollout --warmup 0 --runs 1 --new-tokens 1 >"$OUT/ncu.csv" 2>/dev/null
-  python3 tools/ncu_summary.py --totals "$OUT/ncu.csv" | cut -c1-50,150- | head -12 && rm -f "$OUT/ncu.csv"
+  prefill_profile 90 12
   run rollout 40 $B/opd bench rollout --runs 3
   grep -h "^opd:\|split:" "$OUT/rollout.log"
 fi
@@ -877,14 +883,7 @@ if [[ "$what" == s12g ]]; then
   # W1's prefill alone (s12f: 0.049 s) and its kernels under ncu, `opd bench rollout`, W1.
   run cuda 300 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
   grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
-  for i in 1 2; do
-    timeout 60 $B/opd bench rollout --new-tokens 1 --runs 3 2>&1 | grep -E "split:" >>"$OUT/prefill.txt"
-  done
-  cat "$OUT/prefill.txt"
-  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout 120 "$NCU" --clock-control none --page raw --metrics gpu__time_duration.sum --csv \
-      $B/opd bench rollout --warmup 0 --runs 1 --new-tokens 1 >"$OUT/ncu.csv" 2>/dev/null
-  python3 tools/ncu_summary.py --totals "$OUT/ncu.csv" | cut -c1-50,150- | head -16 && rm -f "$OUT/ncu.csv"
+  prefill_profile 120 16
   run rollout 60 $B/opd bench rollout --runs 3
   grep -h "^opd:\|split:" "$OUT/rollout.log"
   run w1 120 $B/opd bench w1 --work-dir /tmp/opd_w1
