@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -19,7 +18,8 @@ namespace {
 using Entry = FlagsEntry;
 using Scalar = FlagsScalar;
 
-std::mutex g_mu;
+// The commands that take a flags file (filled while main registers the commands, before any
+// thread starts).
 std::set<const CLI::App*>& accepting() {
   static std::set<const CLI::App*> s;
   return s;
@@ -101,7 +101,6 @@ void accept_flags_file(CLI::App* cmd) {
                   "flag's name without -- (learning_rate or learning-rate); flags given on the "
                   "command line win (README: \"Flags files\")")
       ->type_name("FILE");
-  std::lock_guard<std::mutex> lock(g_mu);
   accepting().insert(cmd);
 }
 
@@ -119,10 +118,7 @@ std::vector<std::string> expand_flags_files(const CLI::App& app, int argc,
     cmd = next;
     ++i;
   }
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (!accepting().count(cmd)) return args;
-  }
+  if (!accepting().count(cmd)) return args;
   const size_t first_flag = i;
   std::string file;
   int given = 0;
