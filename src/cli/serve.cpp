@@ -1,6 +1,8 @@
 // `opd serve --model DIR --port P [--host H] [--max-batch-tokens N]`: the teacher service
 // (teacher/server.h; protocol in docs/teacher_protocol.md) on the in-process scorer: CpuScorer,
-// or with --device cuda the CudaScorer (bf16; generation through /v1/completions is CPU-only).
+// or with --device cuda the CudaScorer (bf16). /v1/completions generates more than one token
+// with the rollout engine over the scorer's model (`generator` below: --seq-kd with a remote
+// teacher).
 // Logs where it listens; SIGTERM / SIGINT stop it cleanly (requests in flight finish), exit 0.
 #include <CLI/CLI.hpp>
 
@@ -9,11 +11,15 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "model/transformer.h"
+#include "rollout/engine.h"
 #include "teacher/cuda_scorer.h"
 #include "teacher/scorer.h"
 #include "teacher/server.h"
@@ -32,7 +38,60 @@ struct ServeOptions {
   int threads = 16;
   std::string served_model_name;
   std::string shared_prompt = "auto";
+  double kv_cache_gb = 1.0;
+  int64_t max_generation_tokens = int64_t{1} << 22;
 };
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Generation for /v1/completions with max_tokens > 1: one rollout engine per request over the
+// scorer's model (same weights, same device), stopping at the model's EOS ids (config.json,
+// generation_config.json, the tokenizer's when the directory has one) unless ignore_eos.
+// Each prompt samples from its own stream: the request's opd_stream_keys when given (a trainer
+// sends its in-process keys, so remote and in-process --seq-kd draw the same tokens), otherwise
+// the prompt's key mixed with its index (the same prompt twice gets two samples).
+ServerOptions::Generator make_generator(const Transformer& model, const std::string& dir,
+                                        double kv_cache_gb) {
+  std::optional<Tokenizer> tok;
+  if (std::filesystem::exists(dir + "/tokenizer.json")) tok.emplace(Tokenizer::load(dir));
+  std::vector<int32_t> eos = generation_eos_ids(dir, model.config(), tok ? &*tok : nullptr);
+  log_info("opd serve: generation stops at EOS ids ", nlohmann::json(eos).dump());
+  const int64_t kv_bytes = static_cast<int64_t>(kv_cache_gb * 1024.0 * 1024.0 * 1024.0);
+  return [&model, eos, kv_bytes](const GenerateRequest& g, const std::function<bool()>& cancelled) {
+    std::vector<GenerationRequest> reqs;
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      GenerationRequest r;
+      r.prompt = g.prompts[i];
+      r.sampling = SamplingParams{g.temperature, g.top_p, g.top_k, g.min_p, g.seed};
+      r.max_new_tokens = g.max_tokens;
+      r.stop_token_ids = g.stop_token_ids;
+      r.ignore_eos = g.ignore_eos;
+      r.stream_key = g.stream_keys.empty()
+                         ? prompt_stream_key(r.prompt) ^ splitmix64(static_cast<uint64_t>(i) + 1)
+                         : g.stream_keys[i];
+      reqs.push_back(std::move(r));
+    }
+    EngineOptions eo;
+    eo.kv_cache_bytes = kv_bytes;
+    eo.max_step_tokens = 2048;  // as the trainer's rollout
+    eo.should_cancel = cancelled;
+    RolloutEngine engine(model, eo, eos);
+    std::vector<RequestOutput> outs = engine.generate(reqs);
+    std::vector<GeneratedCompletion> done(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const SampleOutput& s = outs[i].samples.at(0);
+      done[i].ids = s.ids;
+      done[i].logprobs.assign(s.model_logprobs.begin(), s.model_logprobs.end());
+      done[i].stopped = s.finish_reason != FinishReason::Length;
+    }
+    return done;
+  };
+}
 
 // SIGTERM / SIGINT -> one byte on a self-pipe (write() is async-signal-safe); a watcher thread
 // reads it and stops the server. A handler (not a signal mask) because library threads that
@@ -77,19 +136,26 @@ class StopSignals {
 
 void run_serve(const ServeOptions& o) {
   std::unique_ptr<Scorer> owned;
+  const Transformer* model = nullptr;
   if (o.device == "cuda") {
     CudaScorer::Options so;
     so.max_batch_tokens = o.max_batch_tokens;
     so.shared_prompt.mode = parse_shared_prompt_mode(o.shared_prompt);
-    owned = std::make_unique<CudaScorer>(o.model, so);
+    auto cuda = std::make_unique<CudaScorer>(o.model, so);
+    model = &cuda->model();
+    owned = std::move(cuda);
   } else {
     CpuScorer::Options so;
     so.max_batch_tokens = o.max_batch_tokens;
     so.shared_prompt.mode = parse_shared_prompt_mode(o.shared_prompt);
-    owned = std::make_unique<CpuScorer>(o.model, so);
+    auto cpu = std::make_unique<CpuScorer>(o.model, so);
+    model = &cpu->model();
+    owned = std::move(cpu);
   }
   Scorer& scorer = *owned;
   ServerOptions opts;
+  opts.generator = make_generator(*model, o.model, o.kv_cache_gb);
+  opts.max_generation_tokens = o.max_generation_tokens;
   opts.host = o.host;
   opts.port = o.port;
   opts.threads = o.threads;
@@ -127,7 +193,7 @@ void register_serve(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--device", o->device,
-                  "scorer: cpu (f32 reference) | cuda (bf16 on the GPU; no generation)")
+                  "scorer and generator: cpu (f32 reference) | cuda (bf16 on the GPU)")
       ->default_val("cpu")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--host", o->host, "address to bind")->default_val("127.0.0.1");
@@ -154,6 +220,16 @@ void register_serve(CLI::App& app) {
                   "less work) | always | never (docs/teacher.md)")
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "always", "never"}));
+  cmd->add_option("--kv-cache-gb", o->kv_cache_gb,
+                  "KV cache of one generation request (/v1/completions with max_tokens > 1; "
+                  "requests that need more run in turns)")
+      ->default_val(1.0)
+      ->check(CLI::Range(0.001, 1024.0));
+  cmd->add_option("--max-generation-tokens", o->max_generation_tokens,
+                  "largest generation request: prompt + max_tokens tokens summed over its "
+                  "prompts (larger ones get 400)")
+      ->default_val(int64_t{1} << 22)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--served-model-name", o->served_model_name,
                   "model id reported by /v1/models (default: the directory name)");
   cmd->callback([o] { run_serve(*o); });

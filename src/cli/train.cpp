@@ -50,7 +50,8 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
     c->add_option("--lmbda", o.lmbda, "probability that a step's completions are sampled from "
                   "the student (on-policy); otherwise the dataset's")->capture_default_str();
     c->add_flag("--seq-kd", o.seq_kd, "off-policy steps use completions sampled from the "
-                "teacher instead of the dataset's");
+                "teacher instead of the dataset's (in-process, or a remote opd serve / vLLM "
+                "teacher through /v1/completions)");
     c->add_option("--beta", o.beta, "generalized JSD coefficient: 0 forward KL(P||Q), 1 reverse "
                   "KL(Q||P), else JSD(beta)")->capture_default_str();
     c->add_option("--loss-support", o.loss_support, "topk+tail (K teacher atoms + a tail atom, "

@@ -492,4 +492,26 @@ ScoreResponse TeacherClient::score(const ScoreRequest& request) {
   return score_validated(request).response;
 }
 
+std::vector<GeneratedCompletion> TeacherClient::generate(const GenerateRequest& request) {
+  OPD_CHECK(!request.prompts.empty() && request.max_tokens >= 1, InvalidArgument,
+            "generate: ", request.prompts.size(), " prompts, max_tokens ", request.max_tokens,
+            " (need >= 1 of each)");
+  // Generated ids become the student's training input: each must be a token of both models.
+  const int64_t vocab = opts_.student_vocab > 0 ? std::min(opts_.student_vocab, info_.vocab_size)
+                                                : info_.vocab_size;
+  const std::string body = generate_request_to_json(request, info_.model_name).dump();
+  std::vector<GeneratedCompletion> out;
+  call("POST", "/v1/completions", body, "application/json", "application/json",
+       [&](const Reply& rep) {
+         nlohmann::json j;
+         try {
+           j = parse_json(rep.body, "completions (generation) response");
+         } catch (const Error& e) {
+           throw Retryable{cat("undecodable response: ", e.what())};
+         }
+         out = parse_generation_response(j, request, vocab);
+       });
+  return out;
+}
+
 }  // namespace opd

@@ -39,6 +39,7 @@
 
 #include "loss/loss_config.h"
 #include "loss/teacher_payload.h"
+#include "teacher/protocol.h"
 #include "teacher/scorer.h"
 
 namespace httplib { class Client; }
@@ -116,6 +117,11 @@ class TeacherClient : public Scorer {
     PayloadStats stats;
   };
   Validated score_validated(const ScoreRequest& request);
+  // Completions sampled by the teacher (--seq-kd): one /v1/completions request with
+  // max_tokens > 1 (opd serve or vLLM), every generated id checked to be in both vocabularies
+  // (the student's and the teacher's) and every length and finish reason against the request
+  // (protocol.h parse_generation_response). Same errors and retries as score().
+  std::vector<GeneratedCompletion> generate(const GenerateRequest& request);
   ClientStats stats() const;
 
  private:

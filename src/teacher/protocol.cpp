@@ -533,4 +533,111 @@ ScoreResponse parse_vllm_prompt_logprobs(const nlohmann::json& j, const ScoreReq
   return p;
 }
 
+// --- generation ---------------------------------------------------------------------------------
+
+nlohmann::json generate_request_to_json(const GenerateRequest& q, const std::string& model) {
+  nlohmann::json j;
+  if (!model.empty()) j["model"] = model;
+  nlohmann::json prompts = nlohmann::json::array();
+  for (const auto& p : q.prompts) prompts.push_back(p);
+  j["prompt"] = std::move(prompts);
+  j["max_tokens"] = q.max_tokens;
+  j["temperature"] = q.temperature;
+  j["top_p"] = q.top_p;
+  j["top_k"] = q.top_k > 0 ? q.top_k : -1;
+  j["min_p"] = q.min_p;
+  j["seed"] = static_cast<int64_t>(q.seed);
+  j["ignore_eos"] = q.ignore_eos;
+  if (!q.stop_token_ids.empty()) j["stop_token_ids"] = q.stop_token_ids;
+  if (!q.stream_keys.empty()) j["opd_stream_keys"] = q.stream_keys;
+  j["n"] = 1;
+  j["logprobs"] = 0;
+  j["return_token_ids"] = true;
+  j["return_tokens_as_token_ids"] = true;
+  return j;
+}
+
+std::vector<GeneratedCompletion> parse_generation_response(const nlohmann::json& j,
+                                                           const GenerateRequest& q,
+                                                           int64_t vocab) {
+  const std::string what = "completions (generation) response";
+  const auto& choices = field(j, "choices", what);
+  OPD_CHECK(choices.is_array(), InvalidData, what, ".choices: expected an array");
+  OPD_CHECK(choices.size() == q.prompts.size(), InvalidData, what, ": ", choices.size(),
+            " choices for ", q.prompts.size(), " prompts");
+  std::vector<const nlohmann::json*> by_index(q.prompts.size(), nullptr);
+  for (size_t c = 0; c < choices.size(); ++c) {
+    const std::string w = cat(what, ".choices[", c, "]");
+    const int64_t idx = get_int(field(choices[c], "index", w), w + ".index", 0,
+                                static_cast<int64_t>(q.prompts.size()) - 1);
+    OPD_CHECK(by_index[static_cast<size_t>(idx)] == nullptr, InvalidData, w, ": index ", idx,
+              " appears twice");
+    by_index[static_cast<size_t>(idx)] = &choices[c];
+  }
+  std::vector<GeneratedCompletion> out(q.prompts.size());
+  for (size_t s = 0; s < q.prompts.size(); ++s) {
+    const nlohmann::json& c = *by_index[s];
+    const std::string w = cat(what, ": choice for prompt ", s);
+    GeneratedCompletion& g = out[s];
+    const nlohmann::json* lp = nullptr;
+    if (c.contains("logprobs") && c["logprobs"].is_object()) lp = &c["logprobs"];
+    if (c.contains("token_ids") && !c["token_ids"].is_null()) {
+      const auto& ids = c["token_ids"];
+      OPD_CHECK(ids.is_array(), InvalidData, w, ".token_ids: expected a list, got ",
+                ids.type_name());
+      for (size_t t = 0; t < ids.size(); ++t)
+        g.ids.push_back(static_cast<int32_t>(
+            get_int(ids[t], cat(w, ".token_ids[", t, "]"), 0, vocab - 1)));
+    } else {
+      // vLLM without return_token_ids: the tokens of logprobs, "token_id:N"
+      // (return_tokens_as_token_ids).
+      OPD_CHECK(lp != nullptr && lp->contains("tokens") && (*lp)["tokens"].is_array(),
+                InvalidData, w, ": no token_ids and no logprobs.tokens (the server returns "
+                "neither token ids nor tokens as 'token_id:N')");
+      const auto& toks = (*lp)["tokens"];
+      for (size_t t = 0; t < toks.size(); ++t) {
+        const std::string wt = cat(w, ".logprobs.tokens[", t, "]");
+        OPD_CHECK(toks[t].is_string(), InvalidData, wt, ": expected a string, got ",
+                  toks[t].type_name());
+        const std::string& str = toks[t].get_ref<const std::string&>();
+        const std::string prefix = "token_id:";
+        const std::string digits = str.rfind(prefix, 0) == 0 ? str.substr(prefix.size()) : "";
+        OPD_CHECK(!digits.empty() && digits.size() <= 10 &&
+                      std::all_of(digits.begin(), digits.end(),
+                                  [](char ch) { return ch >= '0' && ch <= '9'; }),
+                  InvalidData, wt, ": '", str.substr(0, 40),
+                  "' is not 'token_id:N' (was return_tokens_as_token_ids honoured?)");
+        const int64_t id = std::stoll(digits);
+        OPD_CHECK(id < vocab, InvalidData, wt, ": token id ", id,
+                  " is outside the vocabulary [0, ", vocab, ")");
+        g.ids.push_back(static_cast<int32_t>(id));
+      }
+    }
+    const int64_t n = static_cast<int64_t>(g.ids.size());
+    OPD_CHECK(n >= 1 && n <= q.max_tokens, InvalidData, w, ": ", n,
+              " generated tokens, expected 1 to max_tokens = ", q.max_tokens);
+    const auto& fr = field(c, "finish_reason", w);
+    OPD_CHECK(fr.is_string(), InvalidData, w, ".finish_reason: expected a string, got ",
+              fr.type_name());
+    const std::string& reason = fr.get_ref<const std::string&>();
+    OPD_CHECK(reason == "stop" || reason == "length", InvalidData, w, ".finish_reason '",
+              reason.substr(0, 40), "': expected 'stop' or 'length'");
+    g.stopped = reason == "stop";
+    OPD_CHECK(g.stopped || n == q.max_tokens, InvalidData, w, ": finish_reason 'length' after ",
+              n, " tokens, but max_tokens is ", q.max_tokens);
+    if (lp != nullptr && lp->contains("token_logprobs") && (*lp)["token_logprobs"].is_array()) {
+      const auto& tl = (*lp)["token_logprobs"];
+      // With echo the prompt's entries come first; the generated ones are the last n.
+      if (static_cast<int64_t>(tl.size()) >= n) {
+        for (int64_t t = static_cast<int64_t>(tl.size()) - n; t < static_cast<int64_t>(tl.size()); ++t) {
+          const auto& v = tl[static_cast<size_t>(t)];
+          g.logprobs.push_back(v.is_number() ? static_cast<float>(v.get<double>())
+                                             : std::numeric_limits<float>::quiet_NaN());
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace opd

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "teacher/scorer.h"
 
@@ -53,5 +54,37 @@ nlohmann::json vllm_score_request(const ScoreRequest& request, const std::string
 // what the distillation temperature allows). Throws InvalidData naming choice, position, key.
 ScoreResponse parse_vllm_prompt_logprobs(const nlohmann::json& response,
                                          const ScoreRequest& request, int64_t teacher_vocab);
+
+// --- Generation through /v1/completions (max_tokens > 1): --seq-kd with a remote teacher ------
+// The request a client sends (vLLM's sampling fields) and what it reads back per prompt.
+struct GenerateRequest {
+  std::vector<std::vector<int32_t>> prompts;  // token ids, each non-empty
+  int64_t max_tokens = 16;                    // >= 1 tokens per completion
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
+  int64_t top_k = 0;                          // 0 = off (sent as -1, vLLM's "off")
+  uint64_t seed = 0;                          // sent as the int64 with the same bits
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;        // besides the model's EOS ids
+  // opd extension (field "opd_stream_keys", ignored by vLLM): the sampling stream of each
+  // prompt, so that a remote opd teacher draws exactly the samples an in-process one would
+  // (rollout/sampler.h). Empty: the server's default per prompt.
+  std::vector<uint64_t> stream_keys;
+};
+struct GeneratedCompletion {
+  std::vector<int32_t> ids;     // generated tokens; an EOS / stop token that ended it included
+  std::vector<float> logprobs;  // log p of each token under the model at T = 1 (empty: not sent)
+  bool stopped = false;         // finish_reason "stop" (EOS or a stop token); false: "length"
+};
+// The JSON body of a generation request (`model` omitted when empty). Asks for the token ids
+// both ways vLLM knows (`return_token_ids`, and `logprobs: 0` with
+// `return_tokens_as_token_ids`), so that versions with either give ids back.
+nlohmann::json generate_request_to_json(const GenerateRequest& request, const std::string& model);
+// Reads a /v1/completions answer to `request`: one choice per prompt (matched by `index`, each
+// once), its generated ids from `token_ids` (or, when absent, from `logprobs.tokens` written
+// "token_id:N"), 1..max_tokens of them, each in [0, vocab); finish_reason "stop" or "length"
+// ("length" only with max_tokens ids). Throws InvalidData naming the choice, position and value.
+std::vector<GeneratedCompletion> parse_generation_response(const nlohmann::json& response,
+                                                           const GenerateRequest& request,
+                                                           int64_t vocab);
 
 }  // namespace opd

@@ -201,6 +201,7 @@ CpuScorer::~CpuScorer() = default;
 
 const TeacherInfo& CpuScorer::info() const { return impl_->info; }
 const CpuScorer::Options& CpuScorer::options() const { return impl_->opts; }
+const Transformer& CpuScorer::model() const { return impl_->model; }
 
 int64_t CpuScorer::lm_head_scratch_bytes(int64_t rows, int64_t k) const {
   const ModelConfig& c = impl_->model.config();

@@ -27,6 +27,8 @@
 
 namespace opd {
 
+class Transformer;
+
 struct ScoreSequence {
   std::vector<int32_t> ids;  // [prompt | completion] token ids
   int64_t begin = 1;         // first scored position, >= 1
@@ -169,6 +171,7 @@ class CpuScorer : public Scorer {
   ScoreResponse score(const ScoreRequest& request) override;
   std::vector<NextToken> next_tokens(const NextTokenRequest& request) override;
   const Options& options() const;
+  const Transformer& model() const;  // the f32 model it scores with (also `opd serve`'s generator)
   // Scratch bytes of the lm_head pass for `rows` scored rows (the formula above, asserted in
   // the tests): rows x H (gathered hidden) + min(rows, row_chunk) x min(tile, V) (logit tile),
   // f32, plus per-row state rows x (K x 8 + 32).

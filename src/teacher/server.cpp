@@ -109,6 +109,7 @@ void TeacherServer::start() {
 }
 
 void TeacherServer::stop() {
+  stopping_ = true;
   std::lock_guard<std::mutex> lock(stop_mu_);
   http_->stop();
 }
@@ -126,6 +127,97 @@ void TeacherServer::check_json_entries(const char* what, int64_t rows, int64_t k
                              "the binary format, ", kBinaryContentType, ")")};
 }
 
+std::vector<GeneratedCompletion> TeacherServer::generate(
+    const nlohmann::json& j, const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens,
+    double temperature, int64_t seed) {
+  const TeacherInfo& info = scorer_.info();
+  GenerateRequest g;
+  g.prompts = prompts;
+  g.max_tokens = max_tokens;
+  g.temperature = temperature;
+  g.seed = static_cast<uint64_t>(seed);
+  auto number = [&](const char* name, double fallback, double lo, double hi, bool lo_open) {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return fallback;
+    OPD_CHECK(it->is_number(), InvalidData, "completions request: '", name,
+              "' must be a number, got ", it->type_name());
+    const double v = it->get<double>();
+    OPD_CHECK(std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi, InvalidData,
+              "completions request: '", name, "' = ", v, " is outside ", lo_open ? "(" : "[", lo,
+              ", ", hi, "]");
+    return v;
+  };
+  g.top_p = number("top_p", 1.0, 0.0, 1.0, true);
+  g.min_p = number("min_p", 0.0, 0.0, 1.0, false);
+  const int64_t top_k = opt_int(j, "top_k", -1, -1, info.vocab_size);
+  g.top_k = top_k > 0 ? top_k : 0;  // -1 (vLLM) and 0 mean off
+  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+    OPD_CHECK(j["ignore_eos"].is_boolean(), InvalidData,
+              "completions request: 'ignore_eos' must be a boolean");
+    g.ignore_eos = j["ignore_eos"].get<bool>();
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& st = j["stop"];
+    const bool empty = (st.is_string() && st.get_ref<const std::string&>().empty()) ||
+                       (st.is_array() && st.empty());
+    if (!empty)
+      throw HttpError{400, "completions request: stop strings need a tokenizer and opd serve does "
+                           "not tokenize; use stop_token_ids"};
+  }
+  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
+    const json& st = j["stop_token_ids"];
+    OPD_CHECK(st.is_array(), InvalidData, "completions request: 'stop_token_ids' must be a list");
+    for (size_t i = 0; i < st.size(); ++i) {
+      OPD_CHECK(st[i].is_number_integer() && !(st[i].is_number_unsigned() &&
+                                               st[i].get<uint64_t>() > static_cast<uint64_t>(info.vocab_size)) &&
+                    st[i].get<int64_t>() >= 0 && st[i].get<int64_t>() < info.vocab_size,
+                InvalidData, "completions request: stop_token_ids[", i, "] = ",
+                st[i].dump().substr(0, 40), " is outside the vocabulary [0, ", info.vocab_size, ")");
+      g.stop_token_ids.push_back(static_cast<int32_t>(st[i].get<int64_t>()));
+    }
+  }
+  if (j.contains("opd_stream_keys") && !j["opd_stream_keys"].is_null()) {
+    const json& k = j["opd_stream_keys"];
+    OPD_CHECK(k.is_array() && k.size() == prompts.size(), InvalidData,
+              "completions request: 'opd_stream_keys' must be a list of one unsigned integer per "
+              "prompt (", prompts.size(), ")");
+    for (size_t i = 0; i < k.size(); ++i) {
+      OPD_CHECK(k[i].is_number_unsigned() || (k[i].is_number_integer() && k[i].get<int64_t>() >= 0),
+                InvalidData, "completions request: opd_stream_keys[", i,
+                "] must be an unsigned integer, got ", k[i].dump().substr(0, 40));
+      g.stream_keys.push_back(k[i].get<uint64_t>());
+    }
+  }
+  // Bounds: positions within the model's context, work within the server's limit.
+  int64_t total = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t len = static_cast<int64_t>(prompts[i].size());
+    if (info.max_model_len > 0 && len + max_tokens > info.max_model_len)
+      throw HttpError{400, cat("completions request: prompt ", i, " has ", len,
+                               " tokens; with max_tokens = ", max_tokens, " that is ",
+                               len + max_tokens, " positions, over this model's context length ",
+                               info.max_model_len)};
+    total += len + max_tokens;
+  }
+  if (total > opts_.max_generation_tokens)
+    throw HttpError{400, cat("completions request: ", prompts.size(), " prompts with max_tokens = ",
+                             max_tokens, " come to ", total, " tokens, over this server's limit of ",
+                             opts_.max_generation_tokens, " per request; split the request")};
+  std::vector<GeneratedCompletion> out;
+  {
+    std::lock_guard<std::mutex> lock(score_mu_);
+    out = opts_.generator(g, [this] { return stopping_.load(); });
+  }
+  OPD_CHECK(out.size() == prompts.size(), Internal, "generator returned ", out.size(),
+            " completions for ", prompts.size(), " prompts");
+  for (const auto& c : out)
+    OPD_CHECK(!c.ids.empty() && static_cast<int64_t>(c.ids.size()) <= max_tokens &&
+                  c.logprobs.size() == c.ids.size(),
+              Internal, "generator returned ", c.ids.size(), " tokens and ", c.logprobs.size(),
+              " logprobs (max_tokens ", max_tokens, ")");
+  return out;
+}
+
 void TeacherServer::install_routes() {
   // Every handler body runs inside `guard`: typed errors become 4xx/5xx JSON, nothing escapes.
   auto guard = [this](httplib::Response& res, const std::function<void()>& fn) {
@@ -141,7 +233,8 @@ void TeacherServer::install_routes() {
         case ErrorKind::InvalidArgument:
         case ErrorKind::InvalidData: status = 400; break;
         case ErrorKind::Unsupported: status = 501; break;
-        case ErrorKind::OutOfMemory: status = 503; break;
+        case ErrorKind::OutOfMemory:
+        case ErrorKind::Cancelled: status = 503; break;
         default: status = 500;
       }
       send_error(res, status, e.what());
@@ -280,11 +373,11 @@ void TeacherServer::install_routes() {
       if (j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>())
         throw HttpError{400, "completions request: stream=true is not supported"};
       const int64_t max_tokens = opt_int(j, "max_tokens", 16, 0, std::numeric_limits<int32_t>::max());
-      if (max_tokens > 1)
+      if (max_tokens > 1 && !opts_.generator)
         throw HttpError{501, cat("completions request: max_tokens = ", max_tokens,
-                                 ": generating more than one token is not implemented yet (it "
-                                 "comes with the rollout engine); use max_tokens 0 or 1 with "
-                                 "prompt_logprobs for scoring")};
+                                 ": this server cannot generate more than one token (no "
+                                 "generator bound); use max_tokens 0 or 1 with prompt_logprobs "
+                                 "for scoring")};
       bool echo = false;
       if (j.contains("echo") && !j["echo"].is_null()) {
         OPD_CHECK(j["echo"].is_boolean(), InvalidData, "completions request: 'echo' must be a boolean");
@@ -305,6 +398,15 @@ void TeacherServer::install_routes() {
       }
       const int64_t seed = opt_int(j, "seed", 0, std::numeric_limits<int64_t>::min(),
                                    std::numeric_limits<int64_t>::max());
+      std::vector<GeneratedCompletion> generated;
+      if (max_tokens > 1) {
+        if (logprobs > 0)
+          throw HttpError{400, cat("completions request: logprobs = ", logprobs, " with max_tokens = ",
+                                   max_tokens, ": only the sampled token's logprob (logprobs 0) "
+                                   "is reported for generated tokens; score the completions with "
+                                   "/v1/score for top-K")};
+        generated = generate(j, prompts, max_tokens, temperature, seed);
+      }
 
       // Scores of the prompt positions (temperature 1, as vLLM reports logprobs).
       const bool echo_logprobs = echo && logprobs >= 0;
@@ -345,10 +447,13 @@ void TeacherServer::install_routes() {
         json c;
         c["index"] = i;
         c["text"] = "";
-        c["finish_reason"] = "length";
+        const bool stopped = max_tokens > 1 && generated[i].stopped;
+        c["finish_reason"] = stopped ? "stop" : "length";
         c["stop_reason"] = nullptr;
         c["prompt_token_ids"] = p;
-        c["token_ids"] = max_tokens == 1 ? json::array({gen[i].id}) : json::array();
+        c["token_ids"] = max_tokens == 1  ? json::array({gen[i].id})
+                         : max_tokens > 1 ? json(generated[i].ids)
+                                          : json::array();
         auto row_of = [&](size_t pos) { return sr.row_offsets[i] + static_cast<int64_t>(pos) - 1; };
         if (prompt_logprobs >= 0) {
           json plp = json::array({nullptr});
@@ -401,6 +506,13 @@ void TeacherServer::install_routes() {
             top[token_str(gen[i].id)] = clamp_logprob(gen[i].logprob);
             add(gen[i].id, clamp_logprob(gen[i].logprob), std::move(top));
           }
+          if (max_tokens > 1) {
+            const GeneratedCompletion& g = generated[i];
+            for (size_t t = 0; t < g.ids.size(); ++t) {
+              const double l = clamp_logprob(g.logprobs[t]);
+              add(g.ids[t], l, json::object({{token_str(g.ids[t]), l}}));
+            }
+          }
           c["logprobs"] = std::move(lp);
         } else {
           c["logprobs"] = nullptr;
@@ -414,7 +526,11 @@ void TeacherServer::install_routes() {
                            std::chrono::system_clock::now().time_since_epoch()).count();
       out["model"] = opts_.model_name;
       out["choices"] = std::move(choices);
-      const int64_t completion_tokens = max_tokens * static_cast<int64_t>(prompts.size());
+      int64_t completion_tokens = max_tokens * static_cast<int64_t>(prompts.size());
+      if (max_tokens > 1) {
+        completion_tokens = 0;
+        for (const auto& g : generated) completion_tokens += static_cast<int64_t>(g.ids.size());
+      }
       out["usage"] = {{"prompt_tokens", prompt_tokens},
                       {"completion_tokens", completion_tokens},
                       {"total_tokens", prompt_tokens + completion_tokens}};

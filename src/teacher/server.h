@@ -1,7 +1,7 @@
 // The teacher HTTP service behind `opd serve` (endpoints and formats in
 // docs/teacher_protocol.md): POST /v1/score (our binary or JSON protocol), POST /v1/completions
 // (vLLM's OpenAI-compatible API: token-id prompts, prompt_logprobs, echo, logprobs, max_tokens
-// 0 or 1), GET /health, GET /v1/models (vocab size, tokenizer fingerprint, EOS ids).
+// 0 or 1 from the scorer, more through ServerOptions::generator), GET /health, GET /v1/models (vocab size, tokenizer fingerprint, EOS ids).
 //
 // A server never crashes on input: every handler catches, bad requests get a 4xx with a JSON
 // error naming the problem ({"error": {"message", "type", "code"}}), bodies are bounded
@@ -12,11 +12,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "teacher/protocol.h"
 #include "teacher/scorer.h"
 
 namespace httplib { class Server; }
@@ -35,6 +37,16 @@ struct ServerOptions {
   int64_t max_json_entries = int64_t{1} << 21;
   int threads = 16;                              // connection worker threads
   std::string model_name;                        // "" = the scorer's info().model_name
+  // Generation for /v1/completions with max_tokens > 1 (--seq-kd with a remote teacher). The
+  // teacher module does not generate (the rollout engine is its sibling): `opd serve` binds
+  // one here. `cancelled` turns true when the server stops (a long generation may end early
+  // with a Cancelled error, answered 503). Empty: such requests get 501.
+  using Generator = std::function<std::vector<GeneratedCompletion>(
+      const GenerateRequest&, const std::function<bool()>& cancelled)>;
+  Generator generator;
+  // One generation request's prompt + completion tokens (prompts x max_tokens counted whole);
+  // larger ones get 400.
+  int64_t max_generation_tokens = int64_t{1} << 22;
 };
 
 class TeacherServer {
@@ -58,6 +70,11 @@ class TeacherServer {
 
  private:
   void install_routes();
+  // /v1/completions with max_tokens > 1: the sampling fields of `j` (vLLM names), checked and
+  // bounded, run through opts_.generator under the scoring lock.
+  std::vector<GeneratedCompletion> generate(const nlohmann::json& j,
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            int64_t max_tokens, double temperature, int64_t seed);
   // 400 (HttpError) when a JSON answer would hold more than max_json_entries entries.
   void check_json_entries(const char* what, int64_t rows, int64_t k) const;
 
@@ -67,6 +84,7 @@ class TeacherServer {
   std::thread listener_;
   std::mutex score_mu_;   // one scoring call at a time
   std::mutex stop_mu_;
+  std::atomic<bool> stopping_{false};
   int port_ = 0;
   std::atomic<int64_t> served_{0}, rejected_{0};
 };

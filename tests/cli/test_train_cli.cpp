@@ -300,5 +300,39 @@ TEST_F(TrainCli, TeacherServerThatStartsLateIsWaitedFor) {
   server->wait_exit(10s);
 }
 
+// --seq-kd with --teacher-url: the teacher generates the off-policy completions through
+// `opd serve`'s /v1/completions (the rollout engine behind it; the trainer sends its in-process
+// seed and stream keys), so a remote teacher's run ends with the weights of the in-process
+// teacher's run, bit for bit, and not with those of the dataset's completions. Until session 15
+// the combination was refused at start-up.
+TEST_F(TrainCli, SeqKdWithARemoteTeacherTrainsOnWhatAnInProcessOneSamples) {
+  int port = 0;
+  auto server = serve_teacher(0, "serve.log", &port);
+  ASSERT_GT(port, 0) << server->output();
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  auto run = [&](const std::string& out, bool remote, bool seq_kd) {
+    std::vector<std::string> args = train_args(out, 3);
+    if (remote) {
+      args[3] = "--teacher-url";
+      args[4] = url;
+    }
+    args.insert(args.end(), {"--lmbda", "0"});
+    if (seq_kd) args.push_back("--seq-kd");
+    auto c = spawn(args, path(out + ".log"));
+    EXPECT_EQ(c->wait_exit(120s), 0) << c->output();
+  };
+  run("local", false, true);
+  run("remote", true, true);
+  run("dataset", true, false);
+  const std::string local = final_weights_sha("local");
+  ASSERT_FALSE(local.empty());
+  EXPECT_EQ(final_weights_sha("remote"), local);
+  EXPECT_NE(final_weights_sha("dataset"), local) << "the teacher's samples made no difference";
+  for (const auto& l : MetricsLog::read(path("remote") + "/metrics.jsonl"))
+    EXPECT_EQ(l.at("source").get<std::string>(), "teacher");
+  kill(server->pid, SIGTERM);
+  EXPECT_EQ(server->wait_exit(10s), 0) << server->output();
+}
+
 }  // namespace
 }  // namespace opd

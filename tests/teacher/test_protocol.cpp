@@ -412,5 +412,121 @@ TEST(VllmFormat, MalformedResponsesAreNamed) {
   }
 }
 
+// --- generation (/v1/completions with max_tokens > 1: --seq-kd with a remote teacher) ---------
+
+GenerateRequest generation_request() {
+  GenerateRequest g;
+  g.prompts = {{5, 17, 3, 42}, {7, 7, 90}};
+  g.max_tokens = 4;
+  return g;
+}
+
+TEST(GenerationFormat, RequestCarriesVllmSamplingFieldsAndOpdStreamKeys) {
+  GenerateRequest g = generation_request();
+  g.temperature = 0.7;
+  g.top_p = 0.9;
+  g.min_p = 0.05;
+  g.top_k = 0;  // off: vLLM's -1
+  g.seed = 0xfedcba9876543210ull;  // sent as the int64 with the same bits (vLLM's range)
+  g.ignore_eos = true;
+  g.stop_token_ids = {2, 3};
+  g.stream_keys = {1, 0xffffffffffffffffull};
+  const nlohmann::json j = generate_request_to_json(g, "teacher-model");
+  EXPECT_EQ(j["model"], "teacher-model");
+  EXPECT_EQ(j["prompt"], nlohmann::json::parse("[[5,17,3,42],[7,7,90]]"));
+  EXPECT_EQ(j["max_tokens"].get<int64_t>(), 4);
+  EXPECT_EQ(j["temperature"].get<double>(), 0.7);
+  EXPECT_EQ(j["top_p"].get<double>(), 0.9);
+  EXPECT_EQ(j["min_p"].get<double>(), 0.05);
+  EXPECT_EQ(j["top_k"].get<int64_t>(), -1);
+  EXPECT_EQ(static_cast<uint64_t>(j["seed"].get<int64_t>()), g.seed);
+  EXPECT_TRUE(j["seed"].is_number_integer() && j["seed"].get<int64_t>() < 0);
+  EXPECT_TRUE(j["ignore_eos"].get<bool>());
+  EXPECT_EQ(j["stop_token_ids"], nlohmann::json::parse("[2,3]"));
+  EXPECT_EQ(j["opd_stream_keys"][1].get<uint64_t>(), 0xffffffffffffffffull);
+  EXPECT_EQ(j["n"].get<int64_t>(), 1);
+  EXPECT_EQ(j["logprobs"].get<int64_t>(), 0);
+  EXPECT_TRUE(j["return_token_ids"].get<bool>());
+  EXPECT_TRUE(j["return_tokens_as_token_ids"].get<bool>());
+  g.top_k = 20;
+  g.stream_keys.clear();
+  const nlohmann::json k = generate_request_to_json(g, "");
+  EXPECT_EQ(k["top_k"].get<int64_t>(), 20);
+  EXPECT_FALSE(k.contains("model"));
+  EXPECT_FALSE(k.contains("opd_stream_keys"));
+}
+
+TEST(GenerationFormat, ParsesTokenIdsOrTheirTokenStrings) {
+  const auto j = parse_json(read_fixture("teacher/vllm_completions_generation.json"), "fixture");
+  const auto check = [](const std::vector<GeneratedCompletion>& out) {
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].ids, (std::vector<int32_t>{10, 11, 95, 0}));
+    EXPECT_FALSE(out[0].stopped);
+    EXPECT_EQ(out[0].logprobs, (std::vector<float>{-0.5f, -0.125f, -2.0f, -0.75f}));
+    EXPECT_EQ(out[1].ids, (std::vector<int32_t>{44, 45, 2}));
+    EXPECT_TRUE(out[1].stopped);
+    EXPECT_EQ(out[1].logprobs, (std::vector<float>{-0.25f, -1.5f, -0.0625f}));
+  };
+  check(parse_generation_response(j, generation_request(), 96));
+  // A vLLM without return_token_ids: the ids come from logprobs.tokens ("token_id:N").
+  auto no_ids = j;
+  for (auto& c : no_ids["choices"]) c.erase("token_ids");
+  check(parse_generation_response(no_ids, generation_request(), 96));
+  // Without logprobs the ids still parse; the logprobs are then empty.
+  auto no_lp = j;
+  for (auto& c : no_lp["choices"]) c["logprobs"] = nullptr;
+  const auto out = parse_generation_response(no_lp, generation_request(), 96);
+  EXPECT_EQ(out[0].ids, (std::vector<int32_t>{10, 11, 95, 0}));
+  EXPECT_TRUE(out[0].logprobs.empty());
+}
+
+TEST(GenerationFormat, MalformedResponsesAreNamed) {
+  const std::string text = read_fixture("teacher/vllm_completions_generation.json");
+  auto parse = [&](const std::function<void(nlohmann::json&)>& fn, int64_t vocab = 96) {
+    auto j = parse_json(text, "fixture");
+    fn(j);
+    parse_generation_response(j, generation_request(), vocab);
+  };
+  auto c0 = [](nlohmann::json& j) -> nlohmann::json& { return j["choices"][1]; };  // index 0
+  expect_invalid([&] { parse([](auto&) {}, 95); },
+                 "token_ids[2]: 95 is outside [0, 94]");  // the student's vocabulary decides
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["token_ids"][1] = -3; }); },
+                 "choice for prompt 0.token_ids[1]: -3 is outside [0, 95]");
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["token_ids"][1] = 1.5; }); },
+                 "token_ids[1]: expected an integer");
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["token_ids"].push_back(3); }); },
+                 "5 generated tokens, expected 1 to max_tokens = 4");
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["token_ids"] = nlohmann::json::array(); }); },
+                 "0 generated tokens");
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["token_ids"].erase(3); }); },
+                 "finish_reason 'length' after 3 tokens, but max_tokens is 4");
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["finish_reason"] = "abort"; }); },
+                 "finish_reason 'abort': expected 'stop' or 'length'");
+  expect_invalid([&] { parse([&](auto& j) { c0(j).erase("finish_reason"); }); },
+                 "missing field 'finish_reason'");
+  expect_invalid([&] { parse([&](auto& j) { j["choices"][0]["index"] = 0; }); },
+                 "index 0 appears twice");
+  expect_invalid([&] { parse([&](auto& j) { j["choices"].erase(0); }); },
+                 "1 choices for 2 prompts");
+  expect_invalid([&] { parse([&](auto& j) { j["choices"][0]["index"] = 2; }); },
+                 ".index: 2 is outside [0, 1]");
+  expect_invalid([&] { parse([&](auto& j) { c0(j)["token_ids"] = "10 11"; }); },
+                 ".token_ids: expected a list");
+  // Without token_ids, the token strings are checked the same way.
+  auto tokens = [&](const nlohmann::json& t) {
+    return [&, t](nlohmann::json& j) {
+      c0(j).erase("token_ids");
+      c0(j)["logprobs"]["tokens"][2] = t;
+    };
+  };
+  expect_invalid([&] { parse(tokens("95")); }, "'95' is not 'token_id:N'");
+  expect_invalid([&] { parse(tokens("token_id:-1")); }, "'token_id:-1' is not 'token_id:N'");
+  expect_invalid([&] { parse(tokens("token_id:96")); }, "token id 96 is outside the vocabulary [0, 96)");
+  expect_invalid([&] { parse(tokens("token_id:99999999999")); }, "is not 'token_id:N'");
+  expect_invalid([&] { parse(tokens(7)); }, "expected a string");
+  expect_invalid([&] { parse([&](auto& j) { c0(j).erase("token_ids"); c0(j)["logprobs"] = nullptr; }); },
+                 "no token_ids and no logprobs.tokens");
+}
+
 }  // namespace
 }  // namespace opd

@@ -1,6 +1,7 @@
 // Structural mutation fuzzing of the teacher's JSON boundaries (protocol.cpp), complementing the
 // hand-written cases in test_protocol.cpp (binary byte flips, truncations, lying counts): opd's
-// JSON score request and response and vLLM's /v1/completions prompt_logprobs reply, each mutated
+// JSON score request and response and vLLM's /v1/completions prompt_logprobs and generation
+// replies, each mutated
 // by random structural edits (wrong types, missing keys, huge/negative numbers, deep nesting,
 // duplicated elements) and by byte edits of their text. Every case must end in a value that
 // re-encodes, or an opd::Error; never another exception type or a sanitizer report.
@@ -82,6 +83,26 @@ TEST(ProtocolJsonFuzz, VllmPromptLogprobs) {
     (void)decode_score_response(encode_score_response(r));
   });
   std::cout << "[ fuzz     ] " << iters << " vLLM replies: " << ok << " accepted\n";
+  EXPECT_GT(ok, iters / 50);
+}
+
+TEST(ProtocolJsonFuzz, VllmGeneration) {
+  const std::string base =
+      test::read_file(test::fixture_path("teacher/vllm_completions_generation.json"));
+  GenerateRequest g;
+  g.prompts = {{5, 17, 3, 42}, {7, 7, 90}};
+  g.max_tokens = 4;
+  const int iters = test::fuzz_iters(2000);
+  const int ok = fuzz_json(base, 0x5c110000u, iters, [&](const nlohmann::json& j) {
+    const std::vector<GeneratedCompletion> out = parse_generation_response(j, g, 96);
+    ASSERT_EQ(out.size(), 2u);
+    for (const auto& c : out) {
+      ASSERT_TRUE(!c.ids.empty() && c.ids.size() <= 4);
+      for (int32_t id : c.ids) ASSERT_TRUE(id >= 0 && id < 96);
+      ASSERT_TRUE(c.stopped || c.ids.size() == 4);
+    }
+  });
+  std::cout << "[ fuzz     ] " << iters << " vLLM generation replies: " << ok << " accepted\n";
   EXPECT_GT(ok, iters / 50);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 #include "common/test_util.h"
 #include "core/philox.h"
@@ -179,8 +180,9 @@ TEST_F(ServerTest, CompletionsGenerationAndErrors) {
   auto post = [&](const nlohmann::json& b) { return http_->Post("/v1/completions", b.dump(), "application/json"); };
   auto g = post({{"prompt", ids}, {"max_tokens", 8}});
   ASSERT_TRUE(g);
-  EXPECT_EQ(g->status, 501);
-  EXPECT_NE(g->body.find("not implemented yet"), std::string::npos);
+  EXPECT_EQ(g->status, 501);  // this server has no generator bound (opd serve binds one)
+  EXPECT_NE(g->body.find("this server cannot generate more than one token"), std::string::npos)
+      << g->body;
   auto t = post({{"prompt", "hello"}, {"max_tokens", 0}});
   EXPECT_EQ(t->status, 400);
   EXPECT_NE(t->body.find("text prompts are not supported"), std::string::npos);
@@ -191,6 +193,166 @@ TEST_F(ServerTest, CompletionsGenerationAndErrors) {
   EXPECT_NE(bad->body.find("position 2: token id 96 is outside the vocabulary [0, 96)"), std::string::npos)
       << bad->body;
   expect_healthy();
+}
+
+// A server with a generator bound (ServerOptions::generator; `opd serve` binds the rollout
+// engine): a /v1/completions request's sampling fields reach it as the GenerateRequest (vLLM
+// names and defaults; top_k -1 = off; the seed's bits kept), its completions come back in vLLM's
+// shape (token_ids, finish_reason, logprobs 0, usage) and TeacherClient::generate reads them
+// back; every bad field gets 400 naming it without reaching the generator; a cancelled
+// generation is 503; stop() turns `cancelled` true.
+TEST(ServerGeneration, FieldsReachTheGeneratorAndAnswersRoundTrip) {
+  CpuScorer scorer(test::fixture_path("models/qwen3"));  // vocab 96, context 64
+  std::mutex mu;
+  std::vector<GenerateRequest> seen;
+  std::function<bool()> cancelled_fn;
+  bool cancel_next = false;
+  ServerOptions o;
+  o.port = 0;
+  o.threads = 4;
+  o.max_generation_tokens = 200;
+  o.generator = [&](const GenerateRequest& g, const std::function<bool()>& cancelled) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(g);
+    cancelled_fn = cancelled;
+    EXPECT_FALSE(cancelled());
+    if (cancel_next) OPD_FAIL(Cancelled, "generation stopped: the server is stopping");
+    std::vector<GeneratedCompletion> out;
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      GeneratedCompletion c;
+      const int64_t n = i % 2 == 0 ? g.max_tokens : 1;  // even prompts run to the limit
+      for (int64_t t = 0; t < n; ++t) {
+        c.ids.push_back(static_cast<int32_t>((g.prompts[i][0] + t) % 96));
+        c.logprobs.push_back(-0.5f * static_cast<float>(t + 1));
+      }
+      c.stopped = n < g.max_tokens;
+      out.push_back(c);
+    }
+    return out;
+  };
+  TeacherServer server(scorer, o);
+  server.start();
+  httplib::Client http("127.0.0.1", server.port());
+  auto post = [&](const nlohmann::json& b) {
+    auto r = http.Post("/v1/completions", b.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r;
+  };
+  auto r = post({{"prompt", {{3, 4}, {9}}}, {"max_tokens", 5}, {"temperature", 0.5},
+                 {"top_p", 0.8}, {"top_k", 7}, {"min_p", 0.1}, {"seed", -3},
+                 {"ignore_eos", true}, {"stop_token_ids", {2}}, {"opd_stream_keys", {11, 12}},
+                 {"logprobs", 0}, {"stop", nlohmann::json::array()}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  ASSERT_EQ(seen.size(), 1u);
+  const GenerateRequest& g = seen[0];
+  EXPECT_EQ(g.prompts, (std::vector<std::vector<int32_t>>{{3, 4}, {9}}));
+  EXPECT_EQ(g.max_tokens, 5);
+  EXPECT_EQ(g.temperature, 0.5);
+  EXPECT_EQ(g.top_p, 0.8);
+  EXPECT_EQ(g.top_k, 7);
+  EXPECT_EQ(g.min_p, 0.1);
+  EXPECT_EQ(g.seed, static_cast<uint64_t>(int64_t{-3}));
+  EXPECT_TRUE(g.ignore_eos);
+  EXPECT_EQ(g.stop_token_ids, (std::vector<int32_t>{2}));
+  EXPECT_EQ(g.stream_keys, (std::vector<uint64_t>{11, 12}));
+  auto j = parse_json(r->body, "t");
+  EXPECT_EQ(j["choices"][0]["token_ids"], nlohmann::json::parse("[3,4,5,6,7]"));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][1]["token_ids"], nlohmann::json::parse("[9]"));
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"][1], "token_id:4");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["token_logprobs"][1].get<double>(), -1.0);
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<int64_t>(), 6);
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<int64_t>(), 3);
+
+  // Defaults: vLLM's (temperature 1, top_p 1, top_k off, min_p 0, seed 0), EOS honoured.
+  ASSERT_EQ(post({{"prompt", {1, 2}}, {"max_tokens", 3}, {"top_k", -1}})->status, 200);
+  EXPECT_EQ(seen[1].temperature, 1.0);
+  EXPECT_EQ(seen[1].top_p, 1.0);
+  EXPECT_EQ(seen[1].top_k, 0);
+  EXPECT_EQ(seen[1].min_p, 0.0);
+  EXPECT_EQ(seen[1].seed, 0u);
+  EXPECT_FALSE(seen[1].ignore_eos);
+  EXPECT_TRUE(seen[1].stream_keys.empty());
+
+  // The client: same answer, the full 64-bit seed and the stream keys arrive.
+  ClientOptions co;
+  co.url = cat("http://127.0.0.1:", server.port());
+  co.student_vocab = 96;
+  TeacherClient client(co);
+  GenerateRequest q;
+  q.prompts = {{3, 4}, {9}, {40}};
+  q.max_tokens = 4;
+  q.seed = 0xfedcba9876543210ull;
+  q.stream_keys = {7, 0xffffffffffffffffull, 0};
+  const std::vector<GeneratedCompletion> got = client.generate(q);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].ids, (std::vector<int32_t>{3, 4, 5, 6}));
+  EXPECT_FALSE(got[0].stopped);
+  EXPECT_EQ(got[1].ids, (std::vector<int32_t>{9}));
+  EXPECT_TRUE(got[1].stopped);
+  EXPECT_EQ(got[2].ids, (std::vector<int32_t>{40, 41, 42, 43}));
+  EXPECT_EQ(got[0].logprobs, (std::vector<float>{-0.5f, -1.0f, -1.5f, -2.0f}));
+  EXPECT_EQ(seen.back().seed, q.seed);
+  EXPECT_EQ(seen.back().stream_keys, q.stream_keys);
+  // A student with a smaller vocabulary (a teacher with padded rows, clip-to-student) refuses
+  // generated ids it does not have (prompt 2's 40..43).
+  co.student_vocab = 42;
+  co.loss.vocab_policy = VocabPolicy::ClipToStudent;
+  TeacherClient small(co);
+  try {
+    small.generate(q);
+    ADD_FAILURE() << "ids past the student's vocabulary accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
+    EXPECT_NE(std::string(e.what()).find("choice for prompt 2.token_ids[2]: 42 is outside [0, 41]"),
+              std::string::npos) << e.what();
+  }
+
+  // Bad fields: 400 naming them, nothing generated.
+  const size_t calls = seen.size();
+  const std::vector<int32_t> ten = random_ids(9, 10, 96);
+  const std::vector<std::pair<nlohmann::json, std::string>> bad = {
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"logprobs", 2}},
+       "logprobs = 2 with max_tokens = 3: only the sampled token's logprob"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"stop", {"\n"}}}, "stop strings need a tokenizer"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"stop", "x"}}, "stop strings need a tokenizer"},
+      {{{"prompt", ten}, {"max_tokens", 55}},
+       "prompt 0 has 10 tokens; with max_tokens = 55 that is 65 positions, over this model's "
+       "context length 64"},
+      {{{"prompt", {ten, ten, ten, ten}}, {"max_tokens", 50}},
+       "4 prompts with max_tokens = 50 come to 240 tokens, over this server's limit of 200"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"top_p", 0}}, "'top_p' = 0 is outside (0, 1]"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"top_p", "high"}}, "'top_p' must be a number"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"min_p", 1.5}}, "'min_p' = 1.5 is outside [0, 1]"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"top_k", 97}}, "'top_k' = 97 is outside [-1, 96]"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"ignore_eos", "yes"}}, "'ignore_eos' must be a boolean"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"stop_token_ids", {5, 96}}},
+       "stop_token_ids[1] = 96 is outside the vocabulary [0, 96)"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"stop_token_ids", 5}}, "'stop_token_ids' must be a list"},
+      {{{"prompt", {{1}, {2}}}, {"max_tokens", 3}, {"opd_stream_keys", {1}}},
+       "'opd_stream_keys' must be a list of one unsigned integer per prompt (2)"},
+      {{{"prompt", {{1}, {2}}}, {"max_tokens", 3}, {"opd_stream_keys", {1, -2}}},
+       "opd_stream_keys[1] must be an unsigned integer"},
+      {{{"prompt", {1, 2}}, {"max_tokens", 3}, {"n", 2}}, "'n' = 2 is outside [1, 1]"},
+  };
+  for (const auto& [body, needle] : bad) {
+    auto e = post(body);
+    EXPECT_EQ(e->status, 400) << body.dump() << "\n" << e->body;
+    EXPECT_NE(e->body.find(needle), std::string::npos) << body.dump() << "\n" << e->body;
+  }
+  EXPECT_EQ(seen.size(), calls) << "a refused request reached the generator";
+
+  // A generation cancelled by the server's stop: 503 (the client retries, the trainer waits).
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    cancel_next = true;
+  }
+  auto c = post({{"prompt", {1, 2}}, {"max_tokens", 3}});
+  EXPECT_EQ(c->status, 503) << c->body;
+  EXPECT_NE(c->body.find("generation stopped"), std::string::npos) << c->body;
+  server.stop();
+  EXPECT_TRUE(cancelled_fn());
 }
 
 // JSON answers are bounded (ServerOptions::max_json_entries): a request whose JSON answer would
