@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/tensor.h"  // device_hooks::cuda_memory_info
 #include "loss/loss_config.h"
 #include "teacher/client.h"
 #include "model/transformer.h"
@@ -100,6 +101,32 @@ void run_doctor(const DoctorOptions& o) {
                 p.teacher_whole_run ? "whole run" : "offloaded: scoring phase only",
                 gib(p.activations).c_str(), static_cast<long long>(o.micro_batch_tokens),
                 recompute_name(po.recompute), gib(p.rollout).c_str());
+    // Against the device (the GPU this process sees), as opd train does without a budget.
+    const device_hooks::CudaMemoryInfo dev = device_hooks::cuda_memory_info();
+    if (o.device_memory_budget_gb <= 0 && dev.total > 0) {
+      const int64_t avail = dev.free + dev.reserved;
+      if (p.peak() <= avail) {
+        std::printf("ok    memory device   the plan's peak %s fits the GPU's %s available (%s "
+                    "total)\n", gib(p.peak()).c_str(), gib(avail).c_str(), gib(dev.total).c_str());
+      } else {
+        MemoryChoice smallest;
+        const auto c = fit_memory_budget(s, o.teacher.empty() ? nullptr : &t, po,
+                                         !o.teacher.empty() && !full, avail, &smallest);
+        const MemoryChoice& shown = c ? *c : smallest;
+        std::printf("%s memory device   the plan's peak %s exceeds the GPU's %s available (%s "
+                    "total): %s recompute %s%s, planned peak %s\n",
+                    c ? "WARN " : "ERROR", gib(p.peak()).c_str(), gib(avail).c_str(),
+                    gib(dev.total).c_str(),
+                    c ? "opd train would switch to" : "nothing fits; the smallest plan is",
+                    recompute_name(shown.recompute), shown.offload_teacher ? ", teacher offloaded" : "",
+                    gib(shown.plan.peak()).c_str());
+        errors += c ? 0 : 1;
+        warnings += c ? 1 : 0;
+      }
+    } else if (o.device_memory_budget_gb <= 0) {
+      std::printf("info  memory device   no GPU visible here: the plan is not compared with a "
+                  "device (--device-memory-budget GIB compares it with a budget)\n");
+    }
     if (o.device_memory_budget_gb > 0) {  // what opd train --device-memory-budget would choose
       const int64_t budget = static_cast<int64_t>(o.device_memory_budget_gb * (1 << 30));
       MemoryChoice smallest;

@@ -93,10 +93,11 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
               "weights in pinned host memory, on the GPU only while it scores (frees its size "
               "during rollout and training for one host-to-device copy per step)");
   c->add_option("--device-memory-budget", o.device_memory_budget_gb, "cuda: GiB of device "
-                "memory the run may use (0 = no budget): the cheapest memory setting whose "
-                "planned peak fits is chosen (elementwise recompute, then --offload-teacher, "
-                "then both, then per-layer recompute; a recompute or offload given here stays); "
-                "a budget nothing fits stops the run at start-up with the smallest plan")
+                "memory the run may use (0 = the GPU's free memory, used only when the chosen "
+                "settings' plan exceeds it): the cheapest memory setting whose planned peak "
+                "fits is chosen (elementwise recompute, then --offload-teacher, then both, then "
+                "per-layer recompute; a recompute or offload given here stays); a budget nothing "
+                "fits stops the run at start-up with the smallest plan")
       ->capture_default_str();
   c->add_option("--max-completion-length", o.max_completion_length, "tokens per completion "
                 "(rollouts stop there; dataset completions are cut)")->capture_default_str();

@@ -5,6 +5,7 @@ namespace opd::device_hooks {
 
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
+CudaMemoryInfo cuda_memory_info() { return {}; }
 [[noreturn]] static void no_cuda() {
   OPD_FAIL(Unsupported, "this opd was built without CUDA (nvcc was not found at configure time)");
 }

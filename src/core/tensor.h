@@ -106,6 +106,13 @@ class Tensor {
 namespace device_hooks {
 bool cuda_compiled();
 int cuda_device_count();  // usable CUDA devices (0 without a driver, a GPU or a CUDA build)
+// Memory of the current CUDA device: `free` = what the driver can still give out, `reserved` =
+// what this process's caching allocator holds (in use or cached), so free + reserved is what
+// the process can use. All 0 without a device or a CUDA build.
+struct CudaMemoryInfo {
+  int64_t total = 0, free = 0, reserved = 0;
+};
+CudaMemoryInfo cuda_memory_info();
 void* cuda_malloc(size_t bytes);
 void cuda_free(void* ptr);
 void cuda_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);

@@ -537,7 +537,8 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
 #ifdef OPD_WITH_CUDA
   // Give the cache's memory back to the device (not only to this stream's free list): the
   // training phase that follows allocates on another stream.
-  if (on_cuda) cuda::device_allocator().release_stream(cuda::current_stream());
+  if (on_cuda && options_.release_device_memory)
+    cuda::device_allocator().release_stream(cuda::current_stream());
 #endif
   stats_.teardown_seconds = seconds_since(t_teardown);
   stats_.seconds = seconds_since(t0);

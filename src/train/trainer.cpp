@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -280,8 +281,9 @@ class Trainer {
   // The plan's inputs for this run (data loaded; the model's recompute and o_.offload_teacher
   // as they are now).
   MemoryPlanOptions memory_plan_options();
-  // --device-memory-budget: sets the student's recompute and o_.offload_teacher to the
-  // cheapest setting that fits (before setup_teacher, which offloads the teacher).
+  // --device-memory-budget, or without it the device's memory when the plan exceeds it: sets
+  // the student's recompute and o_.offload_teacher to the cheapest setting that fits (before
+  // setup_teacher, which offloads the teacher); decides keep_rollout_memory_.
   void fit_memory_budget_or_fail();
   void setup_teacher();
   void check_context_lengths() const;
@@ -333,6 +335,9 @@ class Trainer {
   void replay_reductions();  // ZeRO-2, a rank with no micro-batch this step: the same reduces
   dist::BucketReadiness& bucket_readiness();
   std::unique_ptr<dist::BucketReadiness> bucket_ready_;
+  // CUDA: the rollout keeps its cached device blocks between rollouts (fit_memory_budget_or_fail
+  // decides from the plan and the device's memory; EngineOptions::release_device_memory).
+  bool keep_rollout_memory_ = false;
   EngineStats rollout_stats_;  // the last rollout's engine statistics (its time split, for metrics)
   std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
   void save(int64_t step, const char* why);
@@ -639,22 +644,43 @@ MemoryPlanOptions Trainer::memory_plan_options() {
 }
 
 void Trainer::fit_memory_budget_or_fail() {
-  if (o_.device_memory_budget_gb <= 0 || device_ != Device::CUDA) return;
-  const int64_t budget = static_cast<int64_t>(o_.device_memory_budget_gb * (1 << 30));
+  if (device_ != Device::CUDA) return;
+  auto g = [](int64_t b) { return cat(static_cast<double>(b) / (1 << 30), " GiB"); };
   // The in-process teacher's shape (the scorer's batch counts in the scoring phase): its
   // config only (setup_teacher reads the tokenizer files for the doctor checks).
   std::optional<ModelSide> teacher;
   if (!o_.sft && !o_.teacher.empty()) teacher = describe_config(load_model_config(o_.teacher));
+  const ModelSide* tm = teacher ? &*teacher : nullptr;
+  // Without --device-memory-budget the device is the budget: what this process can still hold
+  // (free + what its allocator already reserved, e.g. the student's weights).
+  const bool from_device = o_.device_memory_budget_gb <= 0;
+  int64_t budget = static_cast<int64_t>(o_.device_memory_budget_gb * (1 << 30));
+  std::string source = cat("--device-memory-budget ", o_.device_memory_budget_gb, " GiB");
+  if (from_device) {
+    const device_hooks::CudaMemoryInfo m = device_hooks::cuda_memory_info();
+    if (m.total <= 0) return;
+    budget = m.free + m.reserved;
+    source = cat("the device's ", g(budget), " available (", g(m.total), " total)");
+    const MemoryPlan p = plan_gpu_memory(student_side(), tm, memory_plan_options());
+    // The rollout's cached blocks (KV cache, packed weights, step buffers) stay reserved
+    // between rollouts when the plan leaves room for them beside the largest phase (10% kept
+    // free for the driver and fragmentation): no cudaFree/cudaMalloc per rollout.
+    keep_rollout_memory_ = p.peak() + p.rollout <= budget / 10 * 9;
+    if (const char* e = std::getenv("OPD_ROLLOUT_KEEP_MEMORY"))  // measurement override
+      keep_rollout_memory_ = std::string(e) == "1";
+    if (p.peak() <= budget) return;  // the chosen settings fit: nothing to decide
+    log_warn("the GPU memory plan (peak ", g(p.peak()), " with recompute ",
+             recompute_name(model().recompute()), o_.offload_teacher ? ", teacher offloaded" : "",
+             ") exceeds ", source, ": choosing the cheapest setting that fits "
+             "(--device-memory-budget GIB sets the budget yourself)");
+  }
   const bool can_offload = teacher && loss_.mode != SupportMode::Full;
   MemoryChoice smallest;
   const std::optional<MemoryChoice> c =
-      fit_memory_budget(student_side(), teacher ? &*teacher : nullptr, memory_plan_options(),
-                        can_offload, budget, &smallest);
-  auto g = [](int64_t b) { return cat(static_cast<double>(b) / (1 << 30), " GiB"); };
+      fit_memory_budget(student_side(), tm, memory_plan_options(), can_offload, budget, &smallest);
   if (!c) {
     const MemoryPlan& p = smallest.plan;
-    OPD_FAIL(InvalidArgument, "--device-memory-budget ", o_.device_memory_budget_gb,
-             " GiB: no memory setting fits; the smallest plan (recompute ",
+    OPD_FAIL(InvalidArgument, source, ": no memory setting fits; the smallest plan (recompute ",
              recompute_name(smallest.recompute), smallest.offload_teacher ? ", teacher offloaded" : "",
              ") peaks at ", g(p.peak()), " (rollout ", g(p.rollout_phase()), ", scoring ",
              g(p.scoring_phase()), ", training ", g(p.training_phase()),
@@ -664,9 +690,9 @@ void Trainer::fit_memory_budget_or_fail() {
   o_.offload_teacher = c->offload_teacher;
   o_.recompute = false;  // config.json records the setting chosen
   o_.recompute_granularity = recompute_name(c->recompute);
-  log_info("--device-memory-budget ", o_.device_memory_budget_gb, " GiB: recompute ",
-           recompute_name(c->recompute), c->offload_teacher ? ", teacher offloaded" : "",
-           " (planned peak ", g(c->plan.peak()), ")");
+  log_info(source, ": recompute ", recompute_name(c->recompute),
+           c->offload_teacher ? ", teacher offloaded" : "", " (planned peak ", g(c->plan.peak()),
+           ")");
 }
 
 const ModelSide& Trainer::student_side() {
@@ -1001,6 +1027,7 @@ std::vector<Sequence> Trainer::make_sequences(Source source, const std::vector<u
   // which run at small, newly captured batch buckets (W1 rollout 1.43 vs 1.38 s, docs/rollout.md).
   eo.max_step_tokens = 2048;
   eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
+  eo.release_device_memory = !keep_rollout_memory_;
   RolloutEngine engine(gen_model, eo, eos);
   auto out = engine.generate(reqs);
   rollout_stats_ = engine.stats();

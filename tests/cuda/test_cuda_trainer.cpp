@@ -14,6 +14,7 @@
 #include <map>
 
 #include "common/checkpoint_weights.h"
+#include "core/cuda/allocator.h"
 #include "common/payload_check_run.h"
 #include "common/run_dir_test.h"
 #include "cuda/cuda_test_util.h"
@@ -237,6 +238,58 @@ TEST_F(CudaTrainerTest, GradientsExistOnlyInTheTrainingPhaseFromTheFirstStep) {
     EXPECT_LT(score[0] - score[k], grads / 2) << "step 1 scoring " << score[0] << ", step "
                                               << k + 1 << " " << score[k] << ", 4P " << grads;
   EXPECT_GT(train_peak[0], 0);
+}
+
+// The rollout keeps its cached device blocks (KV cache, packed weights, step buffers) between
+// rollouts when the memory plan leaves room on the device (EngineOptions::release_device_memory,
+// decided in the trainer; OPD_ROLLOUT_KEEP_MEMORY overrides it for measurements): the same
+// weights bit for bit, and fewer cudaMalloc calls than a run that hands them back every step.
+TEST_F(CudaTrainerTest, RolloutMemoryKeptOrReleasedGivesBitIdenticalSteps) {
+  REQUIRE_GPU();
+  auto run = [&](const std::string& out, const char* keep) {
+    setenv("OPD_ROLLOUT_KEEP_MEMORY", keep, 1);
+    TrainOptions o = base(out, "cuda", "bf16");
+    o.lmbda = 1;
+    o.max_steps = 4;
+    o.ignore_eos = true;
+    const int64_t mallocs = cuda::device_allocator().stats().device_mallocs;
+    TrainResult r = train(o);
+    unsetenv("OPD_ROLLOUT_KEEP_MEMORY");
+    EXPECT_EQ(r.steps, 4);
+    return std::make_pair(r, cuda::device_allocator().stats().device_mallocs - mallocs);
+  };
+  const auto [released, released_mallocs] = run("released", "0");
+  const auto [kept, kept_mallocs] = run("kept", "1");
+  ASSERT_NO_FATAL_FAILURE(test::expect_bitwise_equal(checkpoint_weights(released.last_checkpoint),
+                                                     checkpoint_weights(kept.last_checkpoint),
+                                                     "rollout memory kept vs released"));
+  EXPECT_LT(kept_mallocs, released_mallocs)
+      << "keeping the rollout's blocks saved no cudaMalloc (" << kept_mallocs << " vs "
+      << released_mallocs << ")";
+}
+
+// Without --device-memory-budget the GPU's memory is the budget: a run whose plan cannot fit
+// in any memory setting (here a rollout of 128 prompts x 1,024 samples x ~4k tokens: ~280 GB of
+// KV cache with --kv-cache-gb 1000) stops at start-up naming the device and the plan, instead of
+// running out of memory in its first rollout.
+TEST_F(CudaTrainerTest, APlanThatCannotFitTheDeviceStopsAtStartUp) {
+  REQUIRE_GPU();
+  TrainOptions o = base("huge", "cuda", "bf16");
+  o.lmbda = 1;
+  o.batch_size = 128;
+  o.num_generations = 1024;
+  o.max_completion_length = 4096;
+  o.kv_cache_gb = 1000;
+  try {
+    train(o);
+    ADD_FAILURE() << "a run planned past the device's memory started";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << m;
+    EXPECT_NE(m.find("the device's"), std::string::npos) << m;
+    EXPECT_NE(m.find("no memory setting fits"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(path("huge") + "/metrics.jsonl")) << "a step ran";
 }
 
 }  // namespace

@@ -16,6 +16,17 @@ namespace opd::device_hooks {
 bool cuda_compiled() { return true; }
 int cuda_device_count() { return cuda::device_count(); }
 
+CudaMemoryInfo cuda_memory_info() {
+  if (cuda::device_count() == 0) return {};
+  size_t free = 0, total = 0;
+  OPD_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  CudaMemoryInfo m;
+  m.total = static_cast<int64_t>(total);
+  m.free = static_cast<int64_t>(free);
+  m.reserved = cuda::device_allocator().stats().reserved;
+  return m;
+}
+
 // OPD_POISON_DEVICE_MEMORY=1 (debugging): every new tensor's bytes are set to 0xFF (NaN in f32,
 // bf16 and f16) so a kernel that reads memory nobody wrote produces NaN instead of whatever the
 // block held before; results that depend on stale memory then fail loudly in tests.
