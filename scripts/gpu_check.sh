@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1435,6 +1435,63 @@ if [[ "$what" == s8c ]]; then
   if (( SECONDS < 430 )); then run torch_w1 150 python3 tools/bench_w1_torch.py; fi
   grep -h "whole step\|rollout  \|scoring\|train  \|peak\|phase peaks\|chosen\|W1 step" "$OUT"/w1_*.log | head -40
   grep -h "whole step\|anchor\|total" "$OUT/torch_w1.log" 2>/dev/null | tail -5
+fi
+# seqkd_cuda DIR: --seq-kd on the GPU with the teacher in process and behind `opd serve --device
+# cuda` (tiny random Qwen3 models with head_dim 64): the two runs' final weights, which the
+# trainer's seed and stream keys make equal, and the server's log tail.
+seqkd_cuda() {
+  local d=$1
+  mkdir -p $d
+  python3 - "$d" <<'PY'
+import json, sys
+c = json.load(open("demo/student.config.json"))
+c.update(head_dim=64, hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
+json.dump(c, open(sys.argv[1] + "/s.json", "w"))
+c.update(hidden_size=192, num_hidden_layers=3)
+json.dump(c, open(sys.argv[1] + "/t.json", "w"))
+PY
+  $B/opd init --config $d/s.json --tokenizer demo/tokenizer --seed 1 --out $d/student >/dev/null 2>&1
+  $B/opd init --config $d/t.json --tokenizer demo/tokenizer --seed 2 --out $d/teacher >/dev/null 2>&1
+  $B/opd serve --model $d/teacher --device cuda --port 0 >$d/serve.log 2>&1 &
+  local spid=$! port=""
+  for i in $(seq 1 300); do port=$(grep -o "opd serve: port [0-9]*" $d/serve.log | grep -o "[0-9]*$"); [[ -n $port ]] && break; sleep 0.1; done
+  local common="--student $d/student --data demo/data/train.jsonl --max-steps 3 --batch-size 16
+      --micro-batch-size 8 --lmbda 0 --seq-kd --max-completion-length 6 --learning-rate 1e-3
+      --device cuda --dtype bf16 --no-tensorboard --save-minutes 0"
+  timeout 120 $B/opd train $common --teacher $d/teacher --out $d/local >$d/local.log 2>&1; echo "local rc=$?"
+  timeout 120 $B/opd train $common --teacher-url http://127.0.0.1:$port --out $d/remote >$d/remote.log 2>&1; echo "remote rc=$?"
+  kill $spid; wait $spid; echo "serve rc=$?"
+  sha256sum $d/local/checkpoints/step-*/model.safetensors $d/remote/checkpoints/step-*/model.safetensors | cut -c1-16,65-
+  grep -h '"source"' $d/remote/metrics.jsonl | grep -o '"source":"[a-z]*"' | sort | uniq -c
+  tail -2 $d/local.log $d/remote.log $d/serve.log | cut -c1-200
+}
+if [[ "$what" == s15a ]]; then
+  # Session 15 (nvidia-h200, <= 560 s): the trainer suite (new: the rollout's memory kept or
+  # released gives the same weights with fewer cudaMalloc calls; a plan past the device stops
+  # at start-up); --seq-kd with an `opd serve --device cuda` teacher against the in-process
+  # one; `opd doctor --device cuda` against the device; W1 with the rollout's blocks released
+  # (OPD_ROLLOUT_KEEP_MEMORY=0, the old behaviour) and kept (1), alternating; W1's scoring with
+  # a 2-layer teacher at logit tiles 2,048 x 16,384 (default) and 4,096 x 32,768, alternating.
+  run trainer 200 $B/test_cuda --gtest_filter='CudaTrainer*'
+  grep -h "FAILED\|Failure" "$OUT/trainer.log" | head -10
+  seqkd_cuda /tmp/seqkd 2>&1 | tee "$OUT/seqkd.txt"
+  timeout 60 $B/opd init --preset qwen3-0.6b --out /tmp/p06 >/dev/null 2>&1
+  timeout 60 $B/opd doctor --student /tmp/p06 --teacher /tmp/p06 --device cuda 2>&1 | grep -i "memory" | cut -c1-220 | tee "$OUT/doctor.txt"
+  for i in 1 2; do
+    for keep in 0 1; do
+      OPD_ROLLOUT_KEEP_MEMORY=$keep timeout 100 $B/opd bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_k$keep$i.log 2>&1
+      w1_lines /tmp/w1_k$keep$i.log "keep $keep $i" >>"$OUT/w1_keep.txt"
+    done
+  done
+  cat "$OUT/w1_keep.txt"
+  for i in 1 2; do
+    for t in "2048 16384" "4096 32768"; do
+      set -- $t
+      timeout 40 $B/opd bench score --no-server --layers 2 --iters 5 --row-chunk $1 --vocab-tile $2 2>&1 \
+          | grep "in-process:" | sed "s/^/rc $1 vt $2 ($i): /" >>"$OUT/tiles.txt"
+    done
+  done
+  cut -c1-90 "$OUT/tiles.txt"
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
