@@ -405,6 +405,9 @@ void TeacherServer::install_routes() {
                                    max_tokens, ": only the sampled token's logprob (logprobs 0) "
                                    "is reported for generated tokens; score the completions with "
                                    "/v1/score for top-K")};
+        if (logprobs == 0)
+          check_json_entries("completions request (logprobs of generated tokens)",
+                             max_tokens * static_cast<int64_t>(prompts.size()), 1);
         generated = generate(j, prompts, max_tokens, temperature, seed);
       }
 
