@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/text_io.h"
 #include "tokenizer/chat_template.h"
 
 namespace opd::cli {
@@ -22,12 +23,10 @@ struct ChatTemplateCliOptions {
 };
 
 nlohmann::ordered_json read_json_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  OPD_CHECK(f.good(), Io, "cannot open ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_text_file(path);
+  check_json_depth(text, path);
   try {
-    return nlohmann::ordered_json::parse(ss.str());
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::ordered_json::exception& e) {  // out_of_range too (1e999)
     OPD_FAIL(InvalidData, path, ": invalid JSON: ", e.what());
   }
@@ -41,8 +40,9 @@ void run_chat_template(const ChatTemplateCliOptions& o) {
   if (!o.template_file.empty()) {
     t = ChatTemplate::from_file(o.template_file);
     if (!o.model_dir.empty()) {
-      std::ifstream cfg(o.model_dir + "/tokenizer_config.json");
-      if (cfg.good()) t->set_special_tokens(special_tokens_from_config(nlohmann::json::parse(cfg)));
+      const std::string cfg = o.model_dir + "/tokenizer_config.json";
+      if (std::filesystem::exists(cfg))
+        t->set_special_tokens(special_tokens_from_config(nlohmann::json(read_json_file(cfg))));
     }
   } else {
     t = ChatTemplate::from_model_dir(o.model_dir);
@@ -65,6 +65,7 @@ void run_chat_template(const ChatTemplateCliOptions& o) {
   for (const std::string& kv : o.vars) {
     size_t eq = kv.find('=');
     OPD_CHECK(eq != std::string::npos && eq > 0, InvalidArgument, "--var takes KEY=JSON, got '", kv, "'");
+    check_json_depth(kv.substr(eq + 1), "--var " + kv.substr(0, eq));
     try {
       opt.extra[kv.substr(0, eq)] = nlohmann::ordered_json::parse(kv.substr(eq + 1));
     } catch (const nlohmann::ordered_json::exception&) {

@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/id_list.h"  // parse_id_list (ids are range-checked later, by the engine)
 #include "core/error.h"
+#include "core/text_io.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -70,6 +71,7 @@ std::vector<Prompt> read_prompts_file(const std::string& path, const std::option
   for (size_t no = 1; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = cat(path, " line ", no);
+    check_json_depth(line, where);
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     OPD_CHECK(!j.is_discarded() && j.is_object(), InvalidData, where, ": not a JSON object");
     Prompt p;

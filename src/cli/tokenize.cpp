@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/text_io.h"
 #include "tokenizer/tokenizer.h"
 
 namespace opd::cli {
@@ -42,6 +43,7 @@ void write_ids(std::string& out, const std::vector<int32_t>& ids) {
 
 std::vector<int32_t> parse_ids(const std::string& line, size_t line_no) {
   nlohmann::json j;
+  check_json_depth(line, cat("stdin line ", line_no));
   try {
     j = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {

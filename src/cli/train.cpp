@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/flags_file.h"
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/log.h"
 #include "data/dataset.h"
 #include "model/config.h"
@@ -336,9 +337,7 @@ void register_init(CLI::App& app) {
     if (!o->preset.empty()) {
       cfg = model_preset(o->preset);
     } else {
-      std::ifstream f(o->config, std::ios::binary);
-      OPD_CHECK(f.good(), Io, "cannot read ", o->config);
-      text.assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      text = read_text_file(o->config, int64_t{64} << 20);
       cfg = parse_model_config(text, o->config);
     }
     double std = o->std;

@@ -1,5 +1,6 @@
 // Flags files as text (core/flags_text.h).
 #include "core/flags_text.h"
+#include "core/text_io.h"
 
 #include <nlohmann/json.hpp>
 
@@ -169,6 +170,7 @@ Scalar json_scalar(const nlohmann::json& v, const std::string& where, const std:
 
 std::vector<Entry> parse_json(const std::string& text, const std::string& file) {
   nlohmann::json doc;
+  check_json_depth(text, file);
   try {
     doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range

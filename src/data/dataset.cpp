@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/log.h"
 #include "core/sha256.h"
 
@@ -338,6 +339,9 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
       try {
         if (too_long) bad(cat("line is longer than ", o.max_line_bytes, " bytes (DatasetOptions::max_line_bytes)"));
         ojson obj;
+        const int depth = json_nesting_depth(line);
+        if (depth > kMaxJsonDepth)
+          bad(cat("JSON nested ", depth, " levels deep, over the limit of ", kMaxJsonDepth));
         try {
           obj = ojson::parse(line);
         } catch (const ojson::exception& e) {  // parse_error, and out_of_range for 1e999

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/text_io.h"
 
 namespace opd {
 
@@ -323,6 +324,7 @@ int64_t checked_mul(int64_t a, int64_t b) {
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json root;
+  check_json_depth(json_text, source);
   try {
     root = json::parse(json_text);
   } catch (const json::exception& e) {
@@ -423,12 +425,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 ModelConfig load_model_config(const std::string& model_dir) {
   std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) OPD_FAIL(Io, "cannot open ", path, ": ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) OPD_FAIL(Io, "cannot read ", path, ": ", std::strerror(errno));
-  return parse_model_config(text.str(), path);
+  return parse_model_config(read_text_file(path, int64_t{64} << 20), path);
 }
 
 int64_t ModelConfig::num_embedding_parameters() const {

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/log.h"
 
 namespace opd {
@@ -168,6 +169,7 @@ class SafetensorsParser {
       return true;
     };
     json header;
+    check_json_depth(std::string_view(base + 8, static_cast<size_t>(n)), src + ": header");
     try {
       header = json::parse(base + 8, base + 8 + n, on_event);
     } catch (const json::exception& e) {
@@ -390,15 +392,6 @@ bool is_file(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec);
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) OPD_FAIL(Io, "cannot open ", path, ": ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) OPD_FAIL(Io, "cannot read ", path, ": ", std::strerror(errno));
-  return text.str();
-}
-
 // Shard names in an index are file names relative to the model directory; refuse anything
 // that could point outside it.
 bool is_safe_shard_name(const std::string& name) {
@@ -428,8 +421,10 @@ WeightStore WeightStore::open_dir(const std::string& model_dir) {
   }
 
   json index;
+  const std::string index_text = read_text_file(index_path);
+  check_json_depth(index_text, index_path);
   try {
-    index = json::parse(read_text_file(index_path));
+    index = json::parse(index_text);
   } catch (const json::exception& e) {
     OPD_FAIL(InvalidData, index_path, ": not valid JSON: ", e.what());
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -109,7 +110,10 @@ ModelConfig shrink_model_dir(const std::string& in_dir, const std::string& out_d
 
   // config.json: the original text with the layer count (and per-layer lists) changed, so
   // fields opd does not model survive.
-  nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text(fs::path(in_dir) / "config.json"));
+  const std::string cfg_path = (fs::path(in_dir) / "config.json").string();
+  const std::string cfg_text = read_text_file(cfg_path, int64_t{64} << 20);
+  check_json_depth(cfg_text, cfg_path);
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(cfg_text);
   cfg["num_hidden_layers"] = dst.num_hidden_layers;
   // transformers' per-layer list (Qwen2/Qwen3: "full_attention" / "sliding_attention").
   if (cfg.contains("layer_types") && cfg["layer_types"].is_array()) {

@@ -6,12 +6,14 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/log.h"
+#include "core/text_io.h"
 #include "core/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/paged_forward.h"
@@ -567,11 +569,10 @@ std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const Mode
   };
   for (int64_t id : config.eos_token_ids) add(id, model_dir + "/config.json");
   const std::string gen_path = model_dir + "/generation_config.json";
-  std::ifstream in(gen_path, std::ios::binary);
-  if (in) {
-    std::stringstream ss;
-    ss << in.rdbuf();
-    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (std::filesystem::exists(gen_path)) {
+    const std::string text = read_text_file(gen_path, int64_t{64} << 20);
+    check_json_depth(text, gen_path);
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     OPD_CHECK(!j.is_discarded() && j.is_object(), InvalidData, gen_path,
               ": not a JSON object");
     if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/log.h"
 #include "core/philox.h"
 #include "teacher/protocol.h"
@@ -63,6 +64,7 @@ void parse_url(const std::string& url, std::string& host, int& port) {
 std::string error_message_of(const std::string& body) {
   // {"error": {"message": ...}} (opd, vLLM) or {"message": ...} (older vLLM); else the raw text.
   try {
+    if (json_nesting_depth(body) > kMaxJsonDepth) return body.substr(0, 300);
     auto j = nlohmann::json::parse(body);
     if (j.contains("error") && j["error"].is_object() && j["error"].contains("message"))
       return j["error"]["message"].dump();

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/text_io.h"
 
 namespace opd {
 
@@ -270,6 +271,7 @@ ScoreResponse decode_score_response(std::string_view msg) {
 // --- JSON -------------------------------------------------------------------------------------
 
 nlohmann::json parse_json(std::string_view text, const char* what) {
+  check_json_depth(text, what);
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {

@@ -82,7 +82,15 @@ TeacherServer::TeacherServer(Scorer& scorer, ServerOptions options)
   const int threads = opts_.threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(opts_.max_body_bytes);
-  http_->set_read_timeout(60);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which let a second `opd serve`
+  // bind the same port and take half of the requests (two teachers behind one URL).
+  http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
+  // A client that stops sending (a POST without Content-Length waits for the connection to
+  // close) holds a worker thread and delays stop() until this read timeout: 10 s, not 60.
+  http_->set_read_timeout(10);
   http_->set_write_timeout(60);
   http_->set_keep_alive_max_count(100);
   http_->set_tcp_nodelay(true);
@@ -251,12 +259,25 @@ void TeacherServer::install_routes() {
                                   std::exception_ptr) {
     send_error(res, 500, "server: unexpected error");
   });
-  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http_->set_error_handler([max_body = opts_.max_body_bytes](const httplib::Request& req,
+                                                          httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote the error
     if (res.status == 413)
-      send_error(res, 413, "request body exceeds the server's limit (--max-request-bytes)");
+      send_error(res, 413,
+                 req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0
+                     ? cat("a form-encoded body (Content-Type application/x-www-form-urlencoded, "
+                           "curl's default for --data) is limited to ",
+                           CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH,
+                           " bytes; send Content-Type: application/json (or ", kBinaryContentType,
+                           ")")
+                     : cat("request body exceeds the server's limit of ", max_body,
+                           " bytes (opd serve --max-request-mb)"));
     else if (res.status == 404)
       send_error(res, 404, cat("no route ", req.method, " ", req.path));
+    else if (res.status == 400 && req.method == "POST" && !req.has_header("Content-Length") &&
+             !req.has_header("Transfer-Encoding"))
+      send_error(res, 400, "a POST needs a body with a Content-Length header (or chunked "
+                           "encoding); none came before the read timeout");
     else
       send_error(res, res.status, cat("HTTP error ", res.status));
   });

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/sha256.h"
 
 namespace opd {
@@ -2547,13 +2548,6 @@ class Renderer {
   std::vector<Scope> scopes_;
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  OPD_CHECK(f.good(), Io, "cannot open ", path, ": ", std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 bool file_exists(const std::string& path) {
   std::ifstream f(path);
@@ -2603,7 +2597,9 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   nlohmann::json cfg;
   if (file_exists(cfg_path)) {
     try {
-      cfg = nlohmann::json::parse(read_text_file(cfg_path));
+      const std::string text = read_text_file(cfg_path);
+      check_json_depth(text, cfg_path);
+      cfg = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {  // out_of_range too (1e999)
       OPD_FAIL(InvalidData, cfg_path, ": invalid JSON: ", e.what());
     }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/sha256.h"
 
 namespace opd {
@@ -18,13 +19,11 @@ TokenizerFingerprint tokenizer_fingerprint(const std::string& model_dir, int64_t
   canon["vocab_size"] = vocab_size;
   const std::string path = model_dir + "/tokenizer.json";
   if (std::filesystem::exists(path)) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) OPD_FAIL(Io, "cannot read ", path);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    const std::string text = read_text_file(path);
+    check_json_depth(text, path);
     nlohmann::json tok;
     try {
-      tok = nlohmann::json::parse(ss.str());
+      tok = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       OPD_FAIL(InvalidData, path, ": not valid JSON: ", e.what());
     }

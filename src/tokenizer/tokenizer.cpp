@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
@@ -163,13 +164,11 @@ struct TemplateItem {
   std::vector<int32_t> ids;     // special-token ids otherwise
 };
 
+// A tokenizer's JSON files: regular files of at most 1 GiB, nested at most kMaxJsonDepth.
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) OPD_FAIL(Io, "cannot open ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in.good() && !in.eof()) OPD_FAIL(Io, "cannot read ", path);
-  return ss.str();
+  std::string text = read_text_file(path);
+  check_json_depth(text, path);
+  return text;
 }
 
 std::string type_of(const json& j) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "core/text_io.h"
 #include "core/sha256.h"
 #include "model/safetensors.h"
 
@@ -26,12 +27,11 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
+// A checkpoint's JSON files (MANIFEST.json, state.json): bounded reads, bounded nesting.
 std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) OPD_FAIL(Io, "cannot read ", path, ": ", std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text = read_text_file(path, int64_t{256} << 20);
+  check_json_depth(text, path);
+  return text;
 }
 
 std::string file_sha256(const std::string& path) {
@@ -285,7 +285,7 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
       auto& group = out.tensor_files[file.substr(0, file.size() - 12)];
       for (const auto& n : st.names()) group[n] = st.get(n).clone();
     } else {
-      out.files[file] = read_all(path);
+      out.files[file] = read_text_file(path);
     }
   }
   OPD_CHECK(out.state.is_object() && out.state.contains("step"), InvalidData, "checkpoint ", dir,

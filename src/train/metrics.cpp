@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/log.h"
 #include "train/checkpoint.h"  // write_file_atomic
 
@@ -117,7 +118,9 @@ std::vector<JsonlLine> read_lines(const std::string& path, int64_t* torn) {
     pos = last ? bytes.size() : nl + 1;
     ++lineno;
     if (l.text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
-    l.value = nlohmann::json::parse(l.text, nullptr, /*allow_exceptions=*/false);
+    l.value = json_nesting_depth(l.text) > kMaxJsonDepth
+                  ? nlohmann::json(nlohmann::json::value_t::discarded)
+                  : nlohmann::json::parse(l.text, nullptr, /*allow_exceptions=*/false);
     l.ok = l.value.is_object();
     if (!l.ok) {
       // A crash mid-write leaves a prefix of the last line; anything else is damage.
@@ -237,7 +240,8 @@ void MetricsLog::open_jsonl() {
   const size_t nl = bytes.rfind('\n');
   const size_t keep = nl == std::string::npos ? 0 : nl + 1;
   const std::string tail = bytes.substr(keep);
-  if (nlohmann::json::parse(tail, nullptr, false).is_object()) {
+  if (json_nesting_depth(tail) <= kMaxJsonDepth &&
+      nlohmann::json::parse(tail, nullptr, false).is_object()) {
     write_all(jsonl_fd_, "\n", jsonl_path_);
     return;
   }

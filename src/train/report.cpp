@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "train/checkpoint.h"  // write_file_atomic
 #include "train/metrics.h"
 
@@ -342,10 +343,14 @@ std::string write_report(const std::string& run_dir, const std::string& out, con
   std::string config_error;
   const fs::path config_path = dir / "config.json";
   if (fs::exists(config_path)) {
-    std::ifstream in(config_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    config = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    std::string text;
+    try {
+      text = read_text_file(config_path.string(), int64_t{64} << 20);
+      check_json_depth(text, config_path.string());
+      config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    } catch (const Error& e) {
+      config = nlohmann::json(nlohmann::json::value_t::discarded);
+    }
     if (config.is_discarded()) {
       config = nullptr;
       config_error = "not valid JSON; not shown";

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/text_io.h"
 #include "core/log.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
@@ -212,11 +213,7 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  OPD_CHECK(f.good(), Io, "cannot read ", path);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string read_text(const std::string& path) { return read_text_file(path); }
 
 // The one-hot "teacher" of SFT rows: K = 1, the target with logprob 0 (p = 1).
 TeacherTopK one_hot_teacher(const std::vector<int32_t>& targets) {

@@ -433,7 +433,12 @@ TEST_F(ServerTest, MalformedRequestsGet4xxAndServerKeepsServing) {
       {"application/json", "{\"k\": 3, \"sequences\": [{\"ids\": [1, 2, 3], \"begin\": -1}]}", 400, "-1 is outside"},
       {"application/json", "[]", 400, "expected a JSON object"},
       {"text/plain", "hello", 415, "neither"},
-      {kBinaryContentType, std::string(2 << 20, 'x'), 413, "exceeds"},
+      {kBinaryContentType, std::string(2 << 20, 'x'), 413, "exceeds the server's limit of 1048576 bytes"},
+      // ~120 KB of '[': its copy or dump() would recurse past the thread's stack (session 15:
+      // one such request ended `opd serve` with SIGSEGV).
+      {"application/json",
+       "{\"k\": 2, \"sequences\": [{\"ids\": " + std::string(60000, '[') + std::string(60000, ']') + "}]}",
+       400, "JSON nested 60003 levels deep, over the limit of 256"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.needle);
@@ -456,9 +461,35 @@ TEST_F(ServerTest, MalformedRequestsGet4xxAndServerKeepsServing) {
   }
   auto nr = http_->Get("/v1/nothing");
   EXPECT_EQ(nr->status, 404);
+  // The same depth guard on /v1/completions (its prompt, and its model name).
+  for (const std::string& field : {"prompt", "model"}) {
+    auto d = http_->Post("/v1/completions",
+                         "{\"" + field + "\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+                         "application/json");
+    ASSERT_TRUE(d) << "no response (" << field << ")";
+    EXPECT_EQ(d->status, 400) << d->body;
+    EXPECT_NE(d->body.find("JSON nested 100001 levels deep"), std::string::npos) << d->body;
+  }
   expect_healthy();
   // The 413 is answered by the HTTP layer before any handler runs, so it is not counted.
-  EXPECT_EQ(server_->requests_rejected(), static_cast<int64_t>(cases.size()) - 1 + 50);
+  EXPECT_EQ(server_->requests_rejected(), static_cast<int64_t>(cases.size()) - 1 + 50 + 2);
+}
+
+// A second server on a port another one holds is refused (cpp-httplib's default SO_REUSEPORT
+// let both bind, and the kernel split the requests between two different teachers).
+TEST_F(ServerTest, ASecondServerOnTheSamePortIsRefused) {
+  ServerOptions o;
+  o.port = server_->port();
+  o.threads = 1;
+  TeacherServer second(*scorer_, o);
+  try {
+    second.start();
+    ADD_FAILURE() << "a second server bound port " << o.port;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Io) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  expect_healthy();
 }
 
 // --- client against a fake teacher -------------------------------------------------------------
