@@ -219,6 +219,8 @@ std::string save_checkpoint(const std::string& root, const CheckpointData& data,
 
 CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptions& options) {
   const std::string manifest_path = dir + "/MANIFEST.json";
+  OPD_CHECK(fs::is_directory(dir), InvalidArgument, "checkpoint ", dir,
+            " does not exist (or is not a directory)");
   OPD_CHECK(fs::exists(manifest_path), InvalidData, "checkpoint ", dir,
             " has no MANIFEST.json (incomplete or not a checkpoint)");
   nlohmann::json manifest;
@@ -288,13 +290,28 @@ CheckpointData load_checkpoint(const std::string& dir, const CheckpointLoadOptio
       out.files[file] = read_text_file(path);
     }
   }
+  OPD_CHECK(manifest["files"].contains("state.json"), InvalidData, manifest_path,
+            ": lists no state.json (every checkpoint has one)");
   OPD_CHECK(out.state.is_object() && out.state.contains("step"), InvalidData, "checkpoint ", dir,
-            ": state.json missing or without a step");
+            ": state.json has no step");
   OPD_CHECK(out.state["step"].is_number_integer() &&
                 (out.state["step"].is_number_unsigned() ? out.state["step"].get<uint64_t>() <= INT64_MAX
                                                         : out.state["step"].get<int64_t>() >= 0),
             InvalidData, "checkpoint ", dir, ": state.json's step is not a non-negative integer");
   out.step = out.state["step"].get<int64_t>();
+  // The step is written three times (state.json, MANIFEST.json, the directory's name): they
+  // must agree, or the checkpoint was edited or moved and its step cannot be trusted.
+  if (manifest.contains("step"))
+    OPD_CHECK(manifest["step"].is_number_integer() && manifest["step"].get<int64_t>() == out.step,
+              InvalidData, "checkpoint ", dir, ": state.json says step ", out.step,
+              ", MANIFEST.json says ", manifest["step"].dump());
+  const std::string name = fs::path(dir).lexically_normal().filename().string().empty()
+                               ? fs::path(dir).lexically_normal().parent_path().filename().string()
+                               : fs::path(dir).lexically_normal().filename().string();
+  if (name.size() == 13 && name.rfind("step-", 0) == 0 &&
+      name.find_first_not_of("0123456789", 5) == std::string::npos)
+    OPD_CHECK(std::stoll(name.substr(5)) == out.step, InvalidData, "checkpoint ", dir,
+              ": state.json says step ", out.step, " but the directory is named ", name);
   out.dir = dir;
   return out;
 }

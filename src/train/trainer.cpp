@@ -338,6 +338,7 @@ class Trainer {
   EngineStats rollout_stats_;  // the last rollout's engine statistics (its time split, for metrics)
   std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
   void save(int64_t step, const char* why);
+  // `step`: the step as metrics.jsonl numbers it (1-based).
   void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
   double evaluate(const char* when, int64_t step);
 
@@ -797,6 +798,9 @@ void Trainer::resume_if_any() {
   } else if (o_.resume == "auto") {
     ck = load_latest_checkpoint(ckpt_root_, nullptr, {true, false});
   } else {
+    OPD_CHECK(fs::is_directory(o_.resume), InvalidArgument, "--resume ", o_.resume,
+              ": no such checkpoint directory (--resume takes auto, never or a checkpoint "
+              "directory such as ", ckpt_root_, "/step-00000100)");
     ck = load_checkpoint(o_.resume, {true, false});
   }
   if (!ck) return;
@@ -853,7 +857,13 @@ void Trainer::resume_if_any() {
                now.dump(), " (the resumed run is not the same run)");
     }
   }
-  log_info("resumed from checkpoint step ", step_, " (", ckpt_root_, ")");
+  log_info("resumed from checkpoint step ", step_, " (", ck->dir, ")");
+  result_.last_checkpoint = ck->dir;
+  const int64_t total = total_steps();
+  if (step_ >= total)
+    log_warn("the checkpoint is at step ", step_, ", ", step_ > total ? "past" : "at",
+             " the run's last step ", total, " (--max-steps / --num-train-epochs): nothing to "
+             "train; raise --max-steps to continue");
 }
 
 // Backward groups (model/transformer.h GradsReady): 0 the untied lm_head (finished by the loss,
@@ -1273,7 +1283,7 @@ TrainResult Trainer::run_steps() {
         q.source = (*data_)[p].source;
         prompts.push_back(std::move(q));
       }
-      save_bad_batch(step, prompts, rollout_error.empty() ? "another rank's rollout failed"
+      save_bad_batch(step + 1, prompts, rollout_error.empty() ? "another rank's rollout failed"
                                                           : "rollout failed: " + rollout_error);
       OPD_CHECK(bad_steps_ <= o_.max_bad_steps, InvalidData, bad_steps_,
                 " bad steps (more than --max-bad-steps ", o_.max_bad_steps, "); the last: ",
@@ -1296,7 +1306,7 @@ TrainResult Trainer::run_steps() {
     truncated = static_cast<int64_t>(counts[1]);
     const int64_t n_seqs = static_cast<int64_t>(counts[2]);
     if (n_total == 0) {
-      log_warn("step ", step, ": no completion tokens (every completion empty); skipped");
+      log_warn("step ", step + 1, ": no completion tokens (every completion empty); skipped");
       *sampler_ = sampler;
       ++step_;
       continue;
@@ -1448,7 +1458,7 @@ TrainResult Trainer::run_steps() {
     }
     if (skipped) {
       ++bad_steps_;
-      save_bad_batch(step, seqs, cat("non-finite ", std::isfinite(loss) ? "gradient norm " : "loss ",
+      save_bad_batch(step + 1, seqs, cat("non-finite ", std::isfinite(loss) ? "gradient norm " : "loss ",
                                      std::isfinite(loss) ? gnorm : loss));
       OPD_CHECK(bad_steps_ <= o_.max_bad_steps, InvalidData, bad_steps_,
                 " non-finite steps (more than --max-bad-steps ", o_.max_bad_steps,
@@ -1559,8 +1569,12 @@ TrainResult Trainer::run_steps() {
   }
   if (o_.save_at_end) save(step_, "end of training");
   if (step_ > result_.first_step || o_.eval_before) result_.eval_after = evaluate("after training", step_);
-  log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", checkpoint ",
-           result_.last_checkpoint);
+  if (step_ > result_.first_step)
+    log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", checkpoint ",
+             result_.last_checkpoint);
+  else
+    log_info("done: nothing trained (the run was already at step ", step_, "), checkpoint ",
+             result_.last_checkpoint);
   return result_;
 }
 

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numbers>
 
 #include "common/test_util.h"
+#include "core/sha256.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 #include "train/signals.h"
@@ -120,6 +122,55 @@ TEST(Checkpoint, CorruptionIsRefusedByNameAndTheRunFallsBack) {
   // Leftover temp folders from a crash are ignored.
   fs::create_directories(root.path / "step-00000009.tmp-123");
   EXPECT_EQ(load_latest_checkpoint(root.path.string())->step, 1);
+}
+
+// A checkpoint's step is written in state.json, MANIFEST.json and its directory's name; an
+// edited state.json with a re-sealed manifest (SHA-256 and size recomputed) must not resume at
+// another step (until session 15 it said "resumed from checkpoint step 7" in step-00000003).
+TEST(Checkpoint, AStepThatDisagreesWithTheManifestOrTheNameIsRefused) {
+  TempDir root;
+  const std::string d = save_checkpoint(root.path.string(), sample(3), 0);
+  auto read = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  auto reseal = [&](const std::function<void(nlohmann::json&)>& state_edit,
+                    const std::function<void(nlohmann::json&)>& manifest_edit) {
+    auto state = nlohmann::json::parse(read(d + "/state.json"));
+    state_edit(state);
+    const std::string text = state.dump();
+    std::ofstream(d + "/state.json", std::ios::binary | std::ios::trunc) << text;
+    auto m = nlohmann::json::parse(read(d + "/MANIFEST.json"));
+    m["files"]["state.json"]["sha256"] = sha256_hex(text);
+    m["files"]["state.json"]["bytes"] = text.size();
+    manifest_edit(m);
+    std::ofstream(d + "/MANIFEST.json", std::ios::binary | std::ios::trunc) << m.dump();
+  };
+  auto refused = [&](const std::string& needle) {
+    try {
+      load_checkpoint(d);
+      ADD_FAILURE() << "accepted; expected: " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidData) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  reseal([](auto& st) { st["step"] = 7; }, [](auto&) {});
+  refused("state.json says step 7, MANIFEST.json says 3");
+  reseal([](auto&) {}, [](auto& m) { m["step"] = 7; });
+  refused("state.json says step 7 but the directory is named step-00000003");
+  reseal([](auto& st) { st["step"] = 3; }, [](auto& m) { m["step"] = 3; });
+  EXPECT_EQ(load_checkpoint(d).step, 3);
+  // A manifest that does not list state.json says so (the file itself is there).
+  reseal([](auto&) {}, [](auto& m) { m["files"].erase("state.json"); });
+  refused("lists no state.json");
+  // A path that is not there is named as such, not as "has no MANIFEST.json".
+  try {
+    load_checkpoint((root.path / "autoo").string());
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("autoo does not exist"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Checkpoint, NothingToResumeFrom) {

@@ -303,6 +303,33 @@ TEST_F(TrainerTest, CorruptCheckpointIsRefusedAndThePreviousOneResumes) {
   (void)r1;
 }
 
+// Running a finished run's command again resumes at its last step and trains nothing: the
+// result names that checkpoint (it said "done: 3 steps, last loss 0, checkpoint " with no path
+// until session 15); a --resume path that does not exist is named with the flag's choices.
+TEST_F(TrainerTest, ARerunOfAFinishedRunTrainsNothingAndNamesItsCheckpoint) {
+  TrainOptions o = base("rerun");
+  o.max_steps = 2;
+  const TrainResult first = train(o);
+  ASSERT_EQ(first.steps, 2);
+  const TrainResult again = train(o);
+  EXPECT_EQ(again.first_step, 2);
+  EXPECT_EQ(again.steps, 2);
+  EXPECT_EQ(again.last_checkpoint, first.last_checkpoint);
+  o.max_steps = 1;  // below the checkpoint: nothing to train either, and no step undone
+  const TrainResult lower = train(o);
+  EXPECT_EQ(lower.steps, 2);
+  EXPECT_EQ(lower.last_checkpoint, first.last_checkpoint);
+  o.resume = path("rerun") + "/checkpoints/autoo";
+  try {
+    train(o);
+    ADD_FAILURE() << "a missing --resume path was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no such checkpoint directory (--resume takes auto, never"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TrainerTest, NonFiniteStepsAreSkippedSavedAndBounded) {
   // A student whose final norm holds a NaN: every loss is NaN.
   ModelConfig c = test::tiny_demo_config(32, 1);
@@ -320,8 +347,11 @@ TEST_F(TrainerTest, NonFiniteStepsAreSkippedSavedAndBounded) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
     EXPECT_NE(std::string(e.what()).find("--max-bad-steps"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(fs::exists(o.out + "/bad_batches/step-0.json"));
-  auto bad = nlohmann::json::parse(std::ifstream(o.out + "/bad_batches/step-0.json"));
+  // Named by the step as metrics.jsonl and the log number it (1-based; was step-0 until
+  // session 15, one less than the metrics' step).
+  EXPECT_FALSE(fs::exists(o.out + "/bad_batches/step-0.json"));
+  EXPECT_TRUE(fs::exists(o.out + "/bad_batches/step-1.json"));
+  auto bad = nlohmann::json::parse(std::ifstream(o.out + "/bad_batches/step-1.json"));
   EXPECT_EQ(bad["sequences"].size(), 4u);
   // The weights were never updated with a NaN: the skipped steps wrote no checkpoint.
   EXPECT_TRUE(list_checkpoints(o.out + "/checkpoints").empty());
@@ -346,7 +376,13 @@ TEST_F(TrainerTest, ANonFiniteRolloutIsABadStepToo) {
     EXPECT_NE(std::string(e.what()).find("--max-bad-steps"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("is not finite"), std::string::npos) << e.what();
   }
-  for (int step : {0, 1, 2}) {
+  // Every skipped step in metrics.jsonl has its batch under the same step number.
+  std::vector<int64_t> skipped;
+  for (const auto& l : MetricsLog::read(o.out + "/metrics.jsonl"))
+    if (l.value("skipped", 0) == 1) skipped.push_back(l.at("step").get<int64_t>());
+  EXPECT_EQ(skipped, (std::vector<int64_t>{1, 2}));
+  EXPECT_FALSE(fs::exists(o.out + "/bad_batches/step-0.json"));
+  for (int step : {1, 2, 3}) {
     const std::string f = o.out + "/bad_batches/step-" + std::to_string(step) + ".json";
     ASSERT_TRUE(fs::exists(f)) << f;
     auto bad = nlohmann::json::parse(std::ifstream(f));
