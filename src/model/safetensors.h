@@ -58,6 +58,7 @@ class WeightStore {
   // get() plus checks: shape must equal `shape`; returns a host f32 copy converted from
   // f32/bf16/f16. Errors name the tensor, the expected and the found shape/dtype.
   Tensor get_f32(const std::string& name, const Shape& shape) const;
+  const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;

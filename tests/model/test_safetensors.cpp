@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
@@ -17,6 +18,8 @@
 #include "model/config.h"
 #include "common/python_oracle.h"
 #include "model/safetensors.h"
+#include "model/transformer.h"
+#include "core/log.h"
 
 namespace opd {
 namespace {
@@ -677,6 +680,42 @@ print(json.dumps(out))
     EXPECT_EQ(g["shape"].get<Shape>(), t.shape());
     EXPECT_EQ(g["hex"].get<std::string>(), to_hex(t.raw(), t.nbytes()));
   }
+}
+
+}  // namespace
+}  // namespace opd
+
+namespace opd {
+namespace {
+
+// Loading a model whose checkpoint holds tensors its config does not use (here the biases of a
+// config edited to attention_bias false) warns with their names
+// and count (session 15: they were dropped silently and the model computed something else than
+// its checkpoint); a complete checkpoint, and a tied lm_head stored anyway, do not warn.
+TEST(WeightStore, TensorsTheConfigDoesNotUseAreNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("opd_unused_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string log = (dir / "log.txt").string();
+  auto warnings_of_loading = [&](const std::string& model) {
+    fs::remove(log);
+    set_log_file(log);
+    (void)Transformer::load(model);
+    set_log_file("");
+    std::string text = test::read_file_bytes(log);
+    return text;
+  };
+  EXPECT_EQ(warnings_of_loading(test::fixture_path("models/llama_bias")).find(" W]"),
+            std::string::npos);
+  const fs::path lb = dir / "llama_bias";
+  fs::copy(test::fixture_path("models/llama_bias"), lb, fs::copy_options::recursive);
+  auto cfg = json::parse(test::read_file_bytes((lb / "config.json").string()));
+  cfg["attention_bias"] = false;
+  std::ofstream((lb / "config.json").string()) << cfg.dump();
+  const std::string w = warnings_of_loading(lb.string());
+  EXPECT_NE(w.find("stored tensors are not used by its config.json"), std::string::npos) << w;
+  EXPECT_NE(w.find("model.layers.0.self_attn.k_proj.bias"), std::string::npos) << w;
+  fs::remove_all(dir);
 }
 
 }  // namespace
