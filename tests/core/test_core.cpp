@@ -181,6 +181,17 @@ TEST(Error, CheckMacroNamesTheCondition) {
   }
 }
 
+// A NUL quoted from input (a tensor or field name) no longer cuts what() short.
+TEST(Error, NulBytesInAMessageAreWrittenOut) {
+  try {
+    OPD_FAIL(InvalidData, "field 'hidden_act' is '", std::string("si\0lu", 5), "', not supported");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("field 'hidden_act' is 'si\\0lu', not supported"), std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace opd
 
