@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/text_io.h"
 #include "train/checkpoint.h"  // write_file_atomic
 #include "train/metrics.h"
@@ -336,8 +337,24 @@ std::string write_report(const std::string& run_dir, const std::string& out, con
   const fs::path metrics = dir / "metrics.jsonl";
   OPD_CHECK(fs::is_regular_file(metrics), Io, "no metrics.jsonl in ", run_dir,
             " (is it a run directory written by `opd train`?)");
+  const std::string path = out.empty() ? (dir / "report.html").string() : out;
+  // The page must not replace the run's own files (a mistyped --out RUN/metrics.jsonl did).
+  for (const fs::path& own : {metrics, dir / "config.json", dir / "train.log"})
+    OPD_CHECK(fs::weakly_canonical(path) != fs::weakly_canonical(own), InvalidArgument,
+              "--out ", path, " is the run's own ", own.filename().string(),
+              "; write the report elsewhere (default: ", (dir / "report.html").string(), ")");
   int64_t torn = 0;
   const std::vector<nlohmann::json> records = MetricsLog::read(metrics.string(), &torn);
+  if (torn > 0)
+    log_warn(metrics.string(), ": a torn last line (a write cut short) is left out of the report");
+  int64_t stepless = 0;
+  for (const nlohmann::json& r : records) {
+    const auto st = r.find("step");
+    stepless += st == r.end() || !st->is_number_integer();
+  }
+  if (stepless > 0)
+    log_warn(metrics.string(), ": ", stepless, " record", stepless > 1 ? "s have" : " has",
+             " no integer \"step\" and ", stepless > 1 ? "are" : "is", " not plotted");
 
   nlohmann::json config = nullptr;
   std::string config_error;
@@ -361,7 +378,6 @@ std::string write_report(const std::string& run_dir, const std::string& out, con
   std::string name = canonical.filename().string();
   if (name.empty()) name = run_dir;
   const std::string html = render_report_html("opd run " + name, records, config, config_error, torn, options);
-  const std::string path = out.empty() ? (dir / "report.html").string() : out;
   write_file_atomic(path, html);
   return path;
 }

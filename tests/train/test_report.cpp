@@ -111,6 +111,19 @@ TEST(Report, WriteReportDefaultsAndErrors) {
   const std::string html = test::slurp(path);
   EXPECT_NE(html.find("not valid JSON"), std::string::npos);
   EXPECT_NE(html.find("opd run " + dir.path.filename().string()), std::string::npos);
+  // --out naming the run's own files is refused before anything is written (a mistyped
+  // --out RUN/metrics.jsonl replaced the metrics with HTML until session 15).
+  const std::string before = test::slurp(dir.str() + "/metrics.jsonl");
+  for (const char* own : {"/metrics.jsonl", "/config.json", "/./metrics.jsonl"}) {
+    try {
+      write_report(dir.str(), dir.str() + own);
+      ADD_FAILURE() << own << " overwritten";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is the run's own"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(test::slurp(dir.str() + "/metrics.jsonl"), before);
 }
 
 TEST(Report, CliWritesTheReport) {
