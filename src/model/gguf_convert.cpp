@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/output_dir.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "tokenizer/gguf_vocab.h"
@@ -238,11 +239,8 @@ GgufConvertSummary convert_gguf_to_hf(const std::string& gguf_path, const std::s
                                       DType dtype) {
   OPD_CHECK(dtype == DType::F32 || dtype == DType::BF16, InvalidArgument,
             "convert: --dtype must be f32 or bf16");
-  const fs::path out(out_dir);
+  const fs::path out = checked_output_dir(out_dir, "convert");
   std::error_code ec;
-  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
-    OPD_FAIL(InvalidArgument, "convert: output ", out_dir,
-             " exists and is not an empty directory; choose another --out or remove it");
   GgufFile g = GgufFile::open(gguf_path);
   GgufConvertSummary summary;
   summary.config = gguf_model_config(g);
