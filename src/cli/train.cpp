@@ -230,6 +230,13 @@ void register_eval(CLI::App& app) {
     const bool want_teacher = has("reverse-kl") || has("agreement");
     OPD_CHECK(!want_teacher || !o->teacher.empty(), InvalidArgument,
               "opd eval: --metric reverse-kl and agreement need --teacher DIR");
+    // As opd train's --kv-cache-gb: in GiB, converted to bytes below (NaN, inf or 1e12 would
+    // overflow the int64 byte count).
+    OPD_CHECK(std::isfinite(o->kv_cache_gb) && o->kv_cache_gb >= 1e-6 && o->kv_cache_gb <= 1e6,
+              InvalidArgument, "opd eval: --kv-cache-gb ", o->kv_cache_gb,
+              " must be > 0 and <= 1e6");
+    OPD_CHECK(o->limit >= 0, InvalidArgument, "opd eval: --limit ", o->limit,
+              " must be >= 0 (0 = all samples)");
     Transformer model = Transformer::load(o->model);
     Tokenizer tok = Tokenizer::load(o->model);
     TokenizerTextEncoder enc(tok);
@@ -242,7 +249,23 @@ void register_eval(CLI::App& app) {
     DatasetOptions dopt;
     dopt.require_completion = has("exact-match");
     dopt.id_limit = model.config().vocab_size;
-    Dataset data = Dataset::load(o->data, enc, chat.get(), dopt);
+    Dataset data = [&] {
+      try {
+        return Dataset::load(o->data, enc, chat.get(), dopt);
+      } catch (const Error& e) {
+        // The dataset's advice names opd chat-template's flag; opd eval takes its template
+        // from the model directory only (tokenizer_config.json's "chat_template", read above).
+        std::string msg = e.what();
+        const std::string advice = "pass --chat-template FILE";
+        const size_t at = msg.find(advice);
+        if (chat || at == std::string::npos) throw;
+        msg.replace(at, advice.size(),
+                    cat("opd eval renders chat lines with the \"chat_template\" of ", o->model,
+                        "/tokenizer_config.json: add one there, or give the lines as "
+                        "prompt/completion text or token ids"));
+        throw Error(e.kind(), msg);
+      }
+    }();
     const auto eos = generation_eos_ids(o->model, model.config(), &tok);
     nlohmann::json out = {{"model", o->model}};
     if (!o->teacher.empty()) out["teacher"] = o->teacher;
