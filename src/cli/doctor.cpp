@@ -3,6 +3,7 @@
 // chat templates, and a memory estimate against the machine. Exit 1 when a check fails.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -36,9 +37,46 @@ std::string gib(int64_t b) {
   return buf;
 }
 
+// A parse_* call whose error names the flag it came from.
+template <typename Parse>
+void check_choice(const char* flag, Parse&& parse) {
+  try {
+    parse();
+  } catch (const Error& e) {
+    OPD_FAIL(InvalidArgument, flag, ": ", e.what());
+  }
+}
+
+// The flags opd train shares with doctor, with opd train's choices and ranges (train/trainer.cpp),
+// so a setting doctor passes is one opd train accepts.
+void validate(const DoctorOptions& o) {
+  check_choice("--vocab-policy", [&] { parse_vocab_policy(o.vocab_policy); });
+  check_choice("--loss-support", [&] { parse_support_mode(o.loss_support); });
+  check_choice("--recompute-granularity", [&] { parse_recompute(o.recompute_granularity); });
+  OPD_CHECK(o.device == "cpu" || o.device == "cuda", InvalidArgument, "--device ", o.device,
+            " must be cpu or cuda");
+  OPD_CHECK(o.dtype == "bf16" || o.dtype == "f32", InvalidArgument, "--dtype ", o.dtype,
+            " must be bf16 or f32");
+  OPD_CHECK(o.nproc >= 1 && o.nproc <= 65536, InvalidArgument, "--nproc ", o.nproc,
+            " must be in [1, 65536]");
+  OPD_CHECK(o.zero_stage == 1 || o.zero_stage == 2, InvalidArgument, "--zero-stage ",
+            o.zero_stage, " must be 1 or 2");
+  OPD_CHECK(o.micro_batch_tokens >= 1 && o.micro_batch_tokens <= (int64_t{1} << 31),
+            InvalidArgument, "--micro-batch-tokens ", o.micro_batch_tokens,
+            " must be in [1, 2^31]");
+  OPD_CHECK(std::isfinite(o.kv_cache_gb) && o.kv_cache_gb >= 1e-6 && o.kv_cache_gb <= 1e6,
+            InvalidArgument, "--kv-cache-gb ", o.kv_cache_gb, " must be > 0 and <= 1e6");
+  OPD_CHECK(std::isfinite(o.device_memory_budget_gb) && o.device_memory_budget_gb >= 0 &&
+                o.device_memory_budget_gb <= 1e6 &&
+                (o.device_memory_budget_gb == 0 || o.device == "cuda"),
+            InvalidArgument, "--device-memory-budget ", o.device_memory_budget_gb,
+            " must be >= 0 and <= 1e6 and needs --device cuda");
+}
+
 void run_doctor(const DoctorOptions& o) {
   OPD_CHECK(o.teacher.empty() != o.teacher_url.empty(), InvalidArgument,
             "give exactly one of --teacher DIR or --teacher-url URL");
+  validate(o);
   // As opd train: with full support the dense teacher runs inside the training phase, so it is
   // never offloaded (neither asked for nor chosen by --device-memory-budget).
   const bool full = parse_support_mode(o.loss_support) == SupportMode::Full;

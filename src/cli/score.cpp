@@ -9,9 +9,16 @@
 // --device cuda scores in process on the GPU (CudaScorer, bf16; teacher/cuda_scorer.h).
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <regex>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -32,7 +39,10 @@ struct ScoreOptions {
   int64_t min_chunk_rows = 2048;
 };
 
-ScoreSequence parse_line(const std::string& line, int64_t lineno, const std::string& file) {
+// `vocab` (the teacher's, 0 = unknown) bounds the ids here, so a bad id is named by its line
+// rather than by its index in a batched request.
+ScoreSequence parse_line(const std::string& line, int64_t lineno, const std::string& file,
+                         int64_t vocab) {
   const std::string where = cat(file, ":", lineno);
   nlohmann::json j = parse_json(line, where.c_str());
   OPD_CHECK(j.is_object() && j.contains("ids") && j["ids"].is_array(), InvalidData, where,
@@ -43,6 +53,8 @@ ScoreSequence parse_line(const std::string& line, int64_t lineno, const std::str
     OPD_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
               InvalidData, where, ": ids[", p, "] = ", v.dump().substr(0, 40),
               " is not a token id");
+    OPD_CHECK(vocab <= 0 || v.get<int64_t>() < vocab, InvalidData, where, ": ids[", p, "] = ",
+              v.get<int64_t>(), " is outside the teacher's vocabulary [0, ", vocab, ")");
     s.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
   s.begin = 1;
@@ -55,6 +67,29 @@ ScoreSequence parse_line(const std::string& line, int64_t lineno, const std::str
   OPD_CHECK(s.begin >= 1 && s.begin <= s.end, InvalidData, where, ": completion_start ", s.begin,
             " must be in [1, ", s.end, "] (the sequence has ", s.end, " tokens)");
   return s;
+}
+
+// A scorer error names a sequence by its index in the batched request ("sequence 5", or
+// "chunk 2 of 4 (sequences 16..31): ... sequence 3" from a chunking client); prefix the input
+// line it came from, or the batch's line range when no sequence is named.
+std::string with_input_line(const std::string& msg, const std::string& file,
+                            const std::vector<int64_t>& lines) {
+  static const std::regex chunk_re("\\(sequences ([0-9]+)\\.\\.[0-9]+\\)");
+  static const std::regex seq_re("sequence ([0-9]+)");
+  std::smatch m;
+  size_t first = 0;
+  std::string rest = msg;
+  if (std::regex_search(msg, m, chunk_re)) {
+    first = std::stoull(m[1].str());
+    rest = m.suffix().str();
+  }
+  if (std::regex_search(rest, m, seq_re) && m[1].str().size() < 10) {
+    const size_t s = first + std::stoull(m[1].str());
+    if (s < lines.size())
+      return cat(file, ":", lines[s], ": ", msg, " (sequence ", s, " of the request holding lines ",
+                 lines.front(), "..", lines.back(), ")");
+  }
+  return cat(file, ":", lines.front(), "..", lines.back(), ": ", msg);
 }
 
 void run_score(const ScoreOptions& o) {
@@ -75,22 +110,44 @@ void run_score(const ScoreOptions& o) {
     co.min_chunk_rows = o.min_chunk_rows;
     scorer = std::make_unique<TeacherClient>(co);
   }
+  const int64_t vocab = scorer->info().vocab_size;
   std::ifstream in(o.input);
   OPD_CHECK(in.good(), Io, "opd score: cannot open ", o.input);
+  // --output is written to a temporary sibling and renamed at the end, so a failed run leaves
+  // no partial file (and an existing file stays as it was).
   std::FILE* out = stdout;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(nullptr, &std::fclose);
+  const std::string tmp = o.output + ".tmp." + std::to_string(::getpid());
+  struct RemoveUnlessDone {
+    const std::string& path;
+    bool active = false;
+    ~RemoveUnlessDone() {
+      if (active) std::remove(path.c_str());
+    }
+  } cleanup{tmp};
   if (!o.output.empty()) {
-    file.reset(std::fopen(o.output.c_str(), "w"));
-    OPD_CHECK(file != nullptr, Io, "opd score: cannot write ", o.output);
+    std::error_code ec;
+    OPD_CHECK(!std::filesystem::is_directory(o.output, ec), InvalidArgument, "opd score: --output ",
+              o.output, " is a directory; give a file name");
+    file.reset(std::fopen(tmp.c_str(), "w"));
+    OPD_CHECK(file != nullptr, Io, "opd score: cannot write ", tmp, " (for --output ", o.output,
+              "): ", std::strerror(errno));
+    cleanup.active = true;
     out = file.get();
   }
   ScoreRequest q;
   q.k = o.top_k;
   q.temperature = o.temperature;
   int64_t index = 0, lineno = 0, rows = 0;
+  std::vector<int64_t> batch_lines;  // the input line of each sequence of q
   auto flush = [&] {
     if (q.sequences.empty()) return;
-    ScoreResponse r = scorer->score(q);
+    ScoreResponse r;
+    try {
+      r = scorer->score(q);
+    } catch (const Error& e) {
+      throw Error(e.kind(), with_input_line(e.what(), o.input, batch_lines));
+    }
     for (size_t s = 0; s < q.sequences.size(); ++s) {
       nlohmann::json j;
       j["index"] = index++;
@@ -110,15 +167,25 @@ void run_score(const ScoreOptions& o) {
     }
     rows += r.num_rows();
     q.sequences.clear();
+    batch_lines.clear();
   };
   std::string line;
   while (std::getline(in, line)) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    q.sequences.push_back(parse_line(line, lineno, o.input));
+    q.sequences.push_back(parse_line(line, lineno, o.input, vocab));
+    batch_lines.push_back(lineno);
     if (static_cast<int64_t>(q.sequences.size()) >= o.batch) flush();
   }
   flush();
+  if (file) {
+    const bool ok = std::fflush(file.get()) == 0 && ::fsync(::fileno(file.get())) == 0 &&
+                    std::fclose(file.release()) == 0;
+    OPD_CHECK(ok, Io, "opd score: cannot write ", tmp, ": ", std::strerror(errno));
+    OPD_CHECK(std::rename(tmp.c_str(), o.output.c_str()) == 0, Io, "opd score: cannot rename ",
+              tmp, " to ", o.output, ": ", std::strerror(errno));
+    cleanup.active = false;
+  }
   log_info("opd score: ", index, " sequences, ", rows, " positions scored (K = ", o.top_k,
            ", T = ", o.temperature, ")");
 }
@@ -137,10 +204,12 @@ void register_score(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--teacher-url", o->teacher_url, "a teacher server: http://host:port");
   cmd->add_option("--teacher-api", o->api, "auto | opd | vllm")->default_val("auto");
-  cmd->add_option("--input", o->input, "JSONL: {\"ids\": [...], \"completion_start\": n}")
+  cmd->add_option("--input", o->input, "JSONL: {\"ids\": [...], \"completion_start\": n}: "
+                  "positions n..len-1 are scored (n >= 1; without completion_start, n = 1)")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--output", o->output, "JSONL output file (default stdout)");
+  cmd->add_option("--output", o->output, "JSONL output file (default stdout; written whole "
+                  "or not at all: through a temporary file renamed at the end)");
   cmd->add_option("--top-k", o->top_k, "entries per position")->required()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--temperature", o->temperature, "softmax temperature")->default_val(1.0);
   cmd->add_option("--batch", o->batch, "sequences per request")

@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <memory>
 
 #include "cli/commands.h"
@@ -17,6 +19,7 @@
 #include "model/config.h"
 #include "model/presets.h"
 #include "model/init.h"
+#include "model/output_dir.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
 #include "teacher/scorer.h"
@@ -227,6 +230,13 @@ void register_eval(CLI::App& app) {
     const bool want_teacher = has("reverse-kl") || has("agreement");
     OPD_CHECK(!want_teacher || !o->teacher.empty(), InvalidArgument,
               "opd eval: --metric reverse-kl and agreement need --teacher DIR");
+    // As opd train's --kv-cache-gb: in GiB, converted to bytes below (NaN, inf or 1e12 would
+    // overflow the int64 byte count).
+    OPD_CHECK(std::isfinite(o->kv_cache_gb) && o->kv_cache_gb >= 1e-6 && o->kv_cache_gb <= 1e6,
+              InvalidArgument, "opd eval: --kv-cache-gb ", o->kv_cache_gb,
+              " must be > 0 and <= 1e6");
+    OPD_CHECK(o->limit >= 0, InvalidArgument, "opd eval: --limit ", o->limit,
+              " must be >= 0 (0 = all samples)");
     Transformer model = Transformer::load(o->model);
     Tokenizer tok = Tokenizer::load(o->model);
     TokenizerTextEncoder enc(tok);
@@ -239,7 +249,23 @@ void register_eval(CLI::App& app) {
     DatasetOptions dopt;
     dopt.require_completion = has("exact-match");
     dopt.id_limit = model.config().vocab_size;
-    Dataset data = Dataset::load(o->data, enc, chat.get(), dopt);
+    Dataset data = [&] {
+      try {
+        return Dataset::load(o->data, enc, chat.get(), dopt);
+      } catch (const Error& e) {
+        // The dataset's advice names opd chat-template's flag; opd eval takes its template
+        // from the model directory only (tokenizer_config.json's "chat_template", read above).
+        std::string msg = e.what();
+        const std::string advice = "pass --chat-template FILE";
+        const size_t at = msg.find(advice);
+        if (chat || at == std::string::npos) throw;
+        msg.replace(at, advice.size(),
+                    cat("opd eval renders chat lines with the \"chat_template\" of ", o->model,
+                        "/tokenizer_config.json: add one there, or give the lines as "
+                        "prompt/completion text or token ids"));
+        throw Error(e.kind(), msg);
+      }
+    }();
     const auto eos = generation_eos_ids(o->model, model.config(), &tok);
     nlohmann::json out = {{"model", o->model}};
     if (!o->teacher.empty()) out["teacher"] = o->teacher;
@@ -325,13 +351,31 @@ void register_init(CLI::App& app) {
   cfg_opt->excludes(preset_opt);
   preset_opt->excludes(cfg_opt);
   c->add_option("--out", o->out, "output model directory")->required();
-  c->add_option("--tokenizer", o->tokenizer, "directory whose tokenizer files are copied in");
+  c->add_option("--tokenizer", o->tokenizer, "directory holding tokenizer.json, copied in with "
+                "tokenizer_config.json, generation_config.json, special_tokens_map.json when "
+                "present");
   c->add_option("--seed", o->seed, "initialization seed")->capture_default_str();
-  c->add_option("--std", o->std, "weight std (0 = config's initializer_range, else 0.02)")
+  c->add_option("--std", o->std, "weight std, finite and >= 0 (0 = the config's "
+                "initializer_range, else 0.02)")
       ->capture_default_str();
   c->callback([o] {
+    namespace fs = std::filesystem;
     OPD_CHECK(!o->config.empty() || !o->preset.empty(), InvalidArgument,
               "opd init needs --config FILE or --preset NAME");
+    OPD_CHECK(std::isfinite(o->std) && o->std >= 0, InvalidArgument, "opd init: --std ", o->std,
+              " must be finite and >= 0 (0 = the config's initializer_range, else 0.02)");
+    // As convert and shrink: never write beside an existing model's files.
+    const fs::path out = checked_output_dir(o->out, "init");
+    if (!o->tokenizer.empty()) {
+      std::error_code ec;
+      OPD_CHECK(fs::is_directory(o->tokenizer, ec), InvalidArgument, "opd init: --tokenizer ",
+                o->tokenizer, " is not a directory (give the model or tokenizer directory "
+                "holding tokenizer.json)");
+      OPD_CHECK(fs::is_regular_file(fs::path(o->tokenizer) / "tokenizer.json", ec),
+                InvalidArgument, "opd init: --tokenizer ", o->tokenizer,
+                " holds no tokenizer.json (the files copied are tokenizer.json and, when present, "
+                "tokenizer_config.json, generation_config.json, special_tokens_map.json)");
+    }
     std::string text = "{}";
     ModelConfig cfg;
     if (!o->preset.empty()) {
@@ -340,15 +384,29 @@ void register_init(CLI::App& app) {
       text = read_text_file(o->config, int64_t{64} << 20);
       cfg = parse_model_config(text, o->config);
     }
-    double std = o->std;
-    if (std <= 0) {
+    double init_std = o->std;
+    if (init_std == 0) {
+      init_std = 0.02;
       const auto j = nlohmann::json::parse(text, nullptr, false);
-      std = j.is_object() ? j.value("initializer_range", 0.02) : 0.02;
+      if (j.is_object() && j.contains("initializer_range")) {
+        const auto& r = j["initializer_range"];
+        OPD_CHECK(r.is_number() && std::isfinite(r.get<double>()) && r.get<double>() > 0,
+                  InvalidData, o->config, ": initializer_range = ", r.dump(),
+                  " must be a finite number > 0 (or pass --std X)");
+        init_std = r.get<double>();
+      }
     }
-    save_model_dir(o->out, cfg, init_weights(cfg, o->seed, std), o->tokenizer);
+    if (!o->tokenizer.empty()) {  // loads it: a broken tokenizer.json is refused here, not later
+      const int64_t tv = Tokenizer::load(o->tokenizer).vocab_size();
+      if (tv > cfg.vocab_size)
+        log_warn("opd init: the tokenizer in ", o->tokenizer, " has ", tv,
+                 " token ids (highest id + 1) but the model's vocab_size is ", cfg.vocab_size,
+                 ": ids >= ", cfg.vocab_size, " have no embedding row");
+    }
+    save_model_dir(out.string(), cfg, init_weights(cfg, o->seed, init_std), o->tokenizer);
     std::printf("%s: %s, %lld parameters (seed %llu, std %g)\n", o->out.c_str(),
                 architecture_name(cfg.arch), static_cast<long long>(cfg.num_parameters()),
-                static_cast<unsigned long long>(o->seed), std);
+                static_cast<unsigned long long>(o->seed), init_std);
   });
 }
 

@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/output_dir.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "tokenizer/gguf_vocab.h"
@@ -32,6 +35,19 @@ double shortest_from_f32(double value) {
   auto res = std::to_chars(buf, buf + sizeof(buf), f);
   *res.ptr = '\0';
   return std::strtod(buf, nullptr);
+}
+
+// A float metadata value that goes into config.json: finite and > 0 also once rounded to float32
+// (NaN and inf would be written as null and later replaced by a default; a negative eps is
+// refused by every other command). Without a fallback the key is required.
+double positive_finite(const GgufFile& g, const std::string& key,
+                       std::optional<double> fallback = std::nullopt) {
+  const double v = fallback ? g.get_float(key, *fallback) : g.get_float(key);
+  const float f = static_cast<float>(v);
+  if (!(std::isfinite(v) && v > 0 && std::isfinite(f) && f > 0))
+    OPD_FAIL(InvalidData, g.path(), ": metadata key '", key, "' = ", v,
+             " must be finite and > 0 (also as a float32: at most 3.4e38)");
+  return shortest_from_f32(v);
 }
 
 int64_t positive(const GgufFile& g, const std::string& key) {
@@ -121,8 +137,8 @@ ModelConfig gguf_model_config(const GgufFile& g) {
   if (g.find_tensor("rope_freqs.weight"))
     OPD_FAIL(Unsupported, g.path(), ": rope_freqs.weight (Llama-3.1 RoPE scaling baked into "
                                     "per-dimension factors) cannot be mapped back to rope_scaling");
-  c.rms_norm_eps = shortest_from_f32(g.get_float(p + "attention.layer_norm_rms_epsilon"));
-  c.rope_theta = shortest_from_f32(g.get_float(p + "rope.freq_base", 10000.0));
+  c.rms_norm_eps = positive_finite(g, p + "attention.layer_norm_rms_epsilon");
+  c.rope_theta = positive_finite(g, p + "rope.freq_base", 10000.0);
   c.max_position_embeddings = g.find(p + "context_length") ? positive(g, p + "context_length") : 2048;
   const GgufTensorInfo& embd = g.tensor("token_embd.weight");
   if (embd.ne.size() != 2 || embd.ne[0] != c.hidden_size)
@@ -238,11 +254,8 @@ GgufConvertSummary convert_gguf_to_hf(const std::string& gguf_path, const std::s
                                       DType dtype) {
   OPD_CHECK(dtype == DType::F32 || dtype == DType::BF16, InvalidArgument,
             "convert: --dtype must be f32 or bf16");
-  const fs::path out(out_dir);
+  const fs::path out = checked_output_dir(out_dir, "convert");
   std::error_code ec;
-  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
-    OPD_FAIL(InvalidArgument, "convert: output ", out_dir,
-             " exists and is not an empty directory; choose another --out or remove it");
   GgufFile g = GgufFile::open(gguf_path);
   GgufConvertSummary summary;
   summary.config = gguf_model_config(g);

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/text_io.h"
+#include "model/output_dir.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -84,11 +85,8 @@ ModelConfig shrink_model_dir(const std::string& in_dir, const std::string& out_d
                   (j == 0 || keep[j] > keep[j - 1]),
               InvalidArgument, "shrink: kept layers must be increasing and in [0, ",
               src.num_hidden_layers, "), got ", keep[j], " at position ", j);
-  const fs::path out(out_dir);
+  const fs::path out = checked_output_dir(out_dir, "shrink");
   std::error_code ec;
-  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
-    OPD_FAIL(InvalidArgument, "shrink: output ", out_dir,
-             " exists and is not an empty directory; choose another --out or remove it");
 
   ModelConfig dst = src;
   dst.num_hidden_layers = static_cast<int64_t>(keep.size());
