@@ -1450,6 +1450,7 @@ json.dump(c, open(sys.argv[1] + "/s.json", "w"))
 c.update(hidden_size=192, num_hidden_layers=3)
 json.dump(c, open(sys.argv[1] + "/t.json", "w"))
 PY
+  rm -rf $d/student $d/teacher
   $B/opd init --config $d/s.json --tokenizer demo/tokenizer --seed 1 --out $d/student >/dev/null 2>&1
   $B/opd init --config $d/t.json --tokenizer demo/tokenizer --seed 2 --out $d/teacher >/dev/null 2>&1
   $B/opd serve --model $d/teacher --device cuda --port 0 >$d/serve.log 2>&1 &
@@ -1475,7 +1476,7 @@ if [[ "$what" == s15a ]]; then
   run trainer 200 $B/test_cuda --gtest_filter='CudaTrainer*'
   grep -h "FAILED\|Failure" "$OUT/trainer.log" | head -10
   seqkd_cuda /tmp/seqkd 2>&1 | tee "$OUT/seqkd.txt"
-  timeout 60 $B/opd init --preset qwen3-0.6b --out /tmp/p06 >/dev/null 2>&1
+  rm -rf /tmp/p06; timeout 60 $B/opd init --preset qwen3-0.6b --out /tmp/p06 >/dev/null 2>&1
   timeout 60 $B/opd doctor --student /tmp/p06 --teacher /tmp/p06 --device cuda 2>&1 | grep -i "memory" | cut -c1-220 | tee "$OUT/doctor.txt"
   for i in 1 2; do
     for keep in 0 1; do

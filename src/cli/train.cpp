@@ -242,30 +242,15 @@ void register_eval(CLI::App& app) {
     TokenizerTextEncoder enc(tok);
     std::unique_ptr<ChatTemplate> tmpl;
     std::unique_ptr<TemplateChatRenderer> chat;
-    if (tok.config().chat_template) {
+    if (has_chat_template(o->model, tok)) {
       tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o->model));
       chat = std::make_unique<TemplateChatRenderer>(*tmpl);
     }
     DatasetOptions dopt;
     dopt.require_completion = has("exact-match");
     dopt.id_limit = model.config().vocab_size;
-    Dataset data = [&] {
-      try {
-        return Dataset::load(o->data, enc, chat.get(), dopt);
-      } catch (const Error& e) {
-        // The dataset's advice names opd chat-template's flag; opd eval takes its template
-        // from the model directory only (tokenizer_config.json's "chat_template", read above).
-        std::string msg = e.what();
-        const std::string advice = "pass --chat-template FILE";
-        const size_t at = msg.find(advice);
-        if (chat || at == std::string::npos) throw;
-        msg.replace(at, advice.size(),
-                    cat("opd eval renders chat lines with the \"chat_template\" of ", o->model,
-                        "/tokenizer_config.json: add one there, or give the lines as "
-                        "prompt/completion text or token ids"));
-        throw Error(e.kind(), msg);
-      }
-    }();
+    dopt.chat_template_source = chat_template_source(o->model);
+    Dataset data = Dataset::load(o->data, enc, chat.get(), dopt);
     const auto eos = generation_eos_ids(o->model, model.config(), &tok);
     nlohmann::json out = {{"model", o->model}};
     if (!o->teacher.empty()) out["teacher"] = o->teacher;

@@ -367,7 +367,10 @@ Dataset Dataset::load(const std::vector<std::string>& paths, const TextEncoder& 
           case DatasetFormat::Auto: OPD_FAIL(Internal, "format not resolved");
         }
         if (fmt != DatasetFormat::TokenIds && p.chat) {
-          if (!chat) bad("this line needs a chat template, and none was given (the model directory has none; pass --chat-template FILE)");
+          if (!chat)
+            bad(cat("this line needs a chat template and none was found in ",
+                    o.chat_template_source, "; add one there, or give the lines as "
+                    "prompt/completion text or token ids"));
           ojson prompt_msgs = ojson::array();
           for (size_t k = 0; k < p.prompt_turns; ++k) prompt_msgs.push_back(p.messages[k]);
           std::string prompt_text, full_text;

@@ -64,6 +64,9 @@ struct DatasetOptions {
   // A longer line is a bad line, read past without being held in memory (a file with no
   // newline would otherwise be read whole into one string). 64 MiB is ~100x a 128k-token line.
   size_t max_line_bytes = size_t{64} << 20;
+  // Where the caller looks for a chat template, for the error of a chat line when it found
+  // none (e.g. "MODEL_DIR (a \"chat_template\" in tokenizer_config.json, or chat_template.jinja)").
+  std::string chat_template_source = "the model directory";
 };
 
 struct Sample {

@@ -3,6 +3,9 @@
 // not see each other (docs/architecture.md); the trainer and the CLI use these adapters.
 #pragma once
 
+#include <filesystem>
+#include <string>
+
 #include "data/text_encoder.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -36,5 +39,17 @@ class TemplateChatRenderer final : public ChatRenderer {
   const ChatTemplate& tmpl_;
   ChatTemplateOptions base_;
 };
+
+// A model directory's chat template, as ChatTemplate::from_model_dir reads it: a
+// "chat_template" in tokenizer_config.json or a chat_template.jinja file.
+inline bool has_chat_template(const std::string& model_dir, const Tokenizer& tokenizer) {
+  std::error_code ec;
+  return tokenizer.config().chat_template.has_value() ||
+         std::filesystem::is_regular_file(model_dir + "/chat_template.jinja", ec);
+}
+// Where has_chat_template looks, for the dataset's error when a chat line finds none.
+inline std::string chat_template_source(const std::string& model_dir) {
+  return model_dir + " (a \"chat_template\" in its tokenizer_config.json, or chat_template.jinja)";
+}
 
 }  // namespace opd

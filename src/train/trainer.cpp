@@ -485,7 +485,7 @@ void Trainer::setup() {
   OPD_CHECK(tokenizer_->vocab_size() <= sc.vocab_size, InvalidData, o_.student,
             ": the tokenizer has ", tokenizer_->vocab_size(), " ids but the model's vocab_size is ",
             sc.vocab_size);
-  if (tokenizer_->config().chat_template)
+  if (has_chat_template(o_.student, *tokenizer_))
     chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(o_.student));
   encoder_ = std::make_unique<TokenizerTextEncoder>(*tokenizer_);
   if (chat_template_) renderer_ = std::make_unique<TemplateChatRenderer>(*chat_template_);
@@ -505,6 +505,7 @@ void Trainer::setup() {
 
 void Trainer::load_data() {
   DatasetOptions d;
+  d.chat_template_source = chat_template_source(o_.student);
   d.max_prompt_length = o_.max_prompt_length;
   d.truncation = parse_truncation(o_.truncation);
   d.id_limit = student_->config().vocab_size;
