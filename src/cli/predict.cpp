@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/log.h"
 #include "cli/id_list.h"  // parse_id_list (make_batch checks the ids against the vocabulary)
 #include "core/philox.h"
 #include "model/transformer.h"
@@ -62,6 +63,14 @@ void run_predict(const PredictOptions& o) {
         s.push_back(static_cast<int32_t>(philox_u32(o.seed, static_cast<uint64_t>(len), i) % V));
       seqs.push_back(s);
     }
+  }
+  const int64_t ctx = model.config().max_position_embeddings;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t len = static_cast<int64_t>(seqs[i].size()) + o.generate;
+    if (ctx > 0 && len > ctx)
+      log_warn("sequence ", i, ": ", seqs[i].size(), " ids", o.generate ? cat(" + ", o.generate, " generated") : std::string(),
+               " = ", len, " positions, past the model's max_position_embeddings ", ctx,
+               ": positions beyond it were not trained");
   }
   Batch batch = make_batch(seqs, V);  // validates every id against the vocabulary
   Tensor logits = model.forward(batch);

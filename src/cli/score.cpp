@@ -111,6 +111,8 @@ void run_score(const ScoreOptions& o) {
     scorer = std::make_unique<TeacherClient>(co);
   }
   const int64_t vocab = scorer->info().vocab_size;
+  const int64_t max_len = scorer->info().max_model_len;
+  int64_t past_context = 0;
   std::ifstream in(o.input);
   OPD_CHECK(in.good(), Io, "opd score: cannot open ", o.input);
   // --output is written to a temporary sibling and renamed at the end, so a failed run leaves
@@ -175,9 +177,17 @@ void run_score(const ScoreOptions& o) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     q.sequences.push_back(parse_line(line, lineno, o.input, vocab));
     batch_lines.push_back(lineno);
+    const int64_t len = static_cast<int64_t>(q.sequences.back().ids.size());
+    if (max_len > 0 && len > max_len && past_context++ == 0)
+      log_warn(o.input, ":", lineno, ": ", len, " tokens, past the teacher's context length ",
+               max_len, " (max_position_embeddings): positions beyond it were not trained and "
+               "score unreliably (a vLLM teacher refuses them); later lines past it are counted");
     if (static_cast<int64_t>(q.sequences.size()) >= o.batch) flush();
   }
   flush();
+  if (past_context > 1)
+    log_warn(o.input, ": ", past_context, " sequences are longer than the teacher's context length ",
+             max_len);
   if (file) {
     const bool ok = std::fflush(file.get()) == 0 && ::fsync(::fileno(file.get())) == 0 &&
                     std::fclose(file.release()) == 0;

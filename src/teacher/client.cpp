@@ -61,6 +61,20 @@ void parse_url(const std::string& url, std::string& host, int& port) {
   port = std::stoi(p);
 }
 
+// httplib names its errors in one word ("Connection"); say what each means to someone
+// looking at a run that waits for its teacher.
+const char* transport_hint(httplib::Error err) {
+  switch (err) {
+    case httplib::Error::Connection:
+      return " (could not connect: nothing listens there, the host is unreachable or its name "
+             "does not resolve)";
+    case httplib::Error::Read: return " (the connection closed or timed out while reading)";
+    case httplib::Error::Write: return " (the connection closed while sending)";
+    case httplib::Error::ConnectionTimeout: return " (no connection within the connect timeout)";
+    default: return "";
+  }
+}
+
 std::string error_message_of(const std::string& body) {
   // {"error": {"message": ...}} (opd, vLLM) or {"message": ...} (older vLLM); else the raw text.
   try {
@@ -156,7 +170,7 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
       release(nullptr);
       OPD_CHECK(!too_big, Io, "teacher client: response to ", method, " ", path, " exceeds ",
                 opts_.max_response_bytes, " bytes (max_response_bytes)");
-      last = cat("transport error: ", httplib::to_string(err));
+      last = cat("transport error: ", httplib::to_string(err), transport_hint(err));
       continue;
     }
     release(std::move(h));
