@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1493,6 +1493,23 @@ if [[ "$what" == s15a ]]; then
     done
   done
   cut -c1-90 "$OUT/tiles.txt"
+fi
+if [[ "$what" == s15b ]]; then
+  # Session 15 (nvidia-h200, <= 560 s): the whole GPU suite minus the forward wgmma sweep on the
+  # session's code (seq-kd through a served teacher, the device memory budget, the kept rollout
+  # blocks, the probe's fixes); then W1 with the rollout's prefill admitted 2,048 tokens per
+  # engine step (the trainer's setting) and all 16,384 prompt tokens in one step
+  # (OPD_ROLLOUT_STEP_TOKENS), alternating, while time is left.
+  run cuda 380 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -20
+  for i in 1 2; do
+    for t in 2048 16384; do
+      (( SECONDS > 500 )) && break 2
+      OPD_ROLLOUT_STEP_TOKENS=$t timeout 100 $B/opd bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_t$t$i.log 2>&1
+      w1_lines /tmp/w1_t$t$i.log "tokens $t $i" >>"$OUT/w1_tokens.txt"
+    done
+  done
+  cat "$OUT/w1_tokens.txt"
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
