@@ -1511,6 +1511,15 @@ if [[ "$what" == s15b ]]; then
   done
   cat "$OUT/w1_tokens.txt"
 fi
+if [[ "$what" == s15c ]]; then
+  # Session 15's last call (nvidia-h200, <= 400 s): the trainer suite and the generation-on-GPU
+  # check again on the final code, then W1 beside its HF transformers anchor.
+  run trainer 200 $B/test_cuda --gtest_filter='CudaTrainer*'
+  grep -h "FAILED\|Failure" "$OUT/trainer.log" | head -10
+  seqkd_cuda /tmp/seqkd 2>&1 | head -8 | tee "$OUT/seqkd.txt"
+  run w1_anchor $(( 560 - SECONDS )) $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
+  grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
+fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
 # archive (logs.tgz; unpack it where the files land) and only gpu.txt stays beside it.
