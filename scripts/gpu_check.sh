@@ -1464,7 +1464,7 @@ PY
   kill $spid; wait $spid; echo "serve rc=$?"
   sha256sum $d/local/checkpoints/step-*/model.safetensors $d/remote/checkpoints/step-*/model.safetensors | cut -c1-16,65-
   grep -h '"source"' $d/remote/metrics.jsonl | grep -o '"source":"[a-z]*"' | sort | uniq -c
-  tail -2 $d/local.log $d/remote.log $d/serve.log | cut -c1-200
+  tail -n 2 $d/local.log $d/remote.log $d/serve.log | cut -c1-200
 }
 if [[ "$what" == s15a ]]; then
   # Session 15 (nvidia-h200, <= 560 s): the trainer suite (new: the rollout's memory kept or
