@@ -302,6 +302,26 @@ double get_number(const nlohmann::json& v, const std::string& where) {
   return v.get<double>();
 }
 
+// A /v1/completions answer's choices, one per prompt, ordered by their `index` (each index
+// exactly once): choices[i] answers prompt i.
+std::vector<const nlohmann::json*> choices_by_index(const nlohmann::json& j, size_t prompts,
+                                                    const std::string& what) {
+  const auto& choices = field(j, "choices", what);
+  OPD_CHECK(choices.is_array(), InvalidData, what, ".choices: expected an array");
+  OPD_CHECK(choices.size() == prompts, InvalidData, what, ": ", choices.size(), " choices for ",
+            prompts, " prompts");
+  std::vector<const nlohmann::json*> by_index(prompts, nullptr);
+  for (size_t c = 0; c < choices.size(); ++c) {
+    const std::string w = cat(what, ".choices[", c, "]");
+    const int64_t idx = get_int(field(choices[c], "index", w), w + ".index", 0,
+                                static_cast<int64_t>(prompts) - 1);
+    OPD_CHECK(by_index[static_cast<size_t>(idx)] == nullptr, InvalidData, w, ": index ", idx,
+              " appears twice");
+    by_index[static_cast<size_t>(idx)] = &choices[c];
+  }
+  return by_index;
+}
+
 void reject_unknown(const nlohmann::json& j, std::initializer_list<const char*> known,
                     const std::string& where) {
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -450,20 +470,7 @@ nlohmann::json vllm_score_request(const ScoreRequest& q, const std::string& mode
 ScoreResponse parse_vllm_prompt_logprobs(const nlohmann::json& j, const ScoreRequest& q,
                                          int64_t teacher_vocab) {
   const std::string what = "vLLM completions response";
-  const auto& choices = field(j, "choices", what);
-  OPD_CHECK(choices.is_array(), InvalidData, what, ".choices: expected an array");
-  OPD_CHECK(choices.size() == q.sequences.size(), InvalidData, what, ": ", choices.size(),
-            " choices for ", q.sequences.size(), " prompts");
-  // Choices carry their prompt index; order them by it (each index exactly once).
-  std::vector<const nlohmann::json*> by_index(q.sequences.size(), nullptr);
-  for (size_t c = 0; c < choices.size(); ++c) {
-    const std::string w = cat(what, ".choices[", c, "]");
-    const int64_t idx = get_int(field(choices[c], "index", w), w + ".index", 0,
-                                static_cast<int64_t>(q.sequences.size()) - 1);
-    OPD_CHECK(by_index[static_cast<size_t>(idx)] == nullptr, InvalidData, w, ": index ", idx,
-              " appears twice");
-    by_index[static_cast<size_t>(idx)] = &choices[c];
-  }
+  const std::vector<const nlohmann::json*> by_index = choices_by_index(j, q.sequences.size(), what);
   ScoreResponse p;
   p.k = q.k;
   p.temperature = 1.0;
@@ -563,19 +570,7 @@ std::vector<GeneratedCompletion> parse_generation_response(const nlohmann::json&
                                                            const GenerateRequest& q,
                                                            int64_t vocab) {
   const std::string what = "completions (generation) response";
-  const auto& choices = field(j, "choices", what);
-  OPD_CHECK(choices.is_array(), InvalidData, what, ".choices: expected an array");
-  OPD_CHECK(choices.size() == q.prompts.size(), InvalidData, what, ": ", choices.size(),
-            " choices for ", q.prompts.size(), " prompts");
-  std::vector<const nlohmann::json*> by_index(q.prompts.size(), nullptr);
-  for (size_t c = 0; c < choices.size(); ++c) {
-    const std::string w = cat(what, ".choices[", c, "]");
-    const int64_t idx = get_int(field(choices[c], "index", w), w + ".index", 0,
-                                static_cast<int64_t>(q.prompts.size()) - 1);
-    OPD_CHECK(by_index[static_cast<size_t>(idx)] == nullptr, InvalidData, w, ": index ", idx,
-              " appears twice");
-    by_index[static_cast<size_t>(idx)] = &choices[c];
-  }
+  const std::vector<const nlohmann::json*> by_index = choices_by_index(j, q.prompts.size(), what);
   std::vector<GeneratedCompletion> out(q.prompts.size());
   for (size_t s = 0; s < q.prompts.size(); ++s) {
     const nlohmann::json& c = *by_index[s];
