@@ -76,7 +76,7 @@ void save_model_dir(const std::string& dir, const ModelConfig& config, const Mod
   }
   if (!tokenizer_dir.empty()) {
     for (const char* file : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                             "special_tokens_map.json"}) {
+                             "special_tokens_map.json", "chat_template.jinja"}) {
       const fs::path src = fs::path(tokenizer_dir) / file;
       if (!fs::exists(src)) continue;
       fs::copy_file(src, fs::path(dir) / file, fs::copy_options::overwrite_existing, ec);

@@ -494,7 +494,7 @@ void Trainer::setup() {
             ": no EOS id (config.json, generation_config.json or tokenizer_config.json); "
             "completions could never end");
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                        "special_tokens_map.json"}) {
+                        "special_tokens_map.json", "chat_template.jinja"}) {
     const std::string p = o_.student + "/" + f;
     if (fs::exists(p)) export_files_[f] = read_text(p);
   }

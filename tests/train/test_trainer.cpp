@@ -330,6 +330,26 @@ TEST_F(TrainerTest, ARerunOfAFinishedRunTrainsNothingAndNamesItsCheckpoint) {
   }
 }
 
+// A student whose chat template lives in chat_template.jinja (how recent transformers save it)
+// keeps it: the run renders chat lines with it, and every checkpoint's Hugging Face export
+// carries the file (it was neither read nor exported until session 15).
+TEST_F(TrainerTest, AChatTemplateJinjaFileIsUsedAndExported) {
+  const std::string tmpl = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
+  std::ofstream(path("student") + "/chat_template.jinja") << tmpl;
+  std::ofstream(path("chat.jsonl")) << "{\"messages\": [{\"role\": \"user\", \"content\": \"1+2=\"}, "
+                                       "{\"role\": \"assistant\", \"content\": \"3\"}]}\n";
+  TrainOptions o = base("jinja");
+  o.data = {path("chat.jsonl")};
+  o.max_steps = 1;
+  o.lmbda = 0;
+  const TrainResult r = train(o);
+  ASSERT_EQ(r.steps, 1);
+  std::ifstream f(r.last_checkpoint + "/chat_template.jinja");
+  ASSERT_TRUE(f.good()) << "no chat_template.jinja in " << r.last_checkpoint;
+  const std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, tmpl);
+}
+
 TEST_F(TrainerTest, NonFiniteStepsAreSkippedSavedAndBounded) {
   // A student whose final norm holds a NaN: every loss is NaN.
   ModelConfig c = test::tiny_demo_config(32, 1);
