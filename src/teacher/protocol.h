@@ -74,6 +74,7 @@ struct GeneratedCompletion {
   std::vector<int32_t> ids;     // generated tokens; an EOS / stop token that ended it included
   std::vector<float> logprobs;  // log p of each token under the model at T = 1 (empty: not sent)
   bool stopped = false;         // finish_reason "stop" (EOS or a stop token); false: "length"
+  std::string text;             // the ids decoded, when the generator has a tokenizer ("" else)
 };
 // The JSON body of a generation request (`model` omitted when empty). Asks for the token ids
 // both ways vLLM knows (`return_token_ids`, and `logprobs: 0` with

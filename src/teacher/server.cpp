@@ -470,7 +470,7 @@ void TeacherServer::install_routes() {
         prompt_tokens += static_cast<int64_t>(p.size());
         json c;
         c["index"] = i;
-        c["text"] = "";
+        c["text"] = max_tokens > 1 ? generated[i].text : std::string();
         const bool stopped = max_tokens > 1 && generated[i].stopped;
         c["finish_reason"] = stopped ? "stop" : "length";
         c["stop_reason"] = nullptr;

@@ -226,6 +226,7 @@ TEST(ServerGeneration, FieldsReachTheGeneratorAndAnswersRoundTrip) {
         c.logprobs.push_back(-0.5f * static_cast<float>(t + 1));
       }
       c.stopped = n < g.max_tokens;
+      c.text = cat("text of prompt ", i);
       out.push_back(c);
     }
     return out;
@@ -260,6 +261,7 @@ TEST(ServerGeneration, FieldsReachTheGeneratorAndAnswersRoundTrip) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["choices"][1]["token_ids"], nlohmann::json::parse("[9]"));
   EXPECT_EQ(j["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][1]["text"], "text of prompt 1");
   EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"][1], "token_id:4");
   EXPECT_EQ(j["choices"][0]["logprobs"]["token_logprobs"][1].get<double>(), -1.0);
   EXPECT_EQ(j["usage"]["completion_tokens"].get<int64_t>(), 6);
