@@ -62,7 +62,8 @@ ServerOptions::Generator make_generator(const Transformer& model, const std::str
   std::vector<int32_t> eos = generation_eos_ids(dir, model.config(), tok ? &*tok : nullptr);
   log_info("opd serve: generation stops at EOS ids ", nlohmann::json(eos).dump());
   const int64_t kv_bytes = static_cast<int64_t>(kv_cache_gb * 1024.0 * 1024.0 * 1024.0);
-  // The tokenizer decodes each completion into the answer's `text`, as vLLM fills it.
+  // The tokenizer decodes each completion into the answer's `text`, as vLLM fills it (special
+  // tokens such as the EOS skipped, as vLLM's default skip_special_tokens does).
   auto shared_tok = tok ? std::make_shared<Tokenizer>(std::move(*tok)) : nullptr;
   return [&model, eos, kv_bytes, shared_tok](const GenerateRequest& g,
                                              const std::function<bool()>& cancelled) {
@@ -83,7 +84,7 @@ ServerOptions::Generator make_generator(const Transformer& model, const std::str
     eo.kv_cache_bytes = kv_bytes;
     eo.max_step_tokens = 2048;  // as the trainer's rollout
     eo.should_cancel = cancelled;
-    RolloutEngine engine(model, eo, eos, shared_tok.get());
+    RolloutEngine engine(model, eo, eos);
     std::vector<RequestOutput> outs = engine.generate(reqs);
     std::vector<GeneratedCompletion> done(outs.size());
     for (size_t i = 0; i < outs.size(); ++i) {
@@ -91,7 +92,15 @@ ServerOptions::Generator make_generator(const Transformer& model, const std::str
       done[i].ids = s.ids;
       done[i].logprobs.assign(s.model_logprobs.begin(), s.model_logprobs.end());
       done[i].stopped = s.finish_reason != FinishReason::Length;
-      if (s.text) done[i].text = *s.text;
+      // Best effort, after sampling: a model may emit ids its tokenizer lacks (padded
+      // embeddings), which must not fail the generation; such a completion's text stays "".
+      if (shared_tok) {
+        try {
+          done[i].text = shared_tok->decode(s.ids, /*skip_special_tokens=*/true);
+        } catch (const Error&) {
+          done[i].text.clear();
+        }
+      }
     }
     return done;
   };
