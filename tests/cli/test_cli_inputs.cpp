@@ -150,11 +150,6 @@ TEST(CliInit, WarnsWhenTheTokenizerHasMoreIdsThanTheModel) {
 // rope theta are the given values.
 std::string tiny_gguf(float eps, float theta) {
   constexpr uint64_t H = 32, heads = 4, kv = 2, D = 8, I = 48, layers = 3;
-  std::vector<std::string> tokens = test::byte_tokens();
-  for (const char* t : {"\xc4\xa0t", "he", "<s>", "</s>"}) tokens.push_back(t);
-  const uint64_t V = tokens.size();
-  std::vector<int32_t> types(V, 1);
-  types[V - 2] = types[V - 1] = 3;
   test::GgufBuilder b;
   b.kv_str("general.architecture", "llama")
       .kv_u32("llama.block_count", layers)
@@ -164,14 +159,8 @@ std::string tiny_gguf(float eps, float theta) {
       .kv_u32("llama.attention.head_count", heads)
       .kv_u32("llama.attention.head_count_kv", kv)
       .kv_f32("llama.rope.freq_base", theta)
-      .kv_f32("llama.attention.layer_norm_rms_epsilon", eps)
-      .kv_str("tokenizer.ggml.model", "gpt2")
-      .kv_str("tokenizer.ggml.pre", "smollm")
-      .kv_str_array("tokenizer.ggml.tokens", tokens)
-      .kv_i32_array("tokenizer.ggml.token_type", types)
-      .kv_str_array("tokenizer.ggml.merges", {"\xc4\xa0 t", "h e"})
-      .kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(V - 2))
-      .kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(V - 1));
+      .kv_f32("llama.attention.layer_norm_rms_epsilon", eps);
+  const uint64_t V = test::add_byte_level_vocab(b);
   uint64_t seed = 1;
   auto add = [&](const std::string& name, std::vector<uint64_t> ne) {
     int64_t n = 1;

@@ -200,4 +200,23 @@ inline std::vector<std::string> byte_tokens() {
   return out;
 }
 
+// The GGUF tokenizer metadata of a small byte-level BPE vocabulary: the 256 byte tokens, the
+// two merges' results ("\xc4\xa0t", "he"), then <s> and </s> as control tokens and BOS / EOS
+// (tokenizer.ggml.model .. eos_token_id, in that order). Returns the vocabulary size.
+inline uint64_t add_byte_level_vocab(GgufBuilder& b) {
+  std::vector<std::string> tokens = byte_tokens();
+  for (const char* t : {"\xc4\xa0t", "he", "<s>", "</s>"}) tokens.push_back(t);
+  const uint64_t V = tokens.size();
+  std::vector<int32_t> types(V, 1);
+  types[V - 2] = types[V - 1] = 3;
+  b.kv_str("tokenizer.ggml.model", "gpt2")
+      .kv_str("tokenizer.ggml.pre", "smollm")
+      .kv_str_array("tokenizer.ggml.tokens", tokens)
+      .kv_i32_array("tokenizer.ggml.token_type", types)
+      .kv_str_array("tokenizer.ggml.merges", {"\xc4\xa0 t", "h e"})
+      .kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(V - 2))
+      .kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(V - 1));
+  return V;
+}
+
 }  // namespace opd::test

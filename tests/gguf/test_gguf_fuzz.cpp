@@ -18,16 +18,10 @@ namespace opd {
 namespace {
 
 using test::GgufBuilder;
-using test::byte_tokens;
 
 constexpr int64_t kH = 32, kHeads = 2, kKv = 1, kD = 16, kI = 32;
 
 std::string tiny_gguf() {
-  std::vector<std::string> tokens = byte_tokens();
-  for (const char* t : {"\xc4\xa0t", "he", "<s>", "</s>"}) tokens.push_back(t);
-  const int64_t V = static_cast<int64_t>(tokens.size());
-  std::vector<int32_t> types(V, 1);
-  types[V - 2] = types[V - 1] = 3;
   GgufBuilder b;
   b.kv_str("general.architecture", "llama")
       .kv_u32("llama.block_count", 1)
@@ -37,15 +31,9 @@ std::string tiny_gguf() {
       .kv_u32("llama.attention.head_count", kHeads)
       .kv_u32("llama.attention.head_count_kv", kKv)
       .kv_f32("llama.rope.freq_base", 10000.0f)
-      .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
-      .kv_str("tokenizer.ggml.model", "gpt2")
-      .kv_str("tokenizer.ggml.pre", "smollm")
-      .kv_str_array("tokenizer.ggml.tokens", tokens)
-      .kv_i32_array("tokenizer.ggml.token_type", types)
-      .kv_str_array("tokenizer.ggml.merges", {"\xc4\xa0 t", "h e"})
-      .kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(V - 2))
-      .kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(V - 1))
-      .kv_bool("tokenizer.ggml.add_bos_token", true)
+      .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  const int64_t V = static_cast<int64_t>(test::add_byte_level_vocab(b));
+  b.kv_bool("tokenizer.ggml.add_bos_token", true)
       .kv_str("tokenizer.chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}");
   uint32_t seed = 1;
   auto f32 = [&](const std::string& name, std::vector<uint64_t> ne) {
