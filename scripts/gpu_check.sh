@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1519,6 +1519,21 @@ if [[ "$what" == s15c ]]; then
   seqkd_cuda /tmp/seqkd 2>&1 | head -8 | tee "$OUT/seqkd.txt"
   run w1_anchor $(( 560 - SECONDS )) $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
   grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
+fi
+if [[ "$what" == s15d ]]; then
+  # Session 15, after the last host-side changes (nvidia-h200, <= 200 s): the trainer and
+  # rollout suites and --seq-kd through `opd serve --device cuda` on the final binaries, and the
+  # served generation's decoded text on the GPU.
+  run suites 150 $B/test_cuda --gtest_filter='CudaTrainer*:CudaRollout.*:CudaScorer*'
+  grep -h "FAILED\|Failure" "$OUT/suites.log" | head -10
+  seqkd_cuda /tmp/seqkd 2>&1 | head -8 | tee "$OUT/seqkd.txt"
+  $B/opd serve --model demo/teacher --device cuda --port 0 >/tmp/serve_text.log 2>&1 &
+  spid=$!
+  for i in $(seq 1 300); do port=$(grep -o "opd serve: port [0-9]*" /tmp/serve_text.log | grep -o "[0-9]*$"); [[ -n $port ]] && break; sleep 0.1; done
+  curl -s localhost:$port/v1/completions -H 'Content-Type: application/json' \
+      -d '{"prompt":[49,50,43,51,52,61],"max_tokens":5,"temperature":0}' | cut -c1-300 | tee "$OUT/text.txt"
+  echo
+  kill $spid; wait $spid
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
