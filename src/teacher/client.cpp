@@ -236,6 +236,8 @@ TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) 
     if (o.contains("eos_token_ids") && o["eos_token_ids"].is_array())
       for (const auto& e : o["eos_token_ids"])
         if (e.is_number_integer()) info_.eos_token_ids.push_back(e.get<int64_t>());
+    if (o.contains("max_generation_tokens") && o["max_generation_tokens"].is_number_integer())
+      generation_limit_ = std::max<int64_t>(0, o["max_generation_tokens"].get<int64_t>());
   }
   if (opts_.assume_teacher_vocab) {
     OPD_CHECK(!is_opd || *opts_.assume_teacher_vocab == info_.vocab_size, InvalidArgument,
@@ -515,18 +517,42 @@ std::vector<GeneratedCompletion> TeacherClient::generate(const GenerateRequest& 
   // Generated ids become the student's training input: each must be a token of both models.
   const int64_t vocab = opts_.student_vocab > 0 ? std::min(opts_.student_vocab, info_.vocab_size)
                                                 : info_.vocab_size;
-  const std::string body = generate_request_to_json(request, info_.model_name).dump();
+  // An opd server states its largest generation request (prompt + max_tokens summed over the
+  // prompts): a larger one goes as consecutive requests that fit, each prompt with its own
+  // stream key, so the samples are the same as in one request. (A single prompt over the limit
+  // is sent alone and refused by the server with its message.)
   std::vector<GeneratedCompletion> out;
-  call("POST", "/v1/completions", body, "application/json", "application/json",
-       [&](const Reply& rep) {
-         nlohmann::json j;
-         try {
-           j = parse_json(rep.body, "completions (generation) response");
-         } catch (const Error& e) {
-           throw Retryable{cat("undecodable response: ", e.what())};
-         }
-         out = parse_generation_response(j, request, vocab);
-       });
+  GenerateRequest part = request;
+  size_t begin = 0;
+  while (begin < request.prompts.size()) {
+    size_t end = begin;
+    int64_t tokens = 0;
+    while (end < request.prompts.size()) {
+      const int64_t t = static_cast<int64_t>(request.prompts[end].size()) + request.max_tokens;
+      if (end > begin && generation_limit_ > 0 && tokens + t > generation_limit_) break;
+      tokens += t;
+      ++end;
+    }
+    part.prompts.assign(request.prompts.begin() + static_cast<std::ptrdiff_t>(begin),
+                        request.prompts.begin() + static_cast<std::ptrdiff_t>(end));
+    if (!request.stream_keys.empty())
+      part.stream_keys.assign(request.stream_keys.begin() + static_cast<std::ptrdiff_t>(begin),
+                              request.stream_keys.begin() + static_cast<std::ptrdiff_t>(end));
+    const std::string body = generate_request_to_json(part, info_.model_name).dump();
+    call("POST", "/v1/completions", body, "application/json", "application/json",
+         [&](const Reply& rep) {
+           nlohmann::json j;
+           try {
+             j = parse_json(rep.body, "completions (generation) response");
+           } catch (const Error& e) {
+             throw Retryable{cat("undecodable response: ", e.what())};
+           }
+           std::vector<GeneratedCompletion> got = parse_generation_response(j, part, vocab);
+           out.insert(out.end(), std::make_move_iterator(got.begin()),
+                      std::make_move_iterator(got.end()));
+         });
+    begin = end;
+  }
   return out;
 }
 

@@ -120,7 +120,8 @@ class TeacherClient : public Scorer {
   // Completions sampled by the teacher (--seq-kd): one /v1/completions request with
   // max_tokens > 1 (opd serve or vLLM), every generated id checked to be in both vocabularies
   // (the student's and the teacher's) and every length and finish reason against the request
-  // (protocol.h parse_generation_response). Same errors and retries as score().
+  // (protocol.h parse_generation_response). Same errors and retries as score(). A request
+  // larger than an opd server's stated max_generation_tokens goes as consecutive requests.
   std::vector<GeneratedCompletion> generate(const GenerateRequest& request);
   ClientStats stats() const;
 
@@ -143,6 +144,7 @@ class TeacherClient : public Scorer {
   ClientOptions opts_;
   TeacherApi api_ = TeacherApi::Auto;
   TeacherInfo info_;
+  int64_t generation_limit_ = 0;  // an opd server's max_generation_tokens (0: none stated)
   std::string host_;
   int port_ = 0;
   std::mutex pool_mu_;

@@ -300,6 +300,7 @@ void TeacherServer::install_routes() {
                   {"tokenizer_fingerprint", info.fingerprint},
                   {"has_tokenizer", info.has_tokenizer},
                   {"eos_token_ids", info.eos_token_ids},
+                  {"max_generation_tokens", opts_.generator ? opts_.max_generation_tokens : 0},
                   {"protocol_version", kTeacherProtocolVersion}};
       json j;
       j["object"] = "list";

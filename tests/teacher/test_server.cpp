@@ -297,6 +297,26 @@ TEST(ServerGeneration, FieldsReachTheGeneratorAndAnswersRoundTrip) {
   EXPECT_EQ(got[0].logprobs, (std::vector<float>{-0.5f, -1.0f, -1.5f, -2.0f}));
   EXPECT_EQ(seen.back().seed, q.seed);
   EXPECT_EQ(seen.back().stream_keys, q.stream_keys);
+  // A request over the server's max_generation_tokens (200 here, stated in /v1/models) goes as
+  // consecutive requests that fit, each prompt keeping its stream key: 6 prompts x (10 + 30)
+  // tokens = 240 -> 5 + 1.
+  {
+    GenerateRequest big;
+    big.max_tokens = 30;
+    for (int i = 0; i < 6; ++i) {
+      big.prompts.push_back(random_ids(40 + i, 10, 96));
+      big.stream_keys.push_back(100 + i);
+    }
+    const size_t before = seen.size();
+    const std::vector<GeneratedCompletion> got6 = client.generate(big);
+    ASSERT_EQ(seen.size(), before + 2) << "not split in two requests";
+    EXPECT_EQ(seen[before].prompts.size(), 5u);
+    EXPECT_EQ(seen[before + 1].prompts.size(), 1u);
+    EXPECT_EQ(seen[before + 1].stream_keys, (std::vector<uint64_t>{105}));
+    ASSERT_EQ(got6.size(), 6u);
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_EQ(got6[i].ids.front(), big.prompts[i][0]) << "prompt " << i << " answered out of order";
+  }
   // A student with a smaller vocabulary (a teacher with padded rows, clip-to-student) refuses
   // generated ids it does not have (prompt 2's 40..43).
   co.student_vocab = 42;
