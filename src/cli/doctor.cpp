@@ -139,6 +139,18 @@ void run_doctor(const DoctorOptions& o) {
                 p.teacher_whole_run ? "whole run" : "offloaded: scoring phase only",
                 gib(p.activations).c_str(), static_cast<long long>(o.micro_batch_tokens),
                 recompute_name(po.recompute), gib(p.rollout).c_str());
+    // What opd train would choose for a budget (the device's memory or --device-memory-budget):
+    // the cheapest fitting setting, or the smallest plan when nothing fits (fits false).
+    auto choose = [&](int64_t budget, bool* fits) {
+      MemoryChoice smallest;
+      const auto c = fit_memory_budget(s, o.teacher.empty() ? nullptr : &t, po,
+                                       !o.teacher.empty() && !full, budget, &smallest);
+      *fits = c.has_value();
+      return c ? *c : smallest;
+    };
+    auto setting = [](const MemoryChoice& m) {
+      return cat("recompute ", recompute_name(m.recompute), m.offload_teacher ? ", teacher offloaded" : "");
+    };
     // Against the device (the GPU this process sees), as opd train does without a budget.
     const device_hooks::CudaMemoryInfo dev = device_hooks::cuda_memory_info();
     if (o.device_memory_budget_gb <= 0 && dev.total > 0) {
@@ -147,17 +159,14 @@ void run_doctor(const DoctorOptions& o) {
         std::printf("ok    memory device   the plan's peak %s fits the GPU's %s available (%s "
                     "total)\n", gib(p.peak()).c_str(), gib(avail).c_str(), gib(dev.total).c_str());
       } else {
-        MemoryChoice smallest;
-        const auto c = fit_memory_budget(s, o.teacher.empty() ? nullptr : &t, po,
-                                         !o.teacher.empty() && !full, avail, &smallest);
-        const MemoryChoice& shown = c ? *c : smallest;
+        bool c = false;
+        const MemoryChoice shown = choose(avail, &c);
         std::printf("%s memory device   the plan's peak %s exceeds the GPU's %s available (%s "
-                    "total): %s recompute %s%s, planned peak %s\n",
+                    "total): %s %s, planned peak %s\n",
                     c ? "WARN " : "ERROR", gib(p.peak()).c_str(), gib(avail).c_str(),
                     gib(dev.total).c_str(),
                     c ? "opd train would switch to" : "nothing fits; the smallest plan is",
-                    recompute_name(shown.recompute), shown.offload_teacher ? ", teacher offloaded" : "",
-                    gib(shown.plan.peak()).c_str());
+                    setting(shown).c_str(), gib(shown.plan.peak()).c_str());
         errors += c ? 0 : 1;
         warnings += c ? 1 : 0;
       }
@@ -167,16 +176,14 @@ void run_doctor(const DoctorOptions& o) {
     }
     if (o.device_memory_budget_gb > 0) {  // what opd train --device-memory-budget would choose
       const int64_t budget = static_cast<int64_t>(o.device_memory_budget_gb * (1 << 30));
-      MemoryChoice smallest;
-      const auto c = fit_memory_budget(s, o.teacher.empty() ? nullptr : &t, po,
-                                       !o.teacher.empty() && !full, budget, &smallest);
-      const MemoryChoice& shown = c ? *c : smallest;
-      std::printf("%s memory budget   %g GiB: %s recompute %s%s, planned peak %s (rollout %s, "
+      bool c = false;
+      const MemoryChoice shown = choose(budget, &c);
+      std::printf("%s memory budget   %g GiB: %s %s, planned peak %s (rollout %s, "
                   "scoring %s, training %s)\n",
                   c ? "ok   " : "ERROR", o.device_memory_budget_gb,
                   c ? "opd train would use" : "nothing fits; the smallest plan is",
-                  recompute_name(shown.recompute), shown.offload_teacher ? ", teacher offloaded" : "",
-                  gib(shown.plan.peak()).c_str(), gib(shown.plan.rollout_phase()).c_str(),
+                  setting(shown).c_str(), gib(shown.plan.peak()).c_str(),
+                  gib(shown.plan.rollout_phase()).c_str(),
                   gib(shown.plan.scoring_phase()).c_str(), gib(shown.plan.training_phase()).c_str());
       errors += c ? 0 : 1;
     }

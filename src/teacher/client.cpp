@@ -61,6 +61,15 @@ void parse_url(const std::string& url, std::string& host, int& port) {
   port = std::stoi(p);
 }
 
+// A JSON reply's body; text that does not parse was damaged in transit (or cut short): retry.
+nlohmann::json reply_json(const std::string& body, const char* what) {
+  try {
+    return parse_json(body, what);
+  } catch (const Error& e) {
+    throw Retryable{cat("undecodable response: ", e.what())};
+  }
+}
+
 // httplib names its errors in one word ("Connection"); say what each means to someone
 // looking at a run that waits for its teacher.
 const char* transport_hint(httplib::Error err) {
@@ -487,13 +496,8 @@ TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
     const std::string body = vllm_score_request(q, info_.model_name).dump();
     call("POST", "/v1/completions", body, "application/json", "application/json",
          [&](const Reply& rep) {
-           nlohmann::json j;
-           try {
-             j = parse_json(rep.body, "vLLM completions response");
-           } catch (const Error& e) {
-             throw Retryable{cat("undecodable response: ", e.what())};
-           }
-           r = parse_vllm_prompt_logprobs(j, q, info_.vocab_size);
+           r = parse_vllm_prompt_logprobs(reply_json(rep.body, "vLLM completions response"), q,
+                                          info_.vocab_size);
          });
   }
   // Nothing is used before it is checked: shapes against the request, values by the loss's
@@ -541,13 +545,8 @@ std::vector<GeneratedCompletion> TeacherClient::generate(const GenerateRequest& 
     const std::string body = generate_request_to_json(part, info_.model_name).dump();
     call("POST", "/v1/completions", body, "application/json", "application/json",
          [&](const Reply& rep) {
-           nlohmann::json j;
-           try {
-             j = parse_json(rep.body, "completions (generation) response");
-           } catch (const Error& e) {
-             throw Retryable{cat("undecodable response: ", e.what())};
-           }
-           std::vector<GeneratedCompletion> got = parse_generation_response(j, part, vocab);
+           std::vector<GeneratedCompletion> got = parse_generation_response(
+               reply_json(rep.body, "completions (generation) response"), part, vocab);
            out.insert(out.end(), std::make_move_iterator(got.begin()),
                       std::make_move_iterator(got.end()));
          });

@@ -213,8 +213,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
-std::string read_text(const std::string& path) { return read_text_file(path); }
-
 // The one-hot "teacher" of SFT rows: K = 1, the target with logprob 0 (p = 1).
 TeacherTopK one_hot_teacher(const std::vector<int32_t>& targets) {
   const int64_t n = static_cast<int64_t>(targets.size());
@@ -496,7 +494,7 @@ void Trainer::setup() {
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                         "special_tokens_map.json", "chat_template.jinja"}) {
     const std::string p = o_.student + "/" + f;
-    if (fs::exists(p)) export_files_[f] = read_text(p);
+    if (fs::exists(p)) export_files_[f] = read_text_file(p);
   }
   export_files_["config.json"] = model_config_to_json(sc) + "\n";
   log_info("student: ", architecture_name(sc.arch), ", ", sc.num_parameters(), " parameters, ",
