@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1534,6 +1534,15 @@ if [[ "$what" == s15d ]]; then
       -d '{"prompt":[49,50,43,51,52,61],"max_tokens":5,"temperature":0}' | cut -c1-300 | tee "$OUT/text.txt"
   echo
   kill $spid; wait $spid
+fi
+if [[ "$what" == s16a ]]; then
+  # Session 16 (nvidia-h200-x2, <= 560 s): the NCCL suite, the trainer over NCCL (2 GPU ranks ==
+  # 1 GPU), then W2 with ZeRO-2 on the session's starting code (W1 on one GPU, then per GPU on
+  # two: scaling efficiency), and W1 with ZeRO-2's 2-GPU run repeated while time is left.
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  run dist_gpu 120 $B/opd launch --nproc-per-node 2 --master-port 0 -- $B/test_dist_gpu
+  run train_dist_gpu 150 $B/test_cli --gtest_filter='TrainDist.TwoGpu*'
+  w2_zero2 $(( 550 - SECONDS ))
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
