@@ -182,27 +182,6 @@ struct Lse32 {
   }
 };
 
-// Block-wide merge of Lse32 (fixed butterfly + fixed warp order: deterministic). Result valid
-// in thread 0. `shm` holds 2 * warps floats.
-__device__ Lse32 block_lse(Lse32 v, float* shm) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, v.m, o);
-    const float s2 = __shfl_xor_sync(0xffffffffu, v.s, o);
-    v.merge(m2, s2);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (lane == 0) {
-    shm[2 * warp] = v.m;
-    shm[2 * warp + 1] = v.s;
-  }
-  __syncthreads();
-  Lse32 r;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < warps; ++w) r.merge(shm[2 * w], shm[2 * w + 1]);
-  __syncthreads();  // shm is reused by the next call
-  return r;
-}
-
 // Block-wide f64 sum (fixed order), valid in thread 0. `shm` holds `warps` doubles.
 __device__ double block_sum(double v, double* shm) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -284,50 +263,108 @@ struct TileParams {
 };
 
 // Pass A row kernel: online LSEs of this tile merged into the row statistics, and the logits at
-// the row's K ids and target that fall inside the tile. One block per chunk row.
-template <typename TZ>
-__global__ void __launch_bounds__(kRowThreads)
-lse_tile_kernel(TileParams p, const TZ* z, const TZ* teacher, const int* flags,
+// the row's K ids and target that fall inside the tile. A warp per chunk row (kLseRowsPerBlock
+// rows per block): each lane loads kLseUnroll 16-byte vectors at a time (spaced a warp apart:
+// coalesced), folds them into its (max, sum) with one rescale per group of vectors (the sums of
+// a group are independent exps), the lanes merge by a fixed butterfly, and lane 0 merges the
+// tile into the row's f64 statistics. (One 256-thread block per row, the element-at-a-time
+// online update and a block-wide merge took ~44 us per 4,096 x 4,096 bf16 tile on the H200, ~4x
+// its bytes: docs/perf.md, session 16.) Deterministic: fixed orders everywhere.
+constexpr int kLseRowsPerBlock = 8;
+constexpr int kLseUnroll = 4;
+
+// Folds kVals values (already scaled; -inf for none) into an f32 online (max, sum): one rescale
+// per call. Compile-time bounds keep the values in registers.
+template <int kVals>
+__device__ __forceinline__ void lse_fold(Lse32& l, const float (&v)[kVals]) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) mx = fmaxf(mx, v[i]);
+  if (mx == -INFINITY) return;  // nothing but -inf (or no value): no mass
+  const float m = fmaxf(l.m, mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) sum += expf(v[i] - m);
+  l.s = (l.m == -INFINITY ? 0.f : l.s * expf(l.m - m)) + sum;
+  l.m = m;
+}
+
+// Warp-wide merge of Lse32 (fixed butterfly): every lane gets the result.
+__device__ __forceinline__ Lse32 warp_lse(Lse32 v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, v.m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, v.s, o);
+    v.merge(m2, s2);
+  }
+  return v;
+}
+
+__device__ __forceinline__ void merge_row_lse(double* st, int col_m, int col_s, const Lse32& l) {
+  loss::OnlineLse a{st[col_m], st[col_s]};
+  a.add_max_sum(l.m, l.s);
+  st[col_m] = a.m;
+  st[col_s] = a.s;
+}
+
+template <typename TZ, bool kTeacher>
+__global__ void __launch_bounds__(kLseRowsPerBlock * 32)
+lse_tile_kernel(TileParams p, int64_t rows, const TZ* z, const TZ* teacher, const int* flags,
                 const int32_t* ids, const int32_t* targets, double* stats, double* zk) {
-  __shared__ float shm[2 * (kRowThreads / 32)];
-  const int64_t r = p.row0 + blockIdx.x;
+  constexpr int n = Vec<TZ>::n;
+  constexpr int kVals = kLseUnroll * n;
+  const int lane = threadIdx.x & 31;
+  const int64_t local = blockIdx.x * static_cast<int64_t>(kLseRowsPerBlock) + (threadIdx.x >> 5);
+  if (local >= rows) return;  // uniform over the warp
+  const int64_t r = p.row0 + local;
   const int f = flags[r];
-  if (!(f & kUsed)) return;  // uniform over the block
-  const TZ* zrow = z + blockIdx.x * p.ldz;
-  const TZ* trow = teacher ? teacher + blockIdx.x * p.ldz : nullptr;
+  if (!(f & kUsed)) return;  // uniform over the warp
+  const TZ* zrow = z + local * p.ldz;
+  const TZ* trow = kTeacher ? teacher + local * p.ldz : nullptr;
   const bool do1 = p.separate_lse1 && (f & kSft);
   const float inv_t = p.inv_t;
   Lse32 lt, l1, lteach;
-  for_each_in_row(zrow, trow, p.tw, [&](int64_t, float x, float t) {
+  const int64_t nvec = p.tw / n;
+  for (int64_t q0 = 0; q0 < nvec; q0 += 32 * kLseUnroll) {
+    float x[kVals], t[kVals];
+#pragma unroll
+    for (int u = 0; u < kLseUnroll; ++u) {
+      const int64_t q = q0 + u * 32 + lane;
+      if (q < nvec) {
+        Vec<TZ>::load(zrow, q, x + u * n);
+        if constexpr (kTeacher) Vec<TZ>::load(trow, q, t + u * n);
+      } else {
+#pragma unroll
+        for (int e = 0; e < n; ++e) x[u * n + e] = t[u * n + e] = -INFINITY;
+      }
+    }
+    if (do1) lse_fold(l1, x);
+    if constexpr (kTeacher) {
+#pragma unroll
+      for (int i = 0; i < kVals; ++i) t[i] *= inv_t;
+      lse_fold(lteach, t);
+    }
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) x[i] *= inv_t;
+    lse_fold(lt, x);
+  }
+  for (int64_t i = nvec * n + lane; i < p.tw; i += 32) {  // the columns past the last vector
+    const float x = to_f(zrow[i]);
     lt.add(x * inv_t);
     if (do1) l1.add(x);
-    if (trow) lteach.add(t * inv_t);
-  });
-  lt = block_lse(lt, shm);
-  if (do1) l1 = block_lse(l1, shm);
-  if (trow) lteach = block_lse(lteach, shm);
+    if constexpr (kTeacher) lteach.add(to_f(trow[i]) * inv_t);
+  }
+  lt = warp_lse(lt);
+  if (do1) l1 = warp_lse(l1);
+  if constexpr (kTeacher) lteach = warp_lse(lteach);
   double* st = stats + r * kCudaRowStatCols;
-  if (threadIdx.x == 0) {
-    loss::OnlineLse a{st[kLseT], st[kSumT]};
-    a.add_max_sum(lt.m, lt.s);
-    st[kLseT] = a.m;
-    st[kSumT] = a.s;
-    if (do1) {
-      loss::OnlineLse b{st[kLse1], st[kSum1]};
-      b.add_max_sum(l1.m, l1.s);
-      st[kLse1] = b.m;
-      st[kSum1] = b.s;
-    }
-    if (trow) {
-      loss::OnlineLse c{st[kLseTeach], st[kSumTeach]};
-      c.add_max_sum(lteach.m, lteach.s);
-      st[kLseTeach] = c.m;
-      st[kSumTeach] = c.s;
-    }
+  if (lane == 0) {
+    merge_row_lse(st, kLseT, kSumT, lt);
+    if (do1) merge_row_lse(st, kLse1, kSum1, l1);
+    if constexpr (kTeacher) merge_row_lse(st, kLseTeach, kSumTeach, lteach);
   }
   // Logits at the K ids and the target, from the tile that holds them. An id outside
   // [0, V) lies in no tile and is never read.
-  for (int64_t j = threadIdx.x; j <= p.k; j += blockDim.x) {
+  for (int64_t j = lane; j <= p.k; j += 32) {
     const int64_t id = j < p.k ? ids[r * p.k + j] : targets[r];
     if (j < p.k && id == kEmptySlot) continue;
     if (id >= p.v0 && id < p.v0 + p.tw) zk[r * (p.k + 1) + j] = static_cast<double>(to_f(zrow[id - p.v0]));
@@ -934,8 +971,14 @@ void CudaFusedLoss<TIn, TZ>::pass_a() {
       const int64_t rows = std::min(plan_.row_chunk, n_ - row0);
       tile_gemm(a_.lm_head.raw(), a_.hidden.raw(), h_, v0, tw, row0, rows, z);
       if (full_) tile_gemm(a_.teacher_lm_head.raw(), a_.teacher_hidden.raw(), ht_, v0, tw, row0, rows, t);
-      lse_tile_kernel<TZ><<<static_cast<unsigned>(rows), kRowThreads, 0, stream_>>>(
-          tile_params(row0, v0, tw), z, t, flags_, ids_, targets_, stats_, zk_);
+      const unsigned blocks = blocks_for(rows, kLseRowsPerBlock);
+      if (full_) {
+        lse_tile_kernel<TZ, true><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
+            tile_params(row0, v0, tw), rows, z, t, flags_, ids_, targets_, stats_, zk_);
+      } else {
+        lse_tile_kernel<TZ, false><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
+            tile_params(row0, v0, tw), rows, z, nullptr, flags_, ids_, targets_, stats_, zk_);
+      }
       check_launch("lse_tile_kernel");
     }
   }
