@@ -87,7 +87,12 @@ void fsync_path(const std::string& path) {
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  write_file_synced(tmp, bytes);
+  try {
+    write_file_synced(tmp, bytes);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // a full disk must not leave X.tmp-PID files beside X
+    throw;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
