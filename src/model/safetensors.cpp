@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "core/text_io.h"
 #include "core/log.h"
 
@@ -554,19 +555,6 @@ class TempFile {
   bool committed_ = false;
 };
 
-void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    // Linux writes at most ~2 GiB per call; larger tensors take several.
-    ssize_t w = ::write(fd, p, std::min<size_t>(bytes, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      OPD_FAIL(Io, "cannot write ", path, ": ", std::strerror(errno));
-    }
-    p += w;
-    bytes -= static_cast<size_t>(w);
-  }
-}
 
 }  // namespace
 
@@ -614,13 +602,13 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     tmp.commit();  // nothing was created: do not unlink a file someone else may own
     OPD_FAIL(Io, "cannot create ", tmp.path(), " (writing ", path, "): ", std::strerror(err));
   }
-  write_all(tmp.fd(), &header_len, 8, path);
-  write_all(tmp.fd(), text.data(), text.size(), path);
+  write_fully(tmp.fd(), &header_len, 8, path);
+  write_fully(tmp.fd(), text.data(), text.size(), path);
   for (const auto& [name, t] : order) {
     if (t->nbytes() == 0) continue;
     // Device tensors are copied one at a time, so host memory holds one tensor at most.
     Tensor host = t->device() == Device::CPU ? *t : t->to(Device::CPU);
-    write_all(tmp.fd(), host.raw(), host.nbytes(), path);
+    write_fully(tmp.fd(), host.raw(), host.nbytes(), path);
   }
   if (::fsync(tmp.fd()) != 0) OPD_FAIL(Io, "cannot fsync ", tmp.path(), ": ", std::strerror(errno));
   if (tmp.close_now() != 0) OPD_FAIL(Io, "cannot close ", tmp.path(), ": ", std::strerror(errno));

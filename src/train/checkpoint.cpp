@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_write.h"
 #include "core/log.h"
 #include "core/text_io.h"
 #include "core/sha256.h"
@@ -61,16 +62,11 @@ std::optional<int64_t> parse_step(const std::string& name) {
 void write_file_synced(const std::string& path, const std::string& bytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) OPD_FAIL(Io, "cannot create ", path, ": ", std::strerror(errno));
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      OPD_FAIL(Io, "write to ", path, " failed: ", std::strerror(e));
-    }
-    off += static_cast<size_t>(n);
+  try {
+    write_fully(fd, bytes.data(), bytes.size(), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   if (::fsync(fd) != 0) {
     int e = errno;
@@ -91,7 +87,12 @@ void fsync_path(const std::string& path) {
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  write_file_synced(tmp, bytes);
+  try {
+    write_file_synced(tmp, bytes);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // a full disk must not leave X.tmp-PID files beside X
+    throw;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
@@ -188,7 +189,15 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
     fs::remove_all(tmp_dir, ec);
     throw;
   }
-  write_file_atomic((fs::path(root) / "LATEST").string(), name + "\n");
+  // The checkpoint is complete once renamed (resume lists the folders, it never reads LATEST):
+  // a LATEST that cannot be updated (a disk full to the last block) is worth a warning only.
+  try {
+    write_file_atomic((fs::path(root) / "LATEST").string(), name + "\n");
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;
+    log_warn("checkpoint ", final_dir.string(), " is complete but ", root, "/LATEST could not be ",
+             "updated: ", e.what());
+  }
   // Temp folders of saves that died (a crash, a killed rank) are never checkpoints: once a newer
   // one is complete they only hold disk space.
   for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -346,22 +355,6 @@ std::optional<CheckpointData> load_latest_checkpoint(const std::string& root, st
   return std::nullopt;
 }
 
-namespace {
-void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      OPD_FAIL(Io, "write to ", path, " failed: ", std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-}
-}  // namespace
-
 SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::vector<Entry> entries,
                                                  const std::map<std::string, std::string>& metadata)
     : path_(path) {
@@ -391,8 +384,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::v
   for (auto& [name, slot] : slots_) slot.offset += 8 + header_len;
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) OPD_FAIL(Io, "cannot create ", path, ": ", std::strerror(errno));
-  pwrite_all(fd_, &header_len, 8, 0, path_);
-  pwrite_all(fd_, text.data(), text.size(), 8, path_);
+  pwrite_fully(fd_, &header_len, 8, 0, path_);
+  pwrite_fully(fd_, text.data(), text.size(), 8, path_);
   if (::ftruncate(fd_, static_cast<off_t>(8 + header_len + offset)) != 0)
     OPD_FAIL(Io, "cannot size ", path, ": ", std::strerror(errno));
 }
@@ -414,7 +407,7 @@ void SafetensorsStreamWriter::write(const std::string& name, const Tensor& t) {
             t.defined() ? t.describe() : std::string("undefined"), ", declared ",
             dtype_name(s.dtype), shape_str(s.shape), " cpu");
   OPD_CHECK(fd_ >= 0 && !finished_, InvalidArgument, "safetensors stream ", path_, " is closed");
-  pwrite_all(fd_, t.raw(), t.nbytes(), s.offset, path_);
+  pwrite_fully(fd_, t.raw(), t.nbytes(), s.offset, path_);
   s.written = true;
 }
 

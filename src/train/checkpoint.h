@@ -85,7 +85,9 @@ std::string begin_checkpoint(const std::string& root, int64_t step);
 // `written` exists there with its reported size (a writer on a file system rank 0 does not see is
 // an error saying so), writes MANIFEST.json over all of them last, renames the folder into place,
 // updates LATEST and prunes to keep_last. On any error the temp folder is removed and the error
-// rethrown (LATEST still names the previous checkpoint). save_checkpoint is begin + commit.
+// rethrown (LATEST still names the previous checkpoint). Once the folder is renamed into place
+// the checkpoint is complete: a LATEST that cannot be rewritten then is only a warning (nothing
+// reads LATEST to resume). save_checkpoint is begin + commit.
 std::string commit_checkpoint(const std::string& root, const std::string& tmp_dir,
                               const CheckpointData& data, const std::vector<CheckpointFile>& written,
                               int keep_last);

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_write.h"
 #include "core/error.h"
 #include "core/text_io.h"
 #include "core/log.h"
@@ -78,15 +79,7 @@ double unix_now() {
 }
 
 void write_all(int fd, const std::string& bytes, const std::string& path) {
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      OPD_FAIL(Io, "write to ", path, " failed: ", std::strerror(errno));
-    }
-    off += static_cast<size_t>(n);
-  }
+  write_fully(fd, bytes.data(), bytes.size(), path);
 }
 
 std::string read_whole(const std::string& path) {
@@ -253,7 +246,30 @@ void MetricsLog::open_jsonl() {
 
 void MetricsLog::write_event(const std::string& event_bytes) {
   if (event_fd_ < 0) return;
-  write_all(event_fd_, tfrecord_frame(event_bytes), event_path_);
+  append(event_fd_, tfrecord_frame(event_bytes), event_path_, event_lost_);
+}
+
+bool MetricsLog::append(int fd, const std::string& bytes, const std::string& path, int64_t& lost) {
+  struct stat st{};
+  const off_t before = ::fstat(fd, &st) == 0 ? st.st_size : -1;
+  try {
+    write_all(fd, bytes, path);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;
+    // A full disk takes part of a record: cut it off, or every later record would follow a torn
+    // one (a torn line before the last makes the file unreadable; TensorBoard stops at a bad CRC).
+    if (before >= 0 && ::ftruncate(fd, before) != 0)
+      log_warn("metrics: could not cut a partial record off ", path, ": ", std::strerror(errno));
+    if (lost++ == 0)
+      log_warn("metrics: ", e.what(), "; training continues without these records until writing ",
+               "works again");
+    return false;
+  }
+  if (lost > 0) {
+    log_warn("metrics: writing to ", path, " works again; ", lost, " record(s) were lost");
+    lost = 0;
+  }
+  return true;
 }
 
 void MetricsLog::write(int64_t step, const nlohmann::json& record) {
@@ -274,7 +290,7 @@ void MetricsLog::write(int64_t step, const nlohmann::json& record) {
   // replace: a key or string with invalid UTF-8 must not stop a training run.
   const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard<std::mutex> lock(mutex_);
-  write_all(jsonl_fd_, text, jsonl_path_);
+  append(jsonl_fd_, text, jsonl_path_, jsonl_lost_);
   if (!scalars.empty()) write_event(encode_scalars_event(now, step, scalars));
 }
 

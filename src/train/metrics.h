@@ -37,7 +37,10 @@ class MetricsLog {
 
   // Appends {"step": step, "time": now, ...record} to metrics.jsonl and one TensorBoard event
   // with a scalar per numeric field (tag = key; booleans, strings, null, arrays and objects go to
-  // the jsonl only). `record` must be an object without the keys "step" and "time".
+  // the jsonl only). `record` must be an object without the keys "step" and "time". A write that
+  // fails (a full disk) does not throw: metrics are not the run's work, so the record is dropped
+  // (the partial bytes cut off, the file stays readable) with a warning naming the file and the
+  // cause, once until writing works again.
   void write(int64_t step, const nlohmann::json& record);
 
   // Resume from a checkpoint at `step`: atomically rewrites metrics.jsonl keeping the lines with
@@ -54,9 +57,13 @@ class MetricsLog {
  private:
   void open_jsonl();
   void write_event(const std::string& event_bytes);
+  // Appends bytes; an Io failure (a full disk) is logged (once until writing works again), the
+  // partial record cut off and counted in `lost`, and the run goes on: false.
+  bool append(int fd, const std::string& bytes, const std::string& path, int64_t& lost);
 
   std::string run_dir_, jsonl_path_, event_path_;
   int jsonl_fd_ = -1, event_fd_ = -1;
+  int64_t jsonl_lost_ = 0, event_lost_ = 0;  // records not written since the last that was
   std::mutex mutex_;
 };
 

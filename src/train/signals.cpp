@@ -37,6 +37,10 @@ void install_training_signal_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // A file past the size limit (ulimit -f) kills the process without a word by default; ignored,
+  // the write fails with EFBIG and takes the path of any failed write (a named error, a periodic
+  // checkpoint retried later, the last complete one intact).
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 StopRequest stop_requested() {

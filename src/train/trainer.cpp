@@ -335,7 +335,15 @@ class Trainer {
   bool keep_rollout_memory_ = false;
   EngineStats rollout_stats_;  // the last rollout's engine statistics (its time split, for metrics)
   std::vector<int> backward_groups_;  // the order the groups finish in one micro-batch
-  void save(int64_t step, const char* why);
+  // What a failed checkpoint write (an Io error: a full disk, a read-only or vanished folder)
+  // does. Periodic: a loud warning naming the file and the cause, training goes on and the next
+  // save point retries (the in-memory state is the newest copy of the work; the last complete
+  // checkpoint stays untouched and is still what --resume auto picks). Final (end of training, a
+  // stop signal): the run fails with the cause and the last complete checkpoint, exit code 1.
+  enum class SaveFailure { Warn, Fatal };
+  // True when the checkpoint of `step` exists after the call.
+  bool save(int64_t step, const char* why, SaveFailure on_failure);
+  void write_checkpoint(int64_t step, const char* why);
   // `step`: the step as metrics.jsonl numbers it (1-based).
   void save_bad_batch(int64_t step, const std::vector<Sequence>& seqs, const std::string& why);
   double evaluate(const char* when, int64_t step);
@@ -384,6 +392,7 @@ class Trainer {
     return p;
   }
   int64_t last_saved_step_ = -1;
+  int64_t failed_saves_ = 0;  // periodic saves that failed since the last one that worked
   Clock::time_point last_save_time_ = Clock::now();
   TrainResult result_;
   dist::DistEnv env_;
@@ -929,8 +938,37 @@ void Trainer::replay_reductions() {
   for (int b : ready.order_for(backward_groups_)) zero_->reduce_bucket(b);
 }
 
-void Trainer::save(int64_t step, const char* why) {
-  if (step == last_saved_step_) return;
+bool Trainer::save(int64_t step, const char* why, SaveFailure on_failure) {
+  if (step == last_saved_step_) return true;
+  try {
+    write_checkpoint(step, why);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;
+    const std::string last =
+        result_.last_checkpoint.empty()
+            ? std::string("no checkpoint of this run is complete yet")
+            : cat("the last complete checkpoint is ", result_.last_checkpoint, " (step ",
+                  last_saved_step_, "; --resume auto continues from it)");
+    // Sharded saves end in one outcome every rank agrees on, but a store failure is Io too and
+    // would leave the ranks apart: a distributed run still stops at the first failed save.
+    if (on_failure == SaveFailure::Fatal || distributed())
+      OPD_FAIL(Io, "the checkpoint of step ", step, " (", why, ") could not be written: ",
+               e.what(), "; ", last);
+    ++failed_saves_;
+    last_save_time_ = Clock::now();  // --save-minutes: retry after the interval, not every step
+    log_warn("CHECKPOINT FAILED at step ", step, " (", why, "): ", e.what(), "; ", last,
+             ". Training continues and the next save retries (", failed_saves_,
+             " failed in a row); free space under ", ckpt_root_, " or the work since then is ",
+             "lost if the run ends before a save works");
+    return false;
+  }
+  if (failed_saves_ > 0)
+    log_info("checkpoint writing works again after ", failed_saves_, " failed save(s)");
+  failed_saves_ = 0;
+  return true;
+}
+
+void Trainer::write_checkpoint(int64_t step, const char* why) {
   CheckpointData ck;
   ck.step = step;
   ck.state["sampler"] = sampler_->save();
@@ -978,10 +1016,19 @@ void Trainer::save_bad_batch(int64_t step, const std::vector<Sequence>& seqs,
   for (const auto& s : seqs)
     j["sequences"].push_back({{"ids", s.ids}, {"prompt_len", s.prompt_len}, {"source", s.source}});
   const std::string dir = o_.out + "/bad_batches";
-  fs::create_directories(dir);
   const std::string path = dir + "/step-" + std::to_string(step) +
                            (distributed() ? ".rank" + std::to_string(env_.rank) : "") + ".json";
-  write_file_atomic(path, j.dump());
+  // The copy is for a post-mortem: failing to write it (a full disk) must not end the run.
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  try {
+    OPD_CHECK(!ec, Io, "cannot create ", dir, ": ", ec.message());
+    write_file_atomic(path, j.dump());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;
+    log_warn("step ", step, " skipped: ", why, "; the batch could not be saved: ", e.what());
+    return;
+  }
   log_warn("step ", step, " skipped: ", why, "; batch saved to ", path);
 }
 
@@ -1551,10 +1598,11 @@ TrainResult Trainer::run_steps() {
     result_.last_loss = loss;
     progress.update(step_, {{"loss", cat(loss)}, {"src", source_name(source)}},
                     static_cast<double>(tokens_seen_) / std::max(1e-9, seconds_since(run_t0)));
-    if (o_.save_steps > 0 && step_ % o_.save_steps == 0) save(step_, "every --save-steps");
+    if (o_.save_steps > 0 && step_ % o_.save_steps == 0)
+      save(step_, "every --save-steps", SaveFailure::Warn);
     else if (any_rank(o_.save_minutes > 0 && seconds_since(last_save_time_) >= o_.save_minutes * 60,
                       "save by time?"))
-      save(step_, "every --save-minutes");
+      save(step_, "every --save-minutes", SaveFailure::Warn);
     if (o_.eval_steps > 0 && step_ % o_.eval_steps == 0 && step_ < total) evaluate("during", step_);
   }
   progress.finish();
@@ -1563,10 +1611,14 @@ TrainResult Trainer::run_steps() {
   if (result_.stopped_by_signal) {
     log_warn("stop requested (", stop_requested() == StopRequest::Interrupt ? "SIGINT" : "SIGTERM",
              "): saving step ", step_, " and exiting");
-    save(step_, "stop signal");
+    save(step_, "stop signal", SaveFailure::Fatal);
     return result_;
   }
-  if (o_.save_at_end) save(step_, "end of training");
+  // A periodic save that failed left steps unsaved: the run saves them now even without
+  // --save-at-end, and fails when it cannot (exit code 1, not a silent 0).
+  if (o_.save_at_end || failed_saves_ > 0)
+    save(step_, o_.save_at_end ? "end of training" : "end of training, after a failed save",
+         SaveFailure::Fatal);
   if (step_ > result_.first_step || o_.eval_before) result_.eval_after = evaluate("after training", step_);
   if (step_ > result_.first_step)
     log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", checkpoint ",

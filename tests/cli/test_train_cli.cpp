@@ -214,6 +214,44 @@ TEST_F(TrainCli, SigtermWritesACheckpointAndExitsZero) {
   EXPECT_EQ(ck->step, steps_done("run")) << "the checkpoint holds every completed step";
 }
 
+// A full disk (OPD_TEST_WRITE_FAULT, core/file_write.h) at a periodic save does not stop the run:
+// it warns naming the file and the cause, trains on, and SIGTERM still saves every completed
+// step (exit 0). Before session 16 the first failed save ended the run with exit 1.
+TEST_F(TrainCli, APeriodicSaveOnAFullDiskDoesNotStopTheRunAndSigtermStillSaves) {
+  std::vector<std::string> args = train_args("run", 100000);
+  args.insert(args.end(), {"--save-steps", "2"});
+  ::setenv("OPD_TEST_WRITE_FAULT", "step-00000002.tmp", 1);
+  auto c = spawn(args, path("run.log"));
+  ::unsetenv("OPD_TEST_WRITE_FAULT");
+  ASSERT_TRUE(wait_steps("run", 5, *c)) << c->output();
+  kill(c->pid, SIGTERM);
+  EXPECT_EQ(c->wait_exit(60s), 0) << c->output();
+  EXPECT_NE(c->output().find("CHECKPOINT FAILED at step 2"), std::string::npos) << c->output();
+  EXPECT_NE(c->output().find("step-00000002.tmp-"), std::string::npos) << c->output();
+  auto ck = load_latest_checkpoint(path("run") + "/checkpoints");
+  ASSERT_TRUE(ck.has_value());
+  EXPECT_EQ(ck->step, steps_done("run")) << "the stop checkpoint holds every completed step";
+  EXPECT_FALSE(fs::exists(path("run") + "/checkpoints/step-00000002"));
+}
+
+// Every save fails (the disk stays full): the periodic ones warn, and the stop-signal save, the
+// last chance, fails the run (exit 1) saying that no checkpoint is complete.
+TEST_F(TrainCli, AStopSignalSaveThatCannotBeWrittenExitsNonZeroNamingTheCause) {
+  std::vector<std::string> args = train_args("run", 100000);
+  args.insert(args.end(), {"--save-steps", "2"});
+  ::setenv("OPD_TEST_WRITE_FAULT", "/checkpoints/step-", 1);
+  auto c = spawn(args, path("run.log"));
+  ::unsetenv("OPD_TEST_WRITE_FAULT");
+  ASSERT_TRUE(wait_steps("run", 5, *c)) << c->output();
+  kill(c->pid, SIGTERM);
+  EXPECT_EQ(c->wait_exit(60s), 1) << c->output();
+  const std::string out = c->output();
+  EXPECT_NE(out.find("(stop signal) could not be written"), std::string::npos) << out;
+  EXPECT_NE(out.find("No space left on device"), std::string::npos) << out;
+  EXPECT_NE(out.find("no checkpoint of this run is complete yet"), std::string::npos) << out;
+  EXPECT_TRUE(list_checkpoints(path("run") + "/checkpoints").empty());
+}
+
 TEST_F(TrainCli, SighupDoesNotStopTheRun) {
   auto c = spawn(train_args("run", 30), path("run.log"));
   ASSERT_TRUE(wait_steps("run", 3, *c)) << c->output();
