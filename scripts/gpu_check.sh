@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1551,6 +1551,53 @@ if [[ "$what" == s16b ]]; then
   trace_run train_trace 120 $B/opd bench train --steps 2
   grep -h "MFU\|train" "$OUT/train_plain.log" | tail -4
   head -c 6000 "$OUT/train_trace.summary.txt"
+fi
+if [[ "$what" == s16c ]]; then
+  # Session 16 (nvidia-h200, <= 300 s): the warp-per-row LSE tile kernel of the fused loss: the
+  # loss suites (CPU reference, odd shapes, determinism, guards), then `opd bench loss --rows
+  # 4096` and `opd bench train` of the session's starting build (opd_base) and this one,
+  # alternating.
+  run loss 120 $B/test_cuda --gtest_filter='CudaFusedLoss*:CudaLossRepro*:CudaTrainer*'
+  grep -h "FAILED\|Failure" "$OUT/loss.log" | head -10
+  for i in 1 2; do
+    for v in base new; do
+      bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+      timeout 40 $bin bench loss --rows 4096 --tile-dtype bf16 2>&1 | grep -i "fused\|lm_head" | head -4 | sed "s/^/$v $i: /" >>"$OUT/loss_ab.txt"
+    done
+  done
+  cat "$OUT/loss_ab.txt"
+  alternate train train_ab.txt base $B/opd_base new $B/opd
+  cat "$OUT/train_ab.txt"
+fi
+if [[ "$what" == s16d ]]; then
+  # Session 16 (nvidia-h200, <= 560 s): the fused q/k head norm + RoPE (forward and backward)
+  # and the LSE tile kernel: their suites and the model/trainer/scorer/rollout suites that run
+  # them; then the session's starting build (opd_base) against this one, alternating:
+  # `opd bench train` (this one with the LSE tile's 4 and 8 vectors per lane), `opd bench score
+  # --no-server`, and `opd bench w1` while time is left.
+  run suites 240 $B/test_cuda --gtest_filter='*CudaRmsnormRope*:*CudaRope*:CudaModel*:CudaTrainer*:CudaFusedLoss*:CudaLossRepro*:CudaScorer*:*CudaRollout*:CudaDecodeFused*:CudaRmsnorm*'
+  grep -h "FAILED\|Failure\|differ\|max |" "$OUT/suites.log" | head -20
+  for i in 1 2; do
+    for v in base new new8; do
+      bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+      u=4; [[ $v == new8 ]] && u=8
+      OPD_LSE_UNROLL=$u timeout 60 $bin bench train --steps 3 2>&1 | grep "^opd:" | sed "s/^/$v $i: /" >>"$OUT/ab.txt"
+    done
+    for v in base new; do
+      bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+      timeout 60 $bin bench score --no-server 2>&1 | grep "in-process" | sed "s/^/score $v $i: /" >>"$OUT/ab.txt"
+    done
+  done
+  cat "$OUT/ab.txt"
+  for i in 1 2; do
+    for v in base new; do
+      (( SECONDS > 480 )) && break 2
+      bin=$B/opd; [[ $v == base ]] && bin=$B/opd_base
+      timeout 100 $bin bench w1 --work-dir /tmp/opd_w1 >/tmp/w1_$v$i.log 2>&1
+      w1_lines /tmp/w1_$v$i.log "$v $i" >>"$OUT/w1_ab.txt"
+    done
+  done
+  cat "$OUT/w1_ab.txt"
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
