@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|s16e|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1598,6 +1598,26 @@ if [[ "$what" == s16d ]]; then
     done
   done
   cat "$OUT/w1_ab.txt"
+fi
+if [[ "$what" == s16e ]]; then
+  # Session 16 (nvidia-h200, <= 300 s): which of the session's changes moves W1's training:
+  # the starting build (opd_base), the first LSE tile kernel (opd_lse1), the second (opd_lse2,
+  # unroll 4 and 8), and the second with the fused q/k norm + RoPE (opd), alternating:
+  # `opd bench loss` forward times, then `opd bench train`.
+  for i in 1 2; do
+    for v in base lse1 lse2 lse2u8; do
+      bin=$B/opd_$v; u=4; [[ $v == lse2u8 ]] && bin=$B/opd_lse2 && u=8
+      OPD_LSE_UNROLL=$u timeout 40 $bin bench loss --rows 4096 --tile-dtype bf16 --iters 30 2>&1 | grep "fused loss fwd" | sed "s/^/$v $i: /" >>"$OUT/loss_ab.txt"
+    done
+  done
+  cat "$OUT/loss_ab.txt"
+  for i in 1 2 3; do
+    for v in base lse1 lse2 full; do
+      bin=$B/opd_$v; [[ $v == full ]] && bin=$B/opd
+      timeout 60 $bin bench train --steps 4 2>&1 | grep "^opd:" | sed "s/^/$v $i: /" >>"$OUT/train_ab.txt"
+    done
+  done
+  cat "$OUT/train_ab.txt"
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
