@@ -31,7 +31,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 
@@ -265,62 +264,27 @@ struct TileParams {
 
 // Pass A row kernel: online LSEs of this tile merged into the row statistics, and the logits at
 // the row's K ids and target that fall inside the tile. A warp per chunk row (kLseRowsPerBlock
-// rows per block): each lane issues kLseUnroll 16-byte loads at once (spaced a warp apart:
-// coalesced; kept as raw bits, ~32 registers), folds them into its (max, sum) with one rescale
-// per group (the exps of a group are independent), the lanes merge by a fixed butterfly, and
-// lane 0 merges the tile into the row's f64 statistics; the row's first K ids are loaded before
-// the logits so their latency hides under them. (One 256-thread block per row with the
-// element-at-a-time online update took ~44 us per 4,096 x 4,096 bf16 tile on the H200, ~4x its
-// bytes: docs/perf.md, session 16.) Deterministic: fixed orders everywhere.
+// rows per block): each lane loads kLseUnroll 16-byte vectors at a time (spaced a warp apart:
+// coalesced), folds them into its (max, sum) with one rescale per group of vectors (the sums of
+// a group are independent exps), the lanes merge by a fixed butterfly, and lane 0 merges the
+// tile into the row's f64 statistics. (One 256-thread block per row, the element-at-a-time
+// online update and a block-wide merge took ~44 us per 4,096 x 4,096 bf16 tile on the H200, ~4x
+// its bytes: docs/perf.md, session 16.) Deterministic: fixed orders everywhere.
 constexpr int kLseRowsPerBlock = 8;
+constexpr int kLseUnroll = 4;
 
-// The n floats of 16 raw bytes of a row (Vec<T>::load's conversion).
-template <typename T> __device__ __forceinline__ void unpack16(const uint4& v, float* out);
-template <> __device__ __forceinline__ void unpack16<float>(const uint4& v, float* out) {
-  out[0] = __uint_as_float(v.x); out[1] = __uint_as_float(v.y);
-  out[2] = __uint_as_float(v.z); out[3] = __uint_as_float(v.w);
-}
-template <> __device__ __forceinline__ void unpack16<bf16>(const uint4& v, float* out) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 f = __bfloat1622float2(h[e]);
-    out[2 * e] = f.x;
-    out[2 * e + 1] = f.y;
-  }
-}
-// 16 bytes of -inf in T (the fill past the tile's last vector).
-template <typename T> __device__ __forceinline__ uint4 neg_inf16();
-template <> __device__ __forceinline__ uint4 neg_inf16<float>() {
-  return make_uint4(0xff800000u, 0xff800000u, 0xff800000u, 0xff800000u);
-}
-template <> __device__ __forceinline__ uint4 neg_inf16<bf16>() {
-  return make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);
-}
-
-// Folds the values of `raw` times `scale` (-inf: no mass) into an f32 online (max, sum): one
-// rescale per call; both passes convert the same bits, so they see the same values.
-template <typename TZ, int kU>
-__device__ __forceinline__ void lse_fold(Lse32& l, const uint4 (&raw)[kU], float scale) {
-  constexpr int n = Vec<TZ>::n;
+// Folds kVals values (already scaled; -inf for none) into an f32 online (max, sum): one rescale
+// per call. Compile-time bounds keep the values in registers.
+template <int kVals>
+__device__ __forceinline__ void lse_fold(Lse32& l, const float (&v)[kVals]) {
   float mx = -INFINITY;
 #pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    float v[n];
-    unpack16<TZ>(raw[u], v);
-#pragma unroll
-    for (int e = 0; e < n; ++e) mx = fmaxf(mx, v[e] * scale);
-  }
-  if (mx == -INFINITY) return;  // nothing but -inf: no mass
+  for (int i = 0; i < kVals; ++i) mx = fmaxf(mx, v[i]);
+  if (mx == -INFINITY) return;  // nothing but -inf (or no value): no mass
   const float m = fmaxf(l.m, mx);
   float sum = 0.f;
 #pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    float v[n];
-    unpack16<TZ>(raw[u], v);
-#pragma unroll
-    for (int e = 0; e < n; ++e) sum += expf(v[e] * scale - m);
-  }
+  for (int i = 0; i < kVals; ++i) sum += expf(v[i] - m);
   l.s = (l.m == -INFINITY ? 0.f : l.s * expf(l.m - m)) + sum;
   l.m = m;
 }
@@ -342,19 +306,18 @@ __device__ __forceinline__ void merge_row_lse(double* st, int col_m, int col_s, 
   st[col_s] = a.s;
 }
 
-template <typename TZ, bool kTeacher, int kLseUnroll>
+template <typename TZ, bool kTeacher>
 __global__ void __launch_bounds__(kLseRowsPerBlock * 32)
 lse_tile_kernel(TileParams p, int64_t rows, const TZ* z, const TZ* teacher, const int* flags,
                 const int32_t* ids, const int32_t* targets, double* stats, double* zk) {
   constexpr int n = Vec<TZ>::n;
+  constexpr int kVals = kLseUnroll * n;
   const int lane = threadIdx.x & 31;
   const int64_t local = blockIdx.x * static_cast<int64_t>(kLseRowsPerBlock) + (threadIdx.x >> 5);
   if (local >= rows) return;  // uniform over the warp
   const int64_t r = p.row0 + local;
   const int f = flags[r];
   if (!(f & kUsed)) return;  // uniform over the warp
-  // The id of j = lane (the first 32 of the K ids and the target), loaded ahead.
-  const int64_t first_id = lane < p.k ? ids[r * p.k + lane] : (lane == p.k ? targets[r] : 0);
   const TZ* zrow = z + local * p.ldz;
   const TZ* trow = kTeacher ? teacher + local * p.ldz : nullptr;
   const bool do1 = p.separate_lse1 && (f & kSft);
@@ -362,17 +325,27 @@ lse_tile_kernel(TileParams p, int64_t rows, const TZ* z, const TZ* teacher, cons
   Lse32 lt, l1, lteach;
   const int64_t nvec = p.tw / n;
   for (int64_t q0 = 0; q0 < nvec; q0 += 32 * kLseUnroll) {
-    uint4 zr[kLseUnroll], tr[kTeacher ? kLseUnroll : 1];
+    float x[kVals], t[kVals];
 #pragma unroll
     for (int u = 0; u < kLseUnroll; ++u) {
       const int64_t q = q0 + u * 32 + lane;
-      zr[u] = q < nvec ? reinterpret_cast<const uint4*>(zrow)[q] : neg_inf16<TZ>();
-      if constexpr (kTeacher)
-        tr[u] = q < nvec ? reinterpret_cast<const uint4*>(trow)[q] : neg_inf16<TZ>();
+      if (q < nvec) {
+        Vec<TZ>::load(zrow, q, x + u * n);
+        if constexpr (kTeacher) Vec<TZ>::load(trow, q, t + u * n);
+      } else {
+#pragma unroll
+        for (int e = 0; e < n; ++e) x[u * n + e] = t[u * n + e] = -INFINITY;
+      }
     }
-    lse_fold<TZ>(lt, zr, inv_t);
-    if (do1) lse_fold<TZ>(l1, zr, 1.f);
-    if constexpr (kTeacher) lse_fold<TZ>(lteach, tr, inv_t);
+    if (do1) lse_fold(l1, x);
+    if constexpr (kTeacher) {
+#pragma unroll
+      for (int i = 0; i < kVals; ++i) t[i] *= inv_t;
+      lse_fold(lteach, t);
+    }
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) x[i] *= inv_t;
+    lse_fold(lt, x);
   }
   for (int64_t i = nvec * n + lane; i < p.tw; i += 32) {  // the columns past the last vector
     const float x = to_f(zrow[i]);
@@ -392,7 +365,7 @@ lse_tile_kernel(TileParams p, int64_t rows, const TZ* z, const TZ* teacher, cons
   // Logits at the K ids and the target, from the tile that holds them. An id outside
   // [0, V) lies in no tile and is never read.
   for (int64_t j = lane; j <= p.k; j += 32) {
-    const int64_t id = j == lane ? first_id : (j < p.k ? ids[r * p.k + j] : targets[r]);
+    const int64_t id = j < p.k ? ids[r * p.k + j] : targets[r];
     if (j < p.k && id == kEmptySlot) continue;
     if (id >= p.v0 && id < p.v0 + p.tw) zk[r * (p.k + 1) + j] = static_cast<double>(to_f(zrow[id - p.v0]));
   }
@@ -999,22 +972,12 @@ void CudaFusedLoss<TIn, TZ>::pass_a() {
       tile_gemm(a_.lm_head.raw(), a_.hidden.raw(), h_, v0, tw, row0, rows, z);
       if (full_) tile_gemm(a_.teacher_lm_head.raw(), a_.teacher_hidden.raw(), ht_, v0, tw, row0, rows, t);
       const unsigned blocks = blocks_for(rows, kLseRowsPerBlock);
-      // TEMPORARY (session 16 A/B): OPD_LSE_UNROLL=8 loads 8 vectors per lane at once, else 4.
-      static const int unroll = std::getenv("OPD_LSE_UNROLL") ? std::atoi(std::getenv("OPD_LSE_UNROLL")) : 4;
       if (full_) {
-        if (unroll == 8)
-          lse_tile_kernel<TZ, true, 8><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
-              tile_params(row0, v0, tw), rows, z, t, flags_, ids_, targets_, stats_, zk_);
-        else
-          lse_tile_kernel<TZ, true, 4><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
-              tile_params(row0, v0, tw), rows, z, t, flags_, ids_, targets_, stats_, zk_);
+        lse_tile_kernel<TZ, true><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
+            tile_params(row0, v0, tw), rows, z, t, flags_, ids_, targets_, stats_, zk_);
       } else {
-        if (unroll == 8)
-          lse_tile_kernel<TZ, false, 8><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
-              tile_params(row0, v0, tw), rows, z, nullptr, flags_, ids_, targets_, stats_, zk_);
-        else
-          lse_tile_kernel<TZ, false, 4><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
-              tile_params(row0, v0, tw), rows, z, nullptr, flags_, ids_, targets_, stats_, zk_);
+        lse_tile_kernel<TZ, false><<<blocks, kLseRowsPerBlock * 32, 0, stream_>>>(
+            tile_params(row0, v0, tw), rows, z, nullptr, flags_, ids_, targets_, stats_, zk_);
       }
       check_launch("lse_tile_kernel");
     }

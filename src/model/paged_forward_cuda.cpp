@@ -363,17 +363,16 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
     cuda::linear_forward(h, L.v_proj.raw(), bias(L.v_bias), T, H, Hkv * D, dt, dt, ws.v.raw(), stream);
     void* q = ws.q.raw();
     void* k = ws.k.raw();
-    if (c.qk_norm) {  // per-head RMSNorm (Qwen3) and RoPE, one pass each
-      cuda::rmsnorm_rope_forward(q, L.q_norm.raw(), eps, T * Hq, D, dt, ws.qn.raw(),
-                                 ws.rstd_q.data<float>(), s.positions, inv_freq, Hq, stream);
-      cuda::rmsnorm_rope_forward(k, L.k_norm.raw(), eps, T * Hkv, D, dt, ws.kn.raw(),
-                                 ws.rstd_k.data<float>(), s.positions, inv_freq, Hkv, stream);
+    if (c.qk_norm) {  // per-head RMSNorm (Qwen3), before RoPE
+      cuda::rmsnorm_forward(q, L.q_norm.raw(), eps, T * Hq, D, dt, ws.qn.raw(),
+                            ws.rstd_q.data<float>(), stream);
+      cuda::rmsnorm_forward(k, L.k_norm.raw(), eps, T * Hkv, D, dt, ws.kn.raw(),
+                            ws.rstd_k.data<float>(), stream);
       q = ws.qn.raw();
       k = ws.kn.raw();
-    } else {
-      cuda::rope(q, s.positions, inv_freq, T, Hq, D, dt, false, stream);
-      cuda::rope(k, s.positions, inv_freq, T, Hkv, D, dt, false, stream);
     }
+    cuda::rope(q, s.positions, inv_freq, T, Hq, D, dt, false, stream);
+    cuda::rope(k, s.positions, inv_freq, T, Hkv, D, dt, false, stream);
 
     cuda::PagedStoreArgs st;
     st.k = k;

@@ -193,16 +193,16 @@ struct LayerRun {
       k = empty_dev({T, Hkv * D}, dt);
       lc.rstd_q = empty_dev({T * Hq}, DType::F32);
       lc.rstd_k = empty_dev({T * Hkv}, DType::F32);
-      norm_rope_heads(lc.q_raw, lc.k_raw, q, k, lc.rstd_q, lc.rstd_k);
+      Tensor qv = q.reshape({T * Hq, D}), kv = k.reshape({T * Hkv, D});
+      ops::rmsnorm_forward(lc.q_raw.reshape({T * Hq, D}), L.q_norm, eps, qv, lc.rstd_q);
+      ops::rmsnorm_forward(lc.k_raw.reshape({T * Hkv, D}), L.k_norm, eps, kv, lc.rstd_k);
     }
     lc.q = q.reshape({T, Hq, D});
     lc.k = k.reshape({T, Hkv, D});
     lc.v = v.reshape({T, Hkv, D});
-    if (!c.qk_norm) {
-      const int32_t* pos = plan.positions.data<int32_t>();
-      cuda::rope(lc.q.raw(), pos, inv_freq.data<float>(), T, Hq, D, dt, false, stream());
-      cuda::rope(lc.k.raw(), pos, inv_freq.data<float>(), T, Hkv, D, dt, false, stream());
-    }
+    const int32_t* pos = plan.positions.data<int32_t>();
+    cuda::rope(lc.q.raw(), pos, inv_freq.data<float>(), T, Hq, D, dt, false, stream());
+    cuda::rope(lc.k.raw(), pos, inv_freq.data<float>(), T, Hkv, D, dt, false, stream());
 
     lc.attn = empty_dev({T, Hq, D}, dt);
     lc.lse = empty_dev({T, Hq}, DType::F32);
@@ -224,22 +224,6 @@ struct LayerRun {
     Tensor m = empty_dev({T, H}, dt);
     ops::linear_forward(lc.act, L.down_proj, Tensor(), m);
     return m;
-  }
-
-  // Qwen3's q/k head norms and RoPE in one pass per tensor (cuda::rmsnorm_rope_forward: the
-  // bits of rmsnorm_forward then rope): q = rope(norm(q_raw) * w_q), k likewise.
-  void norm_rope_heads(const Tensor& q_raw, const Tensor& k_raw, Tensor& q, Tensor& k,
-                       const Tensor& rstd_q, const Tensor& rstd_k) const {
-    const int64_t T = plan.tokens, D = c.head_dim;
-    const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-    const DType dt = q_raw.dtype();
-    const int32_t* pos = plan.positions.data<int32_t>();
-    cuda::rmsnorm_rope_forward(q_raw.raw(), L.q_norm.raw(), c.rms_norm_eps, T * Hq, D, dt, q.raw(),
-                               const_cast<float*>(rstd_q.data<float>()), pos,
-                               inv_freq.data<float>(), Hq, stream());
-    cuda::rmsnorm_rope_forward(k_raw.raw(), L.k_norm.raw(), c.rms_norm_eps, T * Hkv, D, dt,
-                               k.raw(), const_cast<float*>(rstd_k.data<float>()), pos,
-                               inv_freq.data<float>(), Hkv, stream());
   }
 
   // Recompute::Elementwise: the forward drops what one elementwise pass rebuilds from the kept
@@ -273,10 +257,15 @@ struct LayerRun {
     ops::swiglu_forward(saved.gate, saved.up, lc.act);
     if (!saved.q.defined()) {
       Tensor q = empty_dev({T, Hq * D}, dt), k = empty_dev({T, Hkv * D}, dt);
+      Tensor qv = q.reshape({T * Hq, D}), kv = k.reshape({T * Hkv, D});
       Tensor rq = empty_dev({T * Hq}, DType::F32), rk = empty_dev({T * Hkv}, DType::F32);
-      norm_rope_heads(saved.q_raw, saved.k_raw, q, k, rq, rk);
+      ops::rmsnorm_forward(saved.q_raw.reshape({T * Hq, D}), L.q_norm, eps, qv, rq);
+      ops::rmsnorm_forward(saved.k_raw.reshape({T * Hkv, D}), L.k_norm, eps, kv, rk);
       lc.q = q.reshape({T, Hq, D});
       lc.k = k.reshape({T, Hkv, D});
+      const int32_t* pos = plan.positions.data<int32_t>();
+      cuda::rope(lc.q.raw(), pos, inv_freq.data<float>(), T, Hq, D, dt, false, stream());
+      cuda::rope(lc.k.raw(), pos, inv_freq.data<float>(), T, Hkv, D, dt, false, stream());
     }
   }
 
@@ -310,23 +299,18 @@ struct LayerRun {
                              dk.raw(), dv.raw(), stream());
     dattn = Tensor();
     const int32_t* pos = plan.positions.data<int32_t>();
+    cuda::rope(dq.raw(), pos, inv_freq.data<float>(), T, Hq, D, dt, true, stream());
+    cuda::rope(dk.raw(), pos, inv_freq.data<float>(), T, Hkv, D, dt, true, stream());
     Tensor dq_lin = dq.reshape({T, Hq * D}), dk_lin = dk.reshape({T, Hkv * D});
     if (c.qk_norm) {
-      // RoPE^-1 then the head norms' backward, one pass each (cuda::rope_rmsnorm_backward).
       Tensor dq_raw = empty_dev({T, Hq * D}, dt), dk_raw = empty_dev({T, Hkv * D}, dt);
-      cuda::rope_rmsnorm_backward(dq.raw(), lc.q_raw.raw(), L.q_norm.raw(),
-                                  lc.rstd_q.data<float>(), T * Hq, D, dt, dq_raw.raw(),
-                                  G.q_norm.data<float>(), pos, inv_freq.data<float>(), Hq,
-                                  stream());
-      cuda::rope_rmsnorm_backward(dk.raw(), lc.k_raw.raw(), L.k_norm.raw(),
-                                  lc.rstd_k.data<float>(), T * Hkv, D, dt, dk_raw.raw(),
-                                  G.k_norm.data<float>(), pos, inv_freq.data<float>(), Hkv,
-                                  stream());
+      Tensor dq_raw_v = dq_raw.reshape({T * Hq, D}), dk_raw_v = dk_raw.reshape({T * Hkv, D});
+      ops::rmsnorm_backward(dq_lin.reshape({T * Hq, D}), lc.q_raw.reshape({T * Hq, D}), L.q_norm,
+                            lc.rstd_q, dq_raw_v, G.q_norm);
+      ops::rmsnorm_backward(dk_lin.reshape({T * Hkv, D}), lc.k_raw.reshape({T * Hkv, D}),
+                            L.k_norm, lc.rstd_k, dk_raw_v, G.k_norm);
       dq_lin = dq_raw;
       dk_lin = dk_raw;
-    } else {
-      cuda::rope(dq.raw(), pos, inv_freq.data<float>(), T, Hq, D, dt, true, stream());
-      cuda::rope(dk.raw(), pos, inv_freq.data<float>(), T, Hkv, D, dt, true, stream());
     }
     Tensor dh1 = dh2;  // [T, H], free again: reuse it
     ops::linear_backward(dq_lin, lc.h1, L.q_proj, dh1, G.q_proj, G.q_bias);

@@ -52,19 +52,6 @@ void rmsnorm_residual_backward(const void* dy, const void* sum, const void* w, c
                                const void* dres, int64_t n, int64_t h, DType dtype, void* ds,
                                float* dw, cudaStream_t stream);
 
-// Head norm + RoPE (Qwen3's q/k norms), x/y [n = tokens * heads, h = head_dim] rows, token t's
-// rows t * heads .. : y = rope(rmsnorm(x) * w) exactly as rmsnorm_forward then rope (the normed
-// value rounded to dtype between them), in one pass where the shape allows (a head of <= 32
-// 16-byte vectors), else those two kernels. positions [n / heads] validated, inv_freq [h / 2].
-void rmsnorm_rope_forward(const void* x, const void* w, double eps, int64_t n, int64_t h,
-                          DType dtype, void* y, float* rstd, const int32_t* positions,
-                          const float* inv_freq, int64_t heads, cudaStream_t stream);
-// Its backward: rope(dy, inverse) then rmsnorm_backward, as one pass where the forward is one;
-// dy may be overwritten (the two-kernel path rotates it in place).
-void rope_rmsnorm_backward(void* dy, const void* x, const void* w, const float* rstd, int64_t n,
-                           int64_t h, DType dtype, void* dx, float* dw, const int32_t* positions,
-                           const float* inv_freq, int64_t heads, cudaStream_t stream);
-
 // ---- embedding.cu ---- ids already validated (check_indices). table/out in dtype; dtable f32.
 void embedding_forward(const int32_t* ids, const void* table, int64_t n, int64_t vocab,
                        int64_t hidden, DType dtype, void* out, cudaStream_t stream);

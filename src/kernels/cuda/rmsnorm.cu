@@ -13,14 +13,6 @@
 // tree over blocks adds it to dw: deterministic, no float atomics. The grid depends only on
 // the shape, so results are identical on every GPU. Other shapes take a simple block-per-row
 // path that re-reads the row.
-// The head norms of q and k (Qwen3) can carry RoPE in the same pass (rmsnorm_rope_forward /
-// rope_rmsnorm_backward; kRope below): the forward rotates the normed head, rounded to the
-// storage dtype first, exactly as rmsnorm_forward then rope would see it stored; the backward
-// rotates dy back (rounded as rope's in-place store would) before the norm's backward. Each
-// block fills a shared sin/cos table for the tokens its rows belong to (sincosf of the same f32
-// angle rope.cu forms), and a lane's rotate-half partner (element i <-> i + h/2) is the lane
-// h/2/W away in its row group. Same bits as the two kernels, one read and one write of the heads
-// fewer (tests/cuda: CudaRmsnormRope.*).
 // Decode steps may launch the forward fast path with programmatic dependent launch (`pdl`,
 // kernels/cuda/pdl.cuh: the weight row loads overlap the predecessor); the other paths ignore it
 // (a plain launch is always correct). Same results either way.
@@ -68,80 +60,15 @@ __device__ __forceinline__ float group_sum(float v, float* red) {
   }
 }
 
-// RoPE on the way out of the forward / into the backward of a head norm (kRope kernels).
-struct RopeIn {
-  const int32_t* positions = nullptr;  // [rows / heads], validated (>= 0)
-  const float* inv_freq = nullptr;     // [h / 2]
-  int64_t heads = 1;                   // rows per token
-  float sign = 1.f;                    // +1: rotate (forward); -1: rotate back (backward)
-};
-
-// Shared sin/cos of the tokens whose rows [base, base + rows_per_block) the block holds:
-// table[(t - first token) * h/2 + i] for i < h/2, sin already times sign. Every thread of the
-// block calls it (two barriers; the row loops' trip counts are block-uniform). Returns the
-// block's first token.
-template <int kTable>
-__device__ __forceinline__ int64_t rope_table(const RopeIn& rp, int64_t base, int64_t rows_per_block,
-                                              int64_t n, int64_t h, float* cs, float* sn) {
-  const int64_t half = h / 2;
-  const int64_t tok0 = base / rp.heads;
-  const int64_t tok1 = (min(n, base + rows_per_block) - 1) / rp.heads;
-  const int64_t entries = (tok1 - tok0 + 1) * half;  // <= kTable (the dispatcher checks)
-  __syncthreads();  // the previous rows' readers are done with the table
-  for (int64_t i = threadIdx.x; i < entries; i += kBlock) {
-    const float pos = static_cast<float>(rp.positions[tok0 + i / half]);
-    float s, c;
-    sincosf(pos * rp.inv_freq[i % half], &s, &c);  // rope.cu's angle and call
-    cs[i] = c;
-    sn[i] = s * rp.sign;
-  }
-  __syncthreads();
-  return tok0;
-}
-
-// Rotates the W values a lane holds (chunk `lane` of its row: elements lane*W ..) with its
-// rotate-half partner's, fetched by shuffle from the lane half/W away in the same group. Every
-// lane of the warp must call it (idle lanes and rows past n too: their results are unused).
-template <int W, int kGroup>
-__device__ __forceinline__ void rope_rotate(float (&f)[W], int lane, int64_t h, int64_t row,
-                                            int64_t n, int64_t tok0, const RopeIn& rp,
-                                            const float* cs, const float* sn) {
-  const int half_chunks = static_cast<int>(h / 2 / W);
-  const bool first = lane < half_chunks;
-  const int partner = first ? lane + half_chunks : lane - half_chunks;
-  const int warp_lane = threadIdx.x & 31;
-  const int src = (lane < 2 * half_chunks) ? warp_lane - lane + partner : warp_lane;
-  float other[W];
-#pragma unroll
-  for (int i = 0; i < W; ++i) other[i] = __shfl_sync(0xffffffffu, f[i], src);
-  if (row >= n || lane >= 2 * half_chunks) return;
-  const int64_t at = (row / rp.heads - tok0) * (h / 2) + static_cast<int64_t>(first ? lane : partner) * W;
-#pragma unroll
-  for (int i = 0; i < W; ++i) {
-    const float c = cs[at + i], s = sn[at + i];
-    // rope.cu's expressions: x[i]' = x[i] cos - x[i+h/2] sin, x[i+h/2]' = x[i+h/2] cos + x[i] sin
-    if (first) {
-      const float a = f[i], b = other[i];
-      f[i] = a * c - b * s;
-    } else {
-      const float a = other[i], b = f[i];
-      f[i] = b * c + a * s;
-    }
-  }
-}
-
 // ---------------------------------------------------------------- fast path
 // kPdl (decode steps launched with programmatic dependent launch, kernels/cuda/pdl.cuh): the
 // norm weight is loaded before waiting for the predecessor (the GEMM that wrote r / x); the
 // training path instantiates kPdl = false, unchanged.
-template <typename T, int W, int kGroup, int kE, bool kRes, bool kPdl = false, bool kRope = false>
+template <typename T, int W, int kGroup, int kE, bool kRes, bool kPdl = false>
 __global__ void __launch_bounds__(kBlock)
     rms_fwd_fast(const T* x, const T* r, const T* w, float eps, int64_t n, int64_t h, T* sum,
-                 T* y, float* rstd, RopeIn rp = {}) {
+                 T* y, float* rstd) {
   constexpr int kRowsPerBlock = kBlock / kGroup;
-  static_assert(!kRope || (kE == 1 && kGroup <= 32 && !kRes), "RoPE: a row per warp or less");
-  constexpr int kTable = kRope ? kBlock * W / 2 : 1;
-  __shared__ float rope_cs[kTable], rope_sn[kTable];
   const int lane = threadIdx.x % kGroup;
   Pack<T, W> wv[kE];
 #pragma unroll
@@ -183,18 +110,6 @@ __global__ void __launch_bounds__(kBlock)
       }
     }
     const float rs = rsqrtf(group_sum<kGroup>(ss, red) / static_cast<float>(h) + eps);
-    if constexpr (kRope) {
-      const int64_t tok0 = rope_table<kTable>(rp, base, kRowsPerBlock, n, h, rope_cs, rope_sn);
-      Pack<T, W> o;
-#pragma unroll
-      for (int i = 0; i < W; ++i) o.f[i] = v[0].f[i] * rs * wv[0].f[i];
-      o.round_to_storage();  // the normed head as rmsnorm_forward would store it
-      rope_rotate<W, kGroup>(o.f, lane, h, row, n, tok0, rp, rope_cs, rope_sn);
-      if (!active) continue;
-      if (lane == 0) rstd[row] = rs;
-      if (static_cast<int64_t>(lane) * W < h) o.store(y + row * h + static_cast<int64_t>(lane) * W);
-      continue;
-    }
     if (!active) continue;
     if (lane == 0) rstd[row] = rs;
 #pragma unroll
@@ -210,14 +125,11 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-template <typename T, int W, int kGroup, int kE, bool kRes, bool kRope = false>
+template <typename T, int W, int kGroup, int kE, bool kRes>
 __global__ void __launch_bounds__(kBlock)
     rms_bwd_fast(const T* dy, const T* x, const T* w, const float* rstd, const T* dres, int64_t n,
-                 int64_t h, T* dx, float* partial, RopeIn rp = {}) {
+                 int64_t h, T* dx, float* partial) {
   constexpr int kRowsPerBlock = kBlock / kGroup;
-  static_assert(!kRope || (kE == 1 && kGroup <= 32 && !kRes), "RoPE: a row per warp or less");
-  constexpr int kTable = kRope ? kBlock * W / 2 : 1;
-  __shared__ float rope_cs[kTable], rope_sn[kTable];
   const int lane = threadIdx.x % kGroup;
   Pack<T, W> wv[kE];
   float dw[kE][W];
@@ -239,24 +151,6 @@ __global__ void __launch_bounds__(kBlock)
     Pack<T, W> dyv[kE], xv[kE], dv[kE];
     float dot = 0;  // sum_i x_i * w_i * dy_i
     const float rs = active ? rstd[row] : 0.f;
-    if constexpr (kRope) {
-      // dy rotated back (RoPE^-1), rounded as rope's in-place store leaves it, then the norm's
-      // backward on it: the loads are issued before the table's barriers.
-      const int64_t col = static_cast<int64_t>(lane) * W;
-      const bool here = active && col < h;
-#pragma unroll
-      for (int i = 0; i < W; ++i) dyv[0].f[i] = xv[0].f[i] = 0.f;
-      if (here) {
-        dyv[0].load(dy + row * h + col);
-        xv[0].load(x + row * h + col);
-      }
-      const int64_t tok0 = rope_table<kTable>(rp, base, kRowsPerBlock, n, h, rope_cs, rope_sn);
-      rope_rotate<W, kGroup>(dyv[0].f, lane, h, row, n, tok0, rp, rope_cs, rope_sn);
-      dyv[0].round_to_storage();
-      if (here)
-#pragma unroll
-        for (int i = 0; i < W; ++i) dot += xv[0].f[i] * wv[0].f[i] * dyv[0].f[i];
-    } else {
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int64_t col = static_cast<int64_t>(e * kGroup + lane) * W;
@@ -267,7 +161,6 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
         for (int i = 0; i < W; ++i) dot += xv[e].f[i] * wv[e].f[i] * dyv[e].f[i];
       }
-    }
     }
     const float mean = group_sum<kGroup>(dot, red) / static_cast<float>(h);
     if (!active) continue;
@@ -379,7 +272,6 @@ struct Args {
   float *rstd, *dw;
   cudaStream_t stream;
   bool pdl = false;  // forward fast path: programmatic dependent launch (pdl.cuh)
-  RopeIn rope = {};  // rope_fast only
 };
 
 // Batches of at most this many rows are decode-sized (try_fast).
@@ -404,7 +296,7 @@ void launch_fast(const Args& a, bool forward) {
       launch_kernel("rms_fwd_fast", rms_fwd_fast<T, W, kGroup, kE, kRes, true>, dim3(blocks),
                     dim3(kBlock), 0, a.stream, true, x, static_cast<const T*>(a.r), w,
                     static_cast<float>(a.eps), a.n, a.h, static_cast<T*>(a.sum),
-                    static_cast<T*>(a.y), a.rstd, RopeIn{});
+                    static_cast<T*>(a.y), a.rstd);
       return;
     }
     rms_fwd_fast<T, W, kGroup, kE, kRes><<<blocks, kBlock, 0, a.stream>>>(
@@ -420,44 +312,6 @@ void launch_fast(const Args& a, bool forward) {
       static_cast<T*>(a.dx), partial.as<float>());
   check_launch("rms_bwd_fast");
   reduce_partials_accumulate(partial.as<float>(), blocks, a.h, a.dw, a.stream);
-}
-
-// The head norm with RoPE (kRope kernels): a row per group of <= 32 lanes, one W-wide access per
-// lane, the rotate-half partner a whole number of lanes away.
-template <typename T, int W, int kGroup>
-void launch_fast_rope(const Args& a, bool forward) {
-  constexpr int kRowsPerBlock = kBlock / kGroup;
-  const T* x = static_cast<const T*>(a.x);
-  const T* w = static_cast<const T*>(a.w);
-  if (forward) {
-    const unsigned blocks = grid_for(a.n, kRowsPerBlock, 1 << 20);
-    rms_fwd_fast<T, W, kGroup, 1, false, false, true><<<blocks, kBlock, 0, a.stream>>>(
-        x, nullptr, w, static_cast<float>(a.eps), a.n, a.h, nullptr, static_cast<T*>(a.y), a.rstd,
-        a.rope);
-    check_launch("rms_fwd_fast (rope)");
-    return;
-  }
-  const int64_t blocks = bwd_blocks(a.n, kRowsPerBlock, a.h);
-  DeviceBuffer partial(static_cast<size_t>(blocks * a.h) * sizeof(float), a.stream);
-  rms_bwd_fast<T, W, kGroup, 1, false, true><<<static_cast<unsigned>(blocks), kBlock, 0, a.stream>>>(
-      static_cast<const T*>(a.dy), x, w, a.rstd_in, nullptr, a.n, a.h, static_cast<T*>(a.dx),
-      partial.as<float>(), a.rope);
-  check_launch("rms_bwd_fast (rope)");
-  reduce_partials_accumulate(partial.as<float>(), blocks, a.h, a.dw, a.stream);
-}
-
-// The same group size as try_fast picks for the plain norm (so the same sums); false where the
-// row does not fit the RoPE kernels (then the caller runs the two kernels).
-template <typename T, int W>
-bool try_fast_rope(const Args& a, bool forward) {
-  const int64_t chunks = a.h / W;
-  if (a.h % 2 != 0 || (a.h / 2) % W != 0) return false;
-  const bool few = a.n <= kFewRows;
-  if (chunks <= 8 && !few) launch_fast_rope<T, W, 8>(a, forward);
-  else if (chunks <= 16 && !few) launch_fast_rope<T, W, 16>(a, forward);
-  else if (chunks <= 32) launch_fast_rope<T, W, 32>(a, forward);
-  else return false;
-  return true;
 }
 
 // Picks the register layout for `chunks` accesses of W elements per row; false if too long.
@@ -537,48 +391,7 @@ void run(const Args& a, DType dtype, bool residual, bool forward, const char* op
   }
 }
 
-template <typename T>
-bool run_rope_typed(const Args& a, bool forward) {
-  constexpr int V = 16 / sizeof(T);
-  const bool aligned = dev::aligned16(a.x) && dev::aligned16(a.w) &&
-                       (forward ? dev::aligned16(a.y) : dev::aligned16(a.dy) && dev::aligned16(a.dx));
-  // The vector width rmsnorm_forward/backward would take (so the same sums), or none.
-  if (aligned && a.h % V == 0) return try_fast_rope<T, V>(a, forward);
-  return try_fast_rope<T, 1>(a, forward);
-}
-
-// The fused head norm + RoPE where its kernels take the shape; false: the caller composes.
-bool run_rope(const Args& a, DType dtype, bool forward, const char* op) {
-  if (a.n == 0) return true;
-  OPD_CHECK(a.n <= 0x7fffffff && a.h > 0 && a.rope.heads > 0 && a.n % a.rope.heads == 0,
-            InvalidArgument, op, ": n ", a.n, ", h ", a.h, ", heads ", a.rope.heads);
-  if (dtype == DType::F32) return run_rope_typed<float>(a, forward);
-  if (dtype == DType::BF16) return run_rope_typed<__nv_bfloat16>(a, forward);
-  OPD_FAIL(Unsupported, "CUDA ", op, " for dtype ", dtype_name(dtype));
-}
-
 }  // namespace
-
-void rmsnorm_rope_forward(const void* x, const void* w, double eps, int64_t n, int64_t h,
-                          DType dtype, void* y, float* rstd, const int32_t* positions,
-                          const float* inv_freq, int64_t heads, cudaStream_t stream) {
-  Args a{x, nullptr, w, nullptr, nullptr, nullptr, eps, n, h, nullptr, y, nullptr, rstd, nullptr,
-         stream};
-  a.rope = RopeIn{positions, inv_freq, heads, 1.f};
-  if (run_rope(a, dtype, true, "rmsnorm_rope_forward")) return;
-  rmsnorm_forward(x, w, eps, n, h, dtype, y, rstd, stream);
-  rope(y, positions, inv_freq, n / heads, heads, h, dtype, false, stream);
-}
-
-void rope_rmsnorm_backward(void* dy, const void* x, const void* w, const float* rstd, int64_t n,
-                           int64_t h, DType dtype, void* dx, float* dw, const int32_t* positions,
-                           const float* inv_freq, int64_t heads, cudaStream_t stream) {
-  Args a{x, nullptr, w, dy, nullptr, rstd, 0.0, n, h, nullptr, nullptr, dx, nullptr, dw, stream};
-  a.rope = RopeIn{positions, inv_freq, heads, -1.f};
-  if (run_rope(a, dtype, false, "rope_rmsnorm_backward")) return;
-  rope(dy, positions, inv_freq, n / heads, heads, h, dtype, true, stream);
-  rmsnorm_backward(dy, x, w, rstd, n, h, dtype, dx, dw, stream);
-}
 
 void rmsnorm_forward(const void* x, const void* w, double eps, int64_t n, int64_t h, DType dtype,
                      void* y, float* rstd, cudaStream_t stream, bool pdl) {
