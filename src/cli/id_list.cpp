@@ -11,6 +11,9 @@ namespace opd::cli {
 
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what) {
   std::vector<int32_t> out;
+  // getline drops an empty last item: "1,2," would read as "1,2".
+  OPD_CHECK(text.empty() || text.back() != ',', InvalidArgument, what, " '", text,
+            "' ends with a comma (an empty id)");
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {

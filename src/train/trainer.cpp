@@ -1620,12 +1620,13 @@ TrainResult Trainer::run_steps() {
     save(step_, o_.save_at_end ? "end of training" : "end of training, after a failed save",
          SaveFailure::Fatal);
   if (step_ > result_.first_step || o_.eval_before) result_.eval_after = evaluate("after training", step_);
+  const std::string where = result_.last_checkpoint.empty()
+                                ? std::string("no checkpoint written (saving is off)")
+                                : "checkpoint " + result_.last_checkpoint;
   if (step_ > result_.first_step)
-    log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", checkpoint ",
-             result_.last_checkpoint);
+    log_info("done: ", step_, " steps, last loss ", result_.last_loss, ", ", where);
   else
-    log_info("done: nothing trained (the run was already at step ", step_, "), checkpoint ",
-             result_.last_checkpoint);
+    log_info("done: nothing trained (the run was already at step ", step_, "), ", where);
   return result_;
 }
 

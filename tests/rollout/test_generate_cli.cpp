@@ -121,6 +121,8 @@ TEST(GenerateCli, ErrorsNameTheProblem) {
       {m + " --prompt hello", "a text prompt needs a tokenizer"},
       {m + " --prompt-ids 1,96", "request 0: prompt token id 96 at position 1 is outside the vocabulary [0, 96)"},
       {m + " --prompt-ids 1,x", "'x' is not an integer"},
+      {m + " --prompt-ids 1,2,", "'1,2,' ends with a comma (an empty id)"},
+      {m + " --prompt-ids 1,,2", "'' is not an integer"},
       {m, "no prompt"},
       {m + " --prompts " + jsonl, "line 1: chat \"messages\" need a chat template"},
       {m + " --prompt-ids 1,2 --stop ab", "stop strings need a tokenizer"},
