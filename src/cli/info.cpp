@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -26,7 +27,9 @@ void run_info(const InfoOptions& o) {
   WeightStore store = WeightStore::open_dir(o.dir);
   // Every expected tensor must be present with its shape (this is also a load check).
   std::map<std::string, int64_t> stored_dtypes;
+  std::set<std::string> used;
   for (const auto& [name, shape] : parameter_shapes(c)) {
+    used.insert(name);
     OPD_CHECK(store.contains(name), InvalidData, o.dir, ": tensor '", name,
               "' expected by config.json is missing from the safetensors files");
     Tensor t = store.get(name);
@@ -34,6 +37,10 @@ void run_info(const InfoOptions& o) {
               shape_str(t.shape()), ", config.json implies ", shape_str(shape));
     stored_dtypes[std::string(dtype_name(t.dtype()))] += t.numel();
   }
+  // Stored tensors the config does not read (a layer count below the stored one, biases with
+  // attention_bias false): the model would compute something else than its checkpoint.
+  const std::vector<std::string> unused = unused_tensors(store, used, c.tie_word_embeddings);
+  warn_unused_tensors(store, unused);
   const int64_t total = c.num_parameters();
   const int64_t non_embedding = total - c.num_embedding_parameters();
   TokenizerFingerprint fp = tokenizer_fingerprint(o.dir, c.vocab_size);
@@ -57,6 +64,7 @@ void run_info(const InfoOptions& o) {
     j["qk_norm"] = c.qk_norm;
     j["config_dtype"] = c.torch_dtype;
     j["stored_dtypes"] = stored_dtypes;
+    j["unused_tensors"] = unused;
     j["num_parameters"] = total;
     j["num_non_embedding_parameters"] = non_embedding;
     j["eos_token_ids"] = c.eos_token_ids;
@@ -87,6 +95,10 @@ void run_info(const InfoOptions& o) {
               (long long)non_embedding);
   std::printf("dtype          config: %s; stored: %s\n",
               c.torch_dtype.empty() ? "(unset)" : c.torch_dtype.c_str(), dtypes.c_str());
+  if (!unused.empty())
+    std::printf("unused         %zu stored tensor%s not read (config.json disagrees): %s%s\n",
+                unused.size(), unused.size() > 1 ? "s" : "", unused.front().c_str(),
+                unused.size() > 1 ? ", ..." : "");
   std::printf("special ids    bos %lld, eos [%s]\n", (long long)c.bos_token_id, eos.c_str());
   std::printf("fingerprint    %s%s\n", fp.sha256.c_str(),
               fp.has_tokenizer ? "" : " (no tokenizer.json: vocab size only)");

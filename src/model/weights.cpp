@@ -156,6 +156,29 @@ ModelWeights weights_to(const ModelWeights& w, Device device, DType dtype) {
   return out;
 }
 
+std::vector<std::string> unused_tensors(const WeightStore& store, const std::set<std::string>& used,
+                                        bool tied) {
+  // A tied lm_head stored anyway and the rotary inv_freq buffers of older checkpoints are
+  // expected leftovers.
+  std::vector<std::string> unused;
+  for (const std::string& n : store.names()) {
+    if (used.count(n) || (tied && n == "lm_head.weight")) continue;
+    if (n.size() >= 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
+    unused.push_back(n);
+  }
+  return unused;
+}
+
+void warn_unused_tensors(const WeightStore& store, const std::vector<std::string>& unused) {
+  if (unused.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", " : "") + unused[i];
+  log_warn(store.dir(), ": ", unused.size(), " stored tensor", unused.size() > 1 ? "s are" : " is",
+           " not used by its config.json (", list, unused.size() > 5 ? ", ..." : "",
+           "): the config and the weights disagree (num_hidden_layers, attention_bias, "
+           "tie_word_embeddings, a tensor's name?); the model runs without them");
+}
+
 ModelWeights load_weights(const ModelConfig& config, const WeightStore& store) {
   std::set<std::string> used;
   ModelWeights w = build(config, [&](const std::string& name, const Shape& s) {
@@ -165,22 +188,7 @@ ModelWeights load_weights(const ModelConfig& config, const WeightStore& store) {
   // Tensors the config does not ask for mean the config and the weights disagree (a layer count
   // below the stored one, biases with attention_bias false, a renamed tensor): the model then
   // computes something else than its checkpoint, so say which (transformers warns as well).
-  // A tied lm_head stored anyway and the rotary inv_freq buffers of older checkpoints are
-  // expected leftovers.
-  std::vector<std::string> unused;
-  for (const std::string& n : store.names()) {
-    if (used.count(n) || (w.tied && n == "lm_head.weight")) continue;
-    if (n.size() >= 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
-    unused.push_back(n);
-  }
-  if (!unused.empty()) {
-    std::string list;
-    for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", " : "") + unused[i];
-    log_warn(store.dir(), ": ", unused.size(), " stored tensor", unused.size() > 1 ? "s are" : " is",
-             " not used by its config.json (", list, unused.size() > 5 ? ", ..." : "",
-             "): the config and the weights disagree (num_hidden_layers, attention_bias, "
-             "tie_word_embeddings, a tensor's name?); the model runs without them");
-  }
+  warn_unused_tensors(store, unused_tensors(store, used, w.tied));
   return w;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,5 +56,12 @@ ModelWeights weights_to(const ModelWeights& w, Device device, DType dtype);
 // dtype is checked (errors name the tensor and the directory). A tied model may still store
 // lm_head.weight (it is ignored when equal in shape).
 ModelWeights load_weights(const ModelConfig& config, const WeightStore& store);
+// The stored tensors a model does not read (`used`: the parameter names it asks for): a
+// config and weights that disagree (num_hidden_layers, attention_bias, ...). A tied model's
+// lm_head.weight and rotary inv_freq buffers are expected leftovers, not listed. load_weights and
+// `opd info` warn with warn_unused_tensors (names the first five and the count).
+std::vector<std::string> unused_tensors(const WeightStore& store, const std::set<std::string>& used,
+                                        bool tied);
+void warn_unused_tensors(const WeightStore& store, const std::vector<std::string>& unused);
 
 }  // namespace opd

@@ -54,6 +54,32 @@ TEST(CliInfo, TableOutputNamesTheArchitecture) {
   EXPECT_NE(r.out.find("llama3 scaling"), std::string::npos) << r.out;
 }
 
+// Stored tensors the config does not read (here llama_bias with attention_bias edited to false)
+// are named by `opd info` as by every command that loads the weights (session 16; it said
+// nothing); the fixtures as committed list none.
+TEST(CliInfo, StoredTensorsTheConfigDoesNotReadAreNamed) {
+  namespace fs = std::filesystem;
+  Result r = run("info " + model("llama_bias") + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["unused_tensors"].empty()) << r.out;
+  const fs::path dir = fs::temp_directory_path() / ("opd_cli_unused_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(model("llama_bias"), dir, fs::copy_options::recursive);
+  auto cfg = nlohmann::json::parse(std::ifstream((dir / "config.json").string()));
+  cfg["attention_bias"] = false;
+  std::ofstream((dir / "config.json").string()) << cfg.dump();
+  r = run("info " + dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("not used by its config.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unused         "), std::string::npos) << r.out;
+  r = test::run_opd("info " + dir.string() + " --json", test::Stderr::Discard);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto unused = nlohmann::json::parse(r.out)["unused_tensors"];
+  EXPECT_FALSE(unused.empty());
+  EXPECT_NE(unused.dump().find("model.layers.0.self_attn.k_proj.bias"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliInfo, BadDirectoriesGiveNamedErrors) {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("opd_cli_test_" + std::to_string(getpid()));
