@@ -137,7 +137,22 @@ TEST(Launcher, AStoppedRankIsKilledAndNamedAfterTheStoppedTimeout) {
   const auto t0 = std::chrono::steady_clock::now();
   LaunchOptions o = options(3);
   o.stopped_timeout_s = 1;
-  LaunchResult r = launch(o, sh("if [ \"$RANK\" = 1 ]; then sleep 0.2; kill -STOP $$; fi; sleep 120"));
+  const std::string pid_file = cat(::testing::TempDir(), "/opd_launch_stopped_", ::getpid());
+  std::remove(pid_file.c_str());
+  // Without the launcher's check the stopped rank would hold launch() forever: after 90 s this
+  // thread continues it, so the test fails on the bounds below instead of hanging.
+  std::atomic<bool> done{false};
+  std::thread guard([&] {
+    for (int i = 0; i < 900 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream f(pid_file);
+    pid_t p = 0;
+    if (!done && (f >> p) && p > 0) ::kill(p, SIGCONT);
+  });
+  LaunchResult r = launch(o, sh(cat("if [ \"$RANK\" = 1 ]; then echo $$ > ", pid_file,
+                                    "; sleep 0.2; kill -STOP $$; exit 0; fi; sleep 120")));
+  done = true;
+  guard.join();
+  std::remove(pid_file.c_str());
   EXPECT_LT(seconds_since(t0), 60.0) << r.message;  // the product's bound, not a speed test
   EXPECT_EQ(r.failed_rank, 1) << r.message;
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.message;
