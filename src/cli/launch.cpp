@@ -34,6 +34,10 @@ void register_launch(CLI::App& app) {
                 "seconds between SIGTERM and SIGKILL for the remaining ranks after a rank fails "
                 "or a signal is forwarded")
       ->capture_default_str();
+  c->add_option("--stopped-timeout", o->stopped_timeout_s,
+                "seconds a rank may stay stopped (SIGSTOP/SIGTSTP) while another local rank runs "
+                "before it is killed and fails the job (every rank stopped: a paused job, left alone)")
+      ->capture_default_str();
   c->add_option("--error-file", o->error_file,
                 "write a JSON record of the first failed rank here ({} when none)");
   c->add_flag("--no-prefix", *no_prefix, "do not prefix output lines with [rank R]");

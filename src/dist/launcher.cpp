@@ -55,6 +55,10 @@ const char* signal_name(int sig) {
     case SIGILL: return "SIGILL";
     case SIGPIPE: return "SIGPIPE";
     case SIGQUIT: return "SIGQUIT";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
     default: return "signal";
   }
 }
@@ -85,6 +89,10 @@ struct Rank {
   pid_t pid = -1;
   bool alive = false;
   Stream out, err;
+  int stop_signal = 0;  // > 0 while stopped
+  std::chrono::steady_clock::time_point stopped_at;
+  int killed_stopped_by = 0;  // the launcher SIGKILLed it after this stop signal
+  double killed_stopped_s = 0;
 };
 
 class SignalScope {
@@ -171,6 +179,10 @@ void flush_lines(Stream& s, const std::string& prefix, bool final) {
 
 std::string RankExit::describe() const {
   std::string who = cat("rank ", rank, " (local ", local_rank, ", pid ", pid, ")");
+  if (stopped_by > 0)
+    return cat(who, " was stopped by signal ", stopped_by, " (", signal_name(stopped_by), ") for ",
+               static_cast<int>(stopped_s), " s and killed: a stopped rank holds the other ranks in ",
+               "their next collective");
   if (signaled) return cat(who, " was killed by signal ", signal, " (", signal_name(signal), ")");
   return cat(who, " exited with status ", code);
 }
@@ -189,6 +201,8 @@ LaunchResult launch(const LaunchOptions& o, const std::vector<std::string>& comm
   OPD_CHECK(!o.master_addr.empty(), InvalidArgument, "opd launch: --master-addr is empty");
   OPD_CHECK(o.kill_after_s > 0 && o.kill_after_s <= 3600, InvalidArgument,
             "opd launch: --kill-after ", o.kill_after_s, " is outside (0, 3600] s");
+  OPD_CHECK(o.stopped_timeout_s > 0 && o.stopped_timeout_s <= 86400, InvalidArgument,
+            "opd launch: --stopped-timeout ", o.stopped_timeout_s, " is outside (0, 86400] s");
   OPD_CHECK(!command.empty() && !command[0].empty(), InvalidArgument,
             "opd launch: no command (usage: opd launch --nproc-per-node N -- opd train ...)");
 
@@ -273,8 +287,23 @@ LaunchResult launch(const LaunchOptions& o, const std::vector<std::string>& comm
     for (Rank& r : ranks) {
       if (!r.alive) continue;
       int status = 0;
-      const pid_t pid = ::waitpid(r.pid, &status, WNOHANG);
+      const pid_t pid = ::waitpid(r.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
       if (pid != r.pid) continue;
+      if (WIFSTOPPED(status)) {
+        r.stop_signal = WSTOPSIG(status);
+        r.stopped_at = Clock::now();
+        write_quietly(2, cat("opd launch: rank ", r.rank, " (local ", r.local_rank, ", pid ", r.pid,
+                             ") was stopped by signal ", r.stop_signal, " (",
+                             signal_name(r.stop_signal), "); it is killed unless it continues within ",
+                             o.stopped_timeout_s, " s\n"));
+        continue;
+      }
+      if (WIFCONTINUED(status)) {
+        if (r.stop_signal > 0)
+          write_quietly(2, cat("opd launch: rank ", r.rank, " continued\n"));
+        r.stop_signal = 0;
+        continue;
+      }
       {
         r.alive = false;
         RankExit e;
@@ -285,6 +314,8 @@ LaunchResult launch(const LaunchOptions& o, const std::vector<std::string>& comm
         e.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
         e.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         e.seconds = since_start();
+        e.stopped_by = r.killed_stopped_by;
+        e.stopped_s = r.killed_stopped_s;
         result.exits.push_back(e);
         const bool failed = e.signaled || e.code != 0;
         if (failed && first_failure_index < 0) {
@@ -347,6 +378,21 @@ LaunchResult launch(const LaunchOptions& o, const std::vector<std::string>& comm
       }
     }
     reap();
+    // A rank stopped too long while another local rank runs: that one waits for it in a
+    // collective (until OPD_DIST_TIMEOUT), so the stopped rank is the job's failure. SIGKILL is
+    // the one signal a stopped process acts on; its store connection then drops and the others
+    // fail at once. (Every local rank stopped: a paused job, left alone.)
+    const bool any_running = std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) {
+      return r.alive && r.stop_signal == 0;
+    });
+    for (Rank& r : ranks) {
+      if (!r.alive || r.stop_signal == 0 || r.killed_stopped_by > 0 || !any_running) continue;
+      const double stopped_s = std::chrono::duration<double>(Clock::now() - r.stopped_at).count();
+      if (stopped_s < o.stopped_timeout_s) continue;
+      r.killed_stopped_by = r.stop_signal;
+      r.killed_stopped_s = stopped_s;
+      ::kill(-r.pid, SIGKILL);
+    }
     if (stopping && !killed && Clock::now() >= kill_deadline) {
       killed = true;
       write_quietly(2, cat("opd launch: ranks still running ", o.kill_after_s,

@@ -9,6 +9,12 @@
 // - failure: when a rank exits non-zero or is killed, the others get SIGTERM at once and SIGKILL
 //   kill_after_s later (default 30 s, so the job is down in well under 60 s even when the
 //   survivors are stuck in a collective); the result names the first rank that failed and how;
+// - hangs it can see: a rank stopped (SIGSTOP, SIGTSTP, ...) for stopped_timeout_s while another
+//   local rank still runs holds that rank in its next collective until OPD_DIST_TIMEOUT (600 s):
+//   it is SIGKILLed and counts as the failed rank ("was stopped by signal 19 (SIGSTOP) for 30 s").
+//   Every local rank stopped is a paused job and is left alone; a rank stopped by a debugger
+//   (ptrace) is reported to the debugger, not to the launcher. A rank that hangs while running is
+//   left to the collectives' timeout (OPD_DIST_TIMEOUT);
 // - each rank runs in its own process group (signals reach only what the launcher sends) and
 //   gets SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG).
 // Multi-node: run one launcher per node with the same --nnodes/--master-addr/--master-port and
@@ -27,6 +33,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // torchrun's default; 0 = a free port (single node only)
   double kill_after_s = 30;  // SIGTERM -> SIGKILL grace after a failure or a forwarded signal
+  double stopped_timeout_s = 30;  // a rank stopped this long (others running) fails the job
   bool prefix_output = true;
   std::string error_file;   // when set: JSON record of the first failure (or {} on success)
 };
@@ -38,6 +45,8 @@ struct RankExit {
   bool signaled = false;
   int code = 0;    // exit status when !signaled
   int signal = 0;  // terminating signal when signaled
+  int stopped_by = 0;   // > 0: killed by the launcher after being stopped by this signal
+  double stopped_s = 0;  // for how long it was stopped then
   double seconds = 0;  // since launch
   std::string describe() const;  // "rank 3 (local 3, pid 1234) was killed by signal 11 (SIGSEGV)"
 };

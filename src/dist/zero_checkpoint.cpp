@@ -43,7 +43,7 @@ std::string agree_from_root(Store& store, bool root, const std::optional<std::st
   const std::string msg = store.broadcast(
       root ? (error.empty() ? "ok\n" + value.value_or("") : "error\n" + error) : "", 0, what);
   if (msg.rfind("ok\n", 0) == 0) return msg.substr(3);
-  OPD_FAIL(Io, msg.size() > 6 ? msg.substr(6) : msg);
+  throw CheckpointNotWritten(msg.size() > 6 ? msg.substr(6) : msg);
 }
 
 Tensor shard_tensor(const SafetensorsFile& f, const char* name, int64_t numel) {
@@ -283,9 +283,9 @@ std::string write_and_commit(ZeroOptimizer& zero, const std::string& root, const
                        j.at("sha256").get<std::string>()});
     shard_names.push_back(written.back().name);
   }
-  if (!failures.empty()) {
-    OPD_FAIL(Io, step_what, " failed (the previous checkpoint stays the latest): ", failures);
-  }
+  if (!failures.empty())  // every rank read the same reports: an agreed outcome
+    throw CheckpointNotWritten(
+        cat(step_what, " failed (the previous checkpoint stays the latest): ", failures));
 
   // 5. Rank 0 writes state.json and the manifest over every rank's files, renames, updates LATEST.
   std::string final_path;

@@ -29,14 +29,25 @@
 
 namespace opd::dist {
 
+// The outcome of a sharded save that every rank learned through the store and agrees on: the
+// save failed, but each rank left it at the same collective, so the job may go on training (the
+// trainer warns and retries at the next save point). Any other Error out of a save may leave the
+// ranks apart and ends the run.
+class CheckpointNotWritten : public Error {
+ public:
+  explicit CheckpointNotWritten(const std::string& message) : Error(ErrorKind::Io, message) {}
+};
+
 // The shard file name of `rank` in a `world`-rank checkpoint.
 std::string zero_shard_file_name(int rank, int world);
 
 // Collective: every rank calls it with the same step. data (used on rank 0 only, besides step):
 // state.json contents and extra files; its tensor_files must be empty. names: the parameters'
 // HF names in layout order (the model export's tensor names). Returns the committed folder on
-// every rank. When any rank fails to write (or rank 0 to commit), every rank throws Io naming the
-// rank(s) and file(s), the temp folder is removed and LATEST still names the previous checkpoint.
+// every rank. When any rank fails to write (or rank 0 to commit), every rank throws
+// CheckpointNotWritten (Io) naming the rank(s) and file(s), the temp folder is removed and LATEST
+// still names the previous checkpoint. A failed store call (a peer died or aborted, a timeout)
+// throws a plain Error instead: then the ranks may not all have reached the same point.
 std::string save_zero_checkpoint(ZeroOptimizer& zero, const std::string& root,
                                  const CheckpointData& data, const std::vector<std::string>& names,
                                  int keep_last);

@@ -949,9 +949,12 @@ bool Trainer::save(int64_t step, const char* why, SaveFailure on_failure) {
             ? std::string("no checkpoint of this run is complete yet")
             : cat("the last complete checkpoint is ", result_.last_checkpoint, " (step ",
                   last_saved_step_, "; --resume auto continues from it)");
-    // Sharded saves end in one outcome every rank agrees on, but a store failure is Io too and
-    // would leave the ranks apart: a distributed run still stops at the first failed save.
-    if (on_failure == SaveFailure::Fatal || distributed())
+    // A sharded save that failed on some rank ends in one outcome every rank learned through
+    // the store (dist::CheckpointNotWritten, thrown on every rank at the same collective), so the
+    // ranks can go on together. Any other Io error out of a distributed save (a store call failed:
+    // a peer died, aborted or timed out) may leave the ranks at different collectives: fatal.
+    const bool agreed = dynamic_cast<const dist::CheckpointNotWritten*>(&e) != nullptr;
+    if (on_failure == SaveFailure::Fatal || (distributed() && !agreed))
       OPD_FAIL(Io, "the checkpoint of step ", step, " (", why, ") could not be written: ",
                e.what(), "; ", last);
     ++failed_saves_;

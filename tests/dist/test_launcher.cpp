@@ -1,12 +1,14 @@
 // The launcher (dist/launcher.h), in process with /bin/sh ranks, and once through `opd launch`:
 // torchrun variables per rank, prefixed output, a crashing rank taking the job down (well
 // inside 60 s) with a result naming it, SIGKILL for a rank that ignores SIGTERM, SIGTERM
-// forwarded, SIGHUP ignored, an unrunnable command, option errors.
+// forwarded, SIGHUP ignored, a stopped rank killed and named (all ranks stopped: paused), an
+// unrunnable command, option errors.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -125,6 +127,83 @@ TEST(Launcher, RankIgnoringSigtermIsKilled) {
   ASSERT_EQ(r.exits.size(), 2u);
   EXPECT_TRUE(r.exits[1].signaled);
   EXPECT_EQ(r.exits[1].signal, SIGKILL);
+}
+
+// A rank stopped (SIGSTOP) while the others run holds them in their next collective until
+// OPD_DIST_TIMEOUT (600 s): after --stopped-timeout the launcher kills it and names it as the
+// failure. (Before: the job sat until the other ranks' collective timeout; a SIGTERM to the
+// launcher then needed --kill-after and blamed "rank 1 ... killed by signal 9 (SIGKILL)".)
+TEST(Launcher, AStoppedRankIsKilledAndNamedAfterTheStoppedTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LaunchOptions o = options(3);
+  o.stopped_timeout_s = 1;
+  const std::string pid_file = cat(::testing::TempDir(), "/opd_launch_stopped_", ::getpid());
+  std::remove(pid_file.c_str());
+  // Without the launcher's check the stopped rank would hold launch() forever: after 90 s this
+  // thread continues it, so the test fails on the bounds below instead of hanging.
+  std::atomic<bool> done{false};
+  std::thread guard([&] {
+    for (int i = 0; i < 900 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream f(pid_file);
+    pid_t p = 0;
+    if (!done && (f >> p) && p > 0) ::kill(p, SIGCONT);
+  });
+  LaunchResult r = launch(o, sh(cat("if [ \"$RANK\" = 1 ]; then echo $$ > ", pid_file,
+                                    "; sleep 0.2; kill -STOP $$; exit 0; fi; sleep 120")));
+  done = true;
+  guard.join();
+  std::remove(pid_file.c_str());
+  EXPECT_LT(seconds_since(t0), 60.0) << r.message;  // the product's bound, not a speed test
+  EXPECT_EQ(r.failed_rank, 1) << r.message;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.message;
+  EXPECT_NE(r.message.find("rank 1 failed first: rank 1 (local 1, pid"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("was stopped by signal 19 (SIGSTOP) for"), std::string::npos) << r.message;
+  ASSERT_EQ(r.exits.size(), 3u);
+  EXPECT_EQ(r.exits[0].rank, 1);
+  EXPECT_EQ(r.exits[0].stopped_by, SIGSTOP);
+}
+
+// Every local rank stopped is a paused job, not a hang: nobody waits for anybody, and the job
+// goes on after SIGCONT (the other side of --stopped-timeout).
+TEST(Launcher, AJobWhoseRanksAreAllStoppedIsPausedNotKilled) {
+  LaunchOptions o = options(2);
+  o.stopped_timeout_s = 3;  // longer than the moment between the two ranks stopping
+  std::atomic<bool> done{false};
+  const std::string flag = cat(::testing::TempDir(), "/opd_launch_paused_", ::getpid());
+  std::remove(flag.c_str());
+  // Each rank writes its pid, stops itself, and ends 0 once continued.
+  std::thread resumer([&] {
+    // Wait until both ranks are stopped (state T in /proc), hold them 5 s (> the timeout),
+    // then continue them.
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 6000 && !done; ++i) {
+      pids.clear();
+      for (int rank = 0; rank < 2; ++rank) {
+        std::ifstream f(cat(flag, ".", rank));
+        pid_t p = 0;
+        if (f >> p) pids.push_back(p);
+      }
+      int stopped = 0;
+      for (pid_t p : pids) {
+        std::ifstream st(cat("/proc/", p, "/stat"));
+        std::string line;
+        std::getline(st, line);
+        const auto close = line.rfind(')');
+        if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') ++stopped;
+      }
+      if (stopped == 2) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    for (pid_t p : pids) ::kill(p, SIGCONT);
+  });
+  LaunchResult r = launch(o, sh(cat("echo $$ > ", flag, ".$RANK; kill -STOP $$; exit 0")));
+  done = true;
+  resumer.join();
+  std::remove(cat(flag, ".0").c_str());
+  std::remove(cat(flag, ".1").c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.failed_rank, -1) << r.message;
 }
 
 TEST(Launcher, ForwardsSigtermAndIgnoresSighup) {
