@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>  // renameat2, RENAME_EXCHANGE
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -177,14 +178,29 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
     add("state.json");
     write_file_synced((tmp_dir / "MANIFEST.json").string(), manifest.dump(2));
     fsync_path(tmp_dir.string());
-    // An older checkpoint of the same step (a re-run) is replaced: move it aside first.
+    // An older checkpoint of the same step (a re-run) is replaced so that step-N always names a
+    // complete checkpoint: the two folders swap names in one atomic renameat2(RENAME_EXCHANGE),
+    // then the old one (now under the temp name) is deleted. Where the file system cannot
+    // exchange, the old folder moves aside first and is deleted only after the new one is in
+    // place (a crash between the two renames leaves both folders whole; .old- folders are
+    // cleaned up by the next save). It used to be deleted before the new one was renamed in.
     if (fs::exists(final_dir)) {
-      const fs::path old = fs::path(root) / (name + ".old-" + std::to_string(::getpid()));
-      fs::rename(final_dir, old);
-      fs::remove_all(old);
+      if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+        fsync_path(root);
+        fs::remove_all(tmp_dir, ec);
+        if (ec) log_warn("could not delete the replaced checkpoint ", tmp_dir.string(), ": ", ec.message());
+      } else {
+        const fs::path old = fs::path(root) / (name + ".old-" + std::to_string(::getpid()));
+        fs::rename(final_dir, old);
+        fs::rename(tmp_dir, final_dir);
+        fsync_path(root);
+        fs::remove_all(old, ec);
+        if (ec) log_warn("could not delete the replaced checkpoint ", old.string(), ": ", ec.message());
+      }
+    } else {
+      fs::rename(tmp_dir, final_dir);
+      fsync_path(root);
     }
-    fs::rename(tmp_dir, final_dir);
-    fsync_path(root);
   } catch (...) {
     fs::remove_all(tmp_dir, ec);
     throw;
@@ -202,9 +218,10 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
   // one is complete they only hold disk space.
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    const auto tmp_at = n.find(".tmp-");
+    auto tmp_at = n.find(".tmp-");
+    if (tmp_at == std::string::npos) tmp_at = n.find(".old-");  // a replaced one (see above)
     if (!e.is_directory() || tmp_at == std::string::npos || !parse_step(n.substr(0, tmp_at))) continue;
-    log_warn("removing the temp folder of an unfinished checkpoint: ", e.path().string());
+    log_warn("removing the temp folder of an unfinished or replaced checkpoint: ", e.path().string());
     std::error_code rm;
     fs::remove_all(e.path(), rm);
   }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -78,6 +79,30 @@ TEST(Checkpoint, KeepLastDeletesOnlyOlderOnes) {
   // keep_last = 0 keeps everything.
   for (int s = 6; s <= 8; ++s) save_checkpoint(root.path.string(), sample(s), 0);
   EXPECT_EQ(list_checkpoints(root.path.string()).size(), 5u);
+}
+
+// A second checkpoint of the same step (a run resumed from an older step re-saves it) replaces
+// the first: step-N names a complete checkpoint at every instant (the folders swap names
+// atomically; session 16: the old folder used to be deleted before the new one was renamed in).
+// Folders a replacement left behind (".old-PID" after a crash between two renames where the file
+// system cannot exchange) are removed by the next save, as unfinished temp folders are.
+TEST(Checkpoint, ASecondSaveOfAStepReplacesItAndLeavesNothingBehind) {
+  TempDir root;
+  CheckpointData a = sample(3), b = sample(3);
+  b.state["data_cursor"]["index"] = 999;
+  b.tensor_files["model"]["w"] = test::random_uniform({3, 5}, DType::F32, 77);
+  save_checkpoint(root.path.string(), a, 0);
+  fs::create_directories(root.path / "step-00000002.old-424242");  // a replacement's leftover
+  const std::string dir = save_checkpoint(root.path.string(), b, 0);
+  EXPECT_EQ(fs::path(dir).filename(), "step-00000003");
+  CheckpointData back = load_checkpoint(dir);
+  EXPECT_EQ(back.state["data_cursor"]["index"], 999);
+  const Tensor& w = back.tensor_files.at("model").at("w");
+  EXPECT_EQ(0, std::memcmp(w.raw(), b.tensor_files["model"]["w"].raw(), w.nbytes()));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root.path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"LATEST", "step-00000003"}));
 }
 
 TEST(Checkpoint, CorruptionIsRefusedByNameAndTheRunFallsBack) {
