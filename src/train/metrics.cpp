@@ -244,13 +244,39 @@ void MetricsLog::open_jsonl() {
             " failed: ", std::strerror(errno));
 }
 
+// The file behind fd was deleted (it, or the run directory, removed while the run goes on):
+// writing on would lose every record without a word. A new file at `path` takes the next ones
+// (a TensorBoard file starts with its version event again), with one warning.
+void MetricsLog::reopen_deleted(int& fd, const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  const bool event = path == event_path_;
+  const int nfd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (nfd < 0) {
+    log_warn("metrics: ", path, " was deleted during the run and cannot be created again (",
+             std::strerror(errno), "); its records go nowhere until it can");
+    return;
+  }
+  ::close(fd);
+  fd = nfd;
+  log_warn("metrics: ", path, " was deleted during the run (the file or its folder); the next "
+           "records go to a new one (the earlier ones are gone)");
+  if (!event) return;
+  try {
+    write_all(fd, tfrecord_frame(encode_file_version_event(unix_now(), "brain.Event:2")), path);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;  // a full disk: the next append reports it
+  }
+}
+
 void MetricsLog::write_event(const std::string& event_bytes) {
   if (event_fd_ < 0) return;
   append(event_fd_, tfrecord_frame(event_bytes), event_path_, event_lost_);
 }
 
-bool MetricsLog::append(int fd, const std::string& bytes, const std::string& path, int64_t& lost) {
+bool MetricsLog::append(int& fd, const std::string& bytes, const std::string& path, int64_t& lost) {
   struct stat st{};
+  if (::fstat(fd, &st) == 0 && st.st_nlink == 0) reopen_deleted(fd, path);
   const off_t before = ::fstat(fd, &st) == 0 ? st.st_size : -1;
   try {
     write_all(fd, bytes, path);

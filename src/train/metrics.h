@@ -59,7 +59,9 @@ class MetricsLog {
   void write_event(const std::string& event_bytes);
   // Appends bytes; an Io failure (a full disk) is logged (once until writing works again), the
   // partial record cut off and counted in `lost`, and the run goes on: false.
-  bool append(int fd, const std::string& bytes, const std::string& path, int64_t& lost);
+  // A file deleted under the run (st_nlink 0) is created again first (reopen_deleted).
+  bool append(int& fd, const std::string& bytes, const std::string& path, int64_t& lost);
+  void reopen_deleted(int& fd, const std::string& path);
 
   std::string run_dir_, jsonl_path_, event_path_;
   int jsonl_fd_ = -1, event_fd_ = -1;

@@ -10,6 +10,7 @@
 
 #include "common/test_util.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "train/metrics.h"
 #include "train/metrics_test_util.h"
 
@@ -185,6 +186,34 @@ TEST(Metrics, TwoLogsInOneSecondGetDistinctEventFiles) {
   MetricsLog a(dir.str()), b(dir.str());
   EXPECT_NE(a.event_path(), b.event_path());
   EXPECT_EQ(event_files(dir.path).size(), 2u);
+}
+
+// The run directory deleted while the run goes on (session 16: every later record went to the
+// deleted files without a word): metrics.jsonl and the TensorBoard file are created again at
+// their paths, the TensorBoard one starting with its version event, and the log file too.
+TEST(Metrics, FilesDeletedUnderARunAreCreatedAgain) {
+  MetricsTempDir dir;
+  const std::string run = dir.str() + "/run";
+  MetricsLog log(run);
+  set_log_file(run + "/train.log");
+  log.write(1, record_for(1));
+  log_info("before the deletion");
+  fs::remove_all(run);
+  log.write(2, record_for(2));
+  log_info("after the deletion");
+  set_log_file("");
+  const auto recs = MetricsLog::read(run + "/metrics.jsonl");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0]["step"], 2);
+  std::vector<test::DecodedEvent> events;
+  ASSERT_TRUE(test::read_events(log.event_path(), &events));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  EXPECT_EQ(events[1].step, 2);
+  const std::string text = test::slurp(run + "/train.log");
+  EXPECT_NE(text.find("was deleted"), std::string::npos) << text;
+  EXPECT_NE(text.find("after the deletion"), std::string::npos) << text;
+  EXPECT_EQ(text.find("before the deletion"), std::string::npos) << text;
 }
 
 TEST(Metrics, TornLastLineIsSkippedCountedAndRepairedOnReopen) {
