@@ -47,6 +47,7 @@ WeightOffload::WeightOffload(std::shared_ptr<Transformer> model) : model_(std::m
     int64_t group = L + 1;
     if (name.find("embed_tokens") != std::string::npos) {
       group = 0;
+      embedding_offset_ = numel_;
     } else if (const size_t at = name.find("layers."); at != std::string::npos) {
       group = 1 + std::stoll(name.substr(at + 7));
     }
@@ -115,8 +116,9 @@ void WeightOffload::make_resident(const Tensor& flat, bool layered) {
 void WeightOffload::forget_layered() noexcept {
   if (!in_flight_) return;
 #ifdef OPD_WITH_CUDA
-  // Stream-ordered free of the buffer (or its last reader's queue): after the last copy landed.
-  (void)cudaStreamWaitEvent(cuda::current_stream(), layered_->arrived.back()->get(), 0);
+  // Stream-ordered free of the buffer (or its last reader's queue): after the last copy landed
+  // (group 0's, the last one issued).
+  (void)cudaStreamWaitEvent(cuda::current_stream(), layered_->arrived.front()->get(), 0);
 #endif
   model_->set_weight_arrival(nullptr);
   in_flight_ = false;
@@ -137,18 +139,22 @@ void WeightOffload::upload_layered() {
   layered_->allocated.record(stream);
   OPD_CUDA_CHECK(cudaStreamWaitEvent(layered_->copy.get(), layered_->allocated.get(), 0));
   const size_t esize = dtype_size(dtype_);
-  int64_t begin = 0;
-  for (size_t g = 0; g < group_end_.size(); ++g) {
-    const int64_t end = group_end_[g];
+  // Group g spans [end of g - 1, end of g) of the layout; copied in the order 1, 2, ..., last,
+  // then 0 (the embedding: see the header), each followed by its event. The last event (group
+  // 0's) therefore follows every copy: wait_all.
+  auto copy_group = [&](size_t g) {
+    const int64_t begin = g == 0 ? 0 : group_end_[g - 1], end = group_end_[g];
     if (end > begin)
       OPD_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(flat.raw()) + begin * esize,
                                      static_cast<const char*>(host_.get()) + begin * esize,
                                      static_cast<size_t>(end - begin) * esize,
                                      cudaMemcpyHostToDevice, layered_->copy.get()));
     layered_->arrived[g]->record(layered_->copy.get());
-    begin = end;
-  }
+  };
+  for (size_t g = 1; g < group_end_.size(); ++g) copy_group(g);
+  copy_group(0);
   make_resident(flat, /*layered=*/true);
+  host_lookup_done_ = false;
 #endif
 }
 
@@ -161,6 +167,14 @@ void WeightOffload::wait(int64_t group, cudaStream_t stream) const {
   (void)group;
   (void)stream;
 #endif
+}
+
+void WeightOffload::wait_all(cudaStream_t stream) const { wait(0, stream); }  // copied last
+
+const void* WeightOffload::host_embedding() const {
+  if (!in_flight_ || host_lookup_done_ || embedding_offset_ < 0) return nullptr;
+  host_lookup_done_ = true;
+  return static_cast<const char*>(host_.get()) + embedding_offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
 void WeightOffload::release() {

@@ -11,11 +11,15 @@
 // sync) and a release drops one device block. While released the model's weight tensors are
 // undefined: using the model then fails on an undefined tensor instead of reading freed memory.
 // Cost per upload: bytes / host-to-device bandwidth (PCIe 5: ~3.4 GB in ~70 ms).
-// upload_layered() hides most of it behind the forward that reads the weights: the groups (the
-// embedding, each layer, the final norm) are copied in order on a copy stream, one event per
-// group, and the model's CUDA forward waits for each group right before its first use
-// (Transformer::set_weight_arrival); its first layer starts after the embedding's copy instead
-// of the whole model's.
+// upload_layered() hides most of it behind the forward that reads the weights: the groups (each
+// layer, the final norm, then the embedding) are copied in that order on a copy stream, one event
+// per group, and the model's CUDA forward waits for each group right before its first use
+// (Transformer::set_weight_arrival); its first layer starts after that layer's copy instead of
+// the whole model's. The first forward after the upload looks its tokens up in the embedding's
+// pinned host copy (kernels read it over the bus: T rows, not the whole table), so the embedding
+// (the largest group: 622 MB for a 1.7B Qwen3) is copied last, behind the layers; a tied lm_head
+// is the embedding again, needed only after every layer. (Until session 16 the embedding went
+// first and scoring waited for it: ~12 ms of W1's ~20 ms offload cost.)
 #pragma once
 
 #include <cstdint>
@@ -45,6 +49,8 @@ class WeightOffload : public WeightArrival {
   void release();  // no-op when not resident; after a layered upload, waits for its copies
   // WeightArrival (while a layered upload is bound to the model).
   void wait(int64_t group, cudaStream_t stream) const override;
+  void wait_all(cudaStream_t stream) const override;
+  const void* host_embedding() const override;
   bool resident() const { return device_.defined(); }
   int64_t bytes() const { return bytes_; }
   int64_t uploads() const { return uploads_; }
@@ -74,6 +80,8 @@ class WeightOffload : public WeightArrival {
   struct Layered;                    // the copy stream and the per-group events (CUDA)
   std::unique_ptr<Layered> layered_;
   bool in_flight_ = false;           // the last upload was layered (the model holds `this`)
+  int64_t embedding_offset_ = -1;    // elements into the flat buffer (-1: no embedding slot)
+  mutable bool host_lookup_done_ = false;  // host_embedding() served this upload's first forward
 };
 
 }  // namespace opd

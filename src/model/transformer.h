@@ -95,12 +95,17 @@ using GradsReadyHook = std::function<void(const GradsReady&)>;
 
 // Weights of a CUDA model that are still on their way to the device, group by group
 // (WeightOffload::upload_layered): group 0 is the embedding, 1 + l layer l, num_layers + 1 the
-// final norm and an untied lm_head. wait(g, stream) orders `stream` after group g's copy (and,
-// the groups being copied in order on one stream, after every group before it).
+// final norm and an untied lm_head. wait(g, stream) orders `stream` after group g's copy;
+// wait_all after every group's. host_embedding(): where the forward may look its tokens up
+// without waiting for group 0 (the embedding is copied last: a tied one is needed again only by
+// the lm_head, after every layer): the embedding's pinned host copy, which kernels read over the
+// bus, for the first forward after an upload; nullptr afterwards (then wait(0)).
 class WeightArrival {
  public:
   virtual ~WeightArrival() = default;
   virtual void wait(int64_t group, cudaStream_t stream) const = 0;
+  virtual void wait_all(cudaStream_t stream) const = 0;
+  virtual const void* host_embedding() const { return nullptr; }
 };
 
 class Transformer {
@@ -130,7 +135,7 @@ class Transformer {
   // Orders `stream` after every weight's arrival (no-op when all are resident): for readers
   // other than forward_hidden (PagedForward).
   void wait_for_weights(cudaStream_t stream) const {
-    if (arrival_) arrival_->wait(config_.num_hidden_layers + 1, stream);
+    if (arrival_) arrival_->wait_all(stream);
   }
 
   // Logits f32 [T, V] (CPU: the weights' dtype). With a cache, keeps what backward() needs.

@@ -338,10 +338,14 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
   auto arrive = [&](int64_t group) {
     if (arrival_) arrival_->wait(group, stream());
   };
-  arrive(0);
+  // The embedding arrives last (WeightArrival): the first forward after an upload reads its
+  // rows from the pinned host copy, the next ones wait for the device copy.
+  const void* host_table = arrival_ ? arrival_->host_embedding() : nullptr;
+  if (!host_table) arrive(0);
   Tensor x = empty_dev({T, H}, dt);
-  cuda::embedding_forward(plan->ids.data<int32_t>(), weights_.embed_tokens.raw(), T, c.vocab_size,
-                          H, dt, x.raw(), stream());
+  cuda::embedding_forward(plan->ids.data<int32_t>(),
+                          host_table ? host_table : weights_.embed_tokens.raw(), T, c.vocab_size,
+                          H, dt, x.raw(), stream(), host_table != nullptr);
   if (cache) {
     cache->layers.assign(weights_.layers.size(), LayerCache{});
     cache->device_batch = plan;
@@ -380,6 +384,9 @@ Tensor Transformer::forward_hidden_cuda(const Batch& batch, ForwardCache* cache)
     cache->h_final = h1;
     cache->rstd_final = rstd1;
   }
+  // What follows the hidden states (an lm_head: a tied one is the embedding, copied last) reads
+  // weights: the stream waits for every group (by now normally long arrived).
+  if (arrival_) arrival_->wait_all(stream());
   return h1;
 }
 

@@ -252,6 +252,7 @@ TEST_P(CudaWeightOffload, LayeredUploadGivesTheSameBits) {
   const int64_t V = model->config().vocab_size;
   Batch batch = fixture_batch(V);
   const Tensor before = host(model->forward_hidden(batch));
+  const Tensor logits_before = host(model->forward(batch));
   auto paged_logits = [&] {
     PagedForward f(*model, true);
     KvCache cache(model->config(), 4, 16, DType::BF16, Device::CUDA);
@@ -268,8 +269,18 @@ TEST_P(CudaWeightOffload, LayeredUploadGivesTheSameBits) {
       off.upload_layered();
       off.upload_layered();  // no-op when resident
       EXPECT_TRUE(off.resident());
+      // The first forward looks its tokens up in the embedding's pinned host copy (the embedding
+      // is copied last), the second in the device copy; the logits wait for the tied lm_head.
       const Tensor after = host(model->forward_hidden(batch));
       EXPECT_TRUE(same_host_bits(before, after)) << "round " << round << ": " << diff_summary(before, after);
+      const Tensor logits = host(model->forward(batch));
+      EXPECT_TRUE(same_host_bits(logits_before, logits)) << "round " << round << ": "
+                                                         << diff_summary(logits_before, logits);
+      off.release();
+      off.upload_layered();
+      const Tensor logits_first = host(model->forward(batch));  // the lm_head in the first forward
+      EXPECT_TRUE(same_host_bits(logits_before, logits_first)) << "round " << round << ": "
+                                                               << diff_summary(logits_before, logits_first);
       off.release();
       off.upload_layered();
       const Tensor paged = paged_logits();  // PagedForward first: it waits for every group

@@ -53,8 +53,11 @@ void rmsnorm_residual_backward(const void* dy, const void* sum, const void* w, c
                                float* dw, cudaStream_t stream);
 
 // ---- embedding.cu ---- ids already validated (check_indices). table/out in dtype; dtable f32.
+// host_table: `table` is pinned host memory (readable by kernels under unified addressing), read
+// with plain loads: the first lookup of a weight upload still in flight (model/offload.h).
 void embedding_forward(const int32_t* ids, const void* table, int64_t n, int64_t vocab,
-                       int64_t hidden, DType dtype, void* out, cudaStream_t stream);
+                       int64_t hidden, DType dtype, void* out, cudaStream_t stream,
+                       bool host_table = false);
 // dtable[v, :] += sum over rows t with ids[t] == v of dout[t, :], rows in ascending order:
 // a stable radix sort of (id, row) makes each id a segment summed by one block (no atomics).
 void embedding_backward(const int32_t* ids, const void* dout, int64_t n, int64_t vocab,

@@ -23,7 +23,9 @@ using dev::Pack;
 constexpr int kThreads = 256;
 
 // One thread per W-element chunk of an output row.
-template <typename T, int W>
+// kHostTable: the table is pinned host memory read over the bus (a weight upload still in
+// flight, model/offload.h): plain loads, not the read-only cache path.
+template <typename T, int W, bool kHostTable = false>
 __global__ void embedding_forward_kernel(const int32_t* ids, const T* table, int64_t n,
                                          int64_t vocab, int64_t hidden, T* out) {
   const int64_t chunks = hidden / W;
@@ -33,7 +35,8 @@ __global__ void embedding_forward_kernel(const int32_t* ids, const T* table, int
     const int32_t id = ids[t];
     if (id < 0 || id >= vocab) continue;  // unreachable after validation; never read outside
     if constexpr (W * sizeof(T) == 16) {
-      dev::store_vec(out + t * hidden + c, dev::load_vec(table + id * hidden + c));
+      dev::store_vec(out + t * hidden + c, kHostTable ? dev::load_vec_rw(table + id * hidden + c)
+                                                      : dev::load_vec(table + id * hidden + c));
     } else {
 #pragma unroll
       for (int i = 0; i < W; ++i) out[t * hidden + c + i] = table[id * hidden + c + i];
@@ -80,13 +83,16 @@ __global__ void embedding_backward_segments_kernel(const int32_t* sorted_ids,
 
 template <typename T>
 void forward_typed(const int32_t* ids, const void* table, int64_t n, int64_t vocab,
-                   int64_t hidden, void* out, cudaStream_t stream) {
+                   int64_t hidden, void* out, cudaStream_t stream, bool host_table) {
   constexpr int V = 16 / sizeof(T);
   const T* tb = static_cast<const T*>(table);
   T* o = static_cast<T*>(out);
   if (hidden % V == 0 && dev::aligned16(tb) && dev::aligned16(o)) {
-    embedding_forward_kernel<T, V><<<grid_for(n * (hidden / V), kThreads), kThreads, 0, stream>>>(
-        ids, tb, n, vocab, hidden, o);
+    const unsigned grid = grid_for(n * (hidden / V), kThreads);
+    if (host_table)
+      embedding_forward_kernel<T, V, true><<<grid, kThreads, 0, stream>>>(ids, tb, n, vocab, hidden, o);
+    else
+      embedding_forward_kernel<T, V><<<grid, kThreads, 0, stream>>>(ids, tb, n, vocab, hidden, o);
   } else {
     embedding_forward_kernel<T, 1><<<grid_for(n * hidden, kThreads), kThreads, 0, stream>>>(
         ids, tb, n, vocab, hidden, o);
@@ -132,12 +138,14 @@ void backward_typed(const int32_t* ids, const void* dout, int64_t n, int64_t voc
 }  // namespace
 
 void embedding_forward(const int32_t* ids, const void* table, int64_t n, int64_t vocab,
-                       int64_t hidden, DType dtype, void* out, cudaStream_t stream) {
+                       int64_t hidden, DType dtype, void* out, cudaStream_t stream,
+                       bool host_table) {
   if (n == 0 || hidden == 0) return;
   switch (dtype) {
-    case DType::F32: return forward_typed<float>(ids, table, n, vocab, hidden, out, stream);
+    case DType::F32:
+      return forward_typed<float>(ids, table, n, vocab, hidden, out, stream, host_table);
     case DType::BF16:
-      return forward_typed<__nv_bfloat16>(ids, table, n, vocab, hidden, out, stream);
+      return forward_typed<__nv_bfloat16>(ids, table, n, vocab, hidden, out, stream, host_table);
     default: OPD_FAIL(Unsupported, "CUDA embedding_forward for dtype ", dtype_name(dtype));
   }
 }
