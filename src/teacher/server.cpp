@@ -34,7 +34,9 @@ namespace opd {
 // the server and delayed stop() for as long as they kept dripping. Here every connection is
 // registered with its phase (waiting for / receiving a request, or handling one); a connection
 // that needs room, or the server stopping, cuts a waiting one with shutdown(SHUT_RD), which
-// wakes its blocked recv() at once. Requests being handled are never cut.
+// wakes its blocked recv() at once and closes it without an answer (httplib writes nothing to a
+// socket whose input ended; a partial request is not in flight, and clients retry a closed
+// connection). Requests being handled are never cut.
 //
 // httplib (Debian's compiled 0.11) does not hand the accepted socket to any hook, so the task
 // queue finds it when the listener enqueues it: the one connected socket on the server's port
@@ -47,6 +49,8 @@ class HttpConnections final : public httplib::Server {
     unsigned long inode = 0;
     bool receiving = true;
     bool cut = false;
+    bool close_after = false;
+    bool running = false;  // on a thread (a queued connection holds none: cutting it frees nothing)
     std::chrono::steady_clock::time_point since;
   };
 
@@ -105,7 +109,16 @@ class HttpConnections final : public httplib::Server {
       std::lock_guard<std::mutex> lock(mu_);
       conns_.remove(c.get());
     }
-    if (c->fd >= 0) ::close(c->fd);
+    // httplib has written its answer and closed its descriptor; the socket lives on in the
+    // dup. Input the server did not read (a cut request, a body refused half-way) would make
+    // close() send a reset, and a reset makes the client's kernel drop the answer it has not
+    // read yet: what already arrived is read away first.
+    if (c->fd >= 0) {
+      char buf[4096];
+      for (int i = 0; i < 4096 && ::recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; ++i) {
+      }
+      ::close(c->fd);
+    }
   }
 
   // The current connection has a whole request and is handling it: never cut.
@@ -120,30 +133,33 @@ class HttpConnections final : public httplib::Server {
     std::lock_guard<std::mutex> lock(mu_);
     t_conn->receiving = true;
     t_conn->since = std::chrono::steady_clock::now();
-    if (stopping_) cut_locked(*t_conn);
+    if (stopping_ || t_conn->close_after) cut_locked(*t_conn);
   }
-  // The current connection's input is out of step (a body not read to its end): no next request.
+  // The current connection's input is out of step (a body not read to its end): it ends after
+  // this answer. (Not shutdown() now: httplib writes nothing to a socket whose input ended.)
   void close_after_response() {
     if (!t_conn) return;
     std::lock_guard<std::mutex> lock(mu_);
-    if (t_conn->fd >= 0) ::shutdown(t_conn->fd, SHUT_RD);
-  }
-  bool current_was_cut() {
-    if (!t_conn) return false;
-    std::lock_guard<std::mutex> lock(mu_);
-    return t_conn->cut;
-  }
-  bool stopping() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stopping_;
+    t_conn->close_after = true;
   }
 
-  // Cuts the connection that has waited longest for a request; false when none waits.
+  // A thread starts serving the connection.
+  void mark_running(Conn& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.running = true;
+    c.since = std::chrono::steady_clock::now();
+  }
+
+  // Cuts the connection on a thread that has waited longest (over a second) for its request;
+  // false when none does (every thread is handling a request or just got its connection).
   bool cut_oldest_receiving() {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto limit = std::chrono::steady_clock::now() - std::chrono::seconds(1);
     Conn* oldest = nullptr;
     for (Conn* c : conns_)
-      if (c->receiving && !c->cut && c->fd >= 0 && (!oldest || c->since < oldest->since)) oldest = c;
+      if (c->running && c->receiving && !c->cut && c->fd >= 0 && c->since < limit &&
+          (!oldest || c->since < oldest->since))
+        oldest = c;
     if (!oldest) return false;
     cut_locked(*oldest);
     return true;
@@ -179,7 +195,29 @@ namespace {
 class ConnectionThreads final : public httplib::TaskQueue {
  public:
   ConnectionThreads(HttpConnections& server, size_t max_threads)
-      : server_(server), max_threads_(max_threads), st_(std::make_shared<State>()) {}
+      : server_(server), max_threads_(max_threads), st_(std::make_shared<State>()) {
+    // While connections wait in the queue, a thread held by a connection that has waited over
+    // a second for its request is freed for them (one that was too young at enqueue time).
+    reaper_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(st_->mu);
+      while (!st_->closing) {
+        st_->cv.wait_for(lock, std::chrono::milliseconds(250));
+        const size_t want = st_->pending.size();
+        lock.unlock();
+        for (size_t i = 0; i < want && server_.cut_oldest_receiving(); ++i) {
+        }
+        lock.lock();
+      }
+    });
+  }
+  ~ConnectionThreads() override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      st_->closing = true;
+      st_->cv.notify_all();
+    }
+    reaper_.join();
+  }
 
   void enqueue(std::function<void()> fn) override {
     auto conn = server_.register_new();
@@ -229,11 +267,13 @@ class ConnectionThreads final : public httplib::TaskQueue {
     std::mutex mu;
     std::condition_variable cv;
     size_t active = 0;
+    bool closing = false;
     std::deque<Job> pending;
   };
   // `this` outlives every worker: shutdown() waits for them (httplib calls it before deleting).
   void run(std::shared_ptr<State> st, std::unique_ptr<Conn> conn, std::function<void()> fn) {
     for (;;) {
+      server_.mark_running(*conn);
       HttpConnections::t_conn = conn.get();
       fn();
       HttpConnections::t_conn = nullptr;
@@ -254,6 +294,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
   HttpConnections& server_;
   size_t max_threads_;
   std::shared_ptr<State> st_;
+  std::thread reaper_;
 };
 
 using nlohmann::json;
@@ -275,7 +316,6 @@ const char* error_type(int status) {
     case 404: return "NotFoundError";
     case 409: return "ConflictError";
     case 413: return "PayloadTooLargeError";
-    case 408: return "RequestTimeoutError";
     case 415: return "UnsupportedMediaTypeError";
     case 501: return "NotImplementedError";
     case 503: return "ServiceUnavailableError";
@@ -492,13 +532,6 @@ std::string TeacherServer::read_body(const httplib::Request& req, httplib::Respo
   if (over || res.status == 413)
     throw HttpError{413, cat("request body exceeds the server's limit of ", max,
                              " bytes (opd serve --max-request-mb)")};
-  if (conns_->current_was_cut())
-    throw HttpError{conns_->stopping() ? 503 : 408,
-                    conns_->stopping()
-                        ? std::string("server stopping: the request's body was not complete")
-                        : cat("request body not complete (", body.size(),
-                              " bytes so far) when its connection was needed: every one of the "
-                              "server's ", opts_.threads, " connections was taken")};
   const std::string len = req.get_header_value("Content-Length");
   const bool chunked = req.has_header("Transfer-Encoding");
   if (len.empty() && !chunked)
@@ -551,13 +584,7 @@ void TeacherServer::install_routes() {
   http_->set_error_handler([this, max_body = opts_.max_body_bytes](const httplib::Request& req,
                                                                 httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote the error
-    if (conns_->current_was_cut())
-      send_error(res, conns_->stopping() ? 503 : 408,
-                 conns_->stopping()
-                     ? std::string("server stopping: the request was not complete")
-                     : cat("request not complete when its connection was needed: every one of "
-                           "the server's ", opts_.threads, " connections was taken"));
-    else if (res.status == 413)
+    if (res.status == 413)
       send_error(res, 413,
                  req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0
                      ? cat("a form-encoded body (Content-Type application/x-www-form-urlencoded, "

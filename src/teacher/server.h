@@ -44,10 +44,10 @@ struct ServerOptions {
   int64_t max_json_entries = int64_t{1} << 21;
   // Connections served at once, one thread each. When all are taken, a new connection takes the
   // place of the one that has waited longest for its request (a stalled, slow or idle client:
-  // it is cut, 408), so clients that stall cannot lock well-behaved ones out; when every
+  // its connection is closed), so clients that stall cannot lock well-behaved ones out; when every
   // connection is busy with a request, new ones wait in a queue of 4 x threads, beyond which
-  // they get 503. stop() cuts the connections waiting for a request at once (503 to a partial
-  // one) and finishes the requests in flight.
+  // they get 503. stop() closes the connections waiting for a request at once and finishes
+  // the requests in flight.
   int threads = 16;
   std::string model_name;                        // "" = the scorer's info().model_name
   // Generation for /v1/completions with max_tokens > 1 (--seq-kd with a remote teacher). The
