@@ -242,7 +242,7 @@ void register_serve(CLI::App& app) {
                   "(the binary /v1/score format is bounded by the scorer's output limit only)")
       ->default_val(int64_t{1} << 21)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  cmd->add_option("--threads", o->threads, "HTTP connection threads")
+  cmd->add_option("--threads", o->threads, "connections served at once (a thread each; a stalled one makes room for a new one)")
       ->default_val(16)
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--shared-prompt", o->shared_prompt,
