@@ -419,6 +419,16 @@ TEST(ServeSignals, SighupIsIgnoredAndSigtermWithDrippingClientsExitsPromptly) {
     _exit(127);
   }
   close(out[1]);
+  // Whatever fails below, the child does not outlive the test.
+  struct Reap {
+    pid_t pid;
+    bool done = false;
+    ~Reap() {
+      if (done) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{pid};
   const std::string line = read_until(out[0], 120, [](const std::string& s) {
     return s.find('\n') != std::string::npos;
   });
@@ -447,10 +457,9 @@ TEST(ServeSignals, SighupIsIgnoredAndSigtermWithDrippingClientsExitsPromptly) {
     while ((done = waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() - t0 < std::chrono::seconds(60))
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (done == 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
       ADD_FAILURE() << "opd serve did not exit within 60 s of SIGTERM";
     } else {
+      reap.done = true;
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
     }
   }
