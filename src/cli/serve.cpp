@@ -3,7 +3,8 @@
 // or with --device cuda the CudaScorer (bf16). /v1/completions generates more than one token
 // with the rollout engine over the scorer's model (`generator` below: --seq-kd with a remote
 // teacher).
-// Logs where it listens; SIGTERM / SIGINT stop it cleanly (requests in flight finish), exit 0.
+// Logs where it listens; SIGTERM / SIGINT stop it cleanly (requests in flight finish, connections
+// waiting for a request are closed), exit 0; SIGHUP is logged and ignored.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -118,6 +119,11 @@ extern "C" void on_stop_signal(int sig) {
   [[maybe_unused]] ssize_t n = write(g_stop_pipe[1], &b, 1);
 }
 
+extern "C" void on_hangup(int) {
+  static const char msg[] = "opd serve: SIGHUP ignored (the server keeps serving; SIGTERM or SIGINT stop it)\n";
+  [[maybe_unused]] ssize_t n = write(2, msg, sizeof(msg) - 1);
+}
+
 // Installs the handlers for the lifetime of the object and restores the previous ones.
 class StopSignals {
  public:
@@ -128,10 +134,21 @@ class StopSignals {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, &old_term_);
     sigaction(SIGINT, &sa, &old_int_);
+    // SIGHUP (the terminal closed) does not stop a teacher a training run depends on, as it
+    // does not stop `opd train` or `opd launch`: logged and ignored. It used to kill the
+    // server at once, requests in flight unanswered.
+    struct sigaction hup {};
+    hup.sa_handler = on_hangup;
+    sigemptyset(&hup.sa_mask);
+    sigaction(SIGHUP, &hup, &old_hup_);
+    // A client gone mid-answer must be an error value, not a SIGPIPE (httplib's Server
+    // constructor ignores it too; this does not depend on that).
+    signal(SIGPIPE, SIG_IGN);
   }
   ~StopSignals() {
     sigaction(SIGTERM, &old_term_, nullptr);
     sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGHUP, &old_hup_, nullptr);
     close(g_stop_pipe[0]);
     close(g_stop_pipe[1]);
   }
@@ -144,7 +161,7 @@ class StopSignals {
   void wake() { on_stop_signal(0); }
 
  private:
-  struct sigaction old_term_ {}, old_int_ {};
+  struct sigaction old_term_ {}, old_int_ {}, old_hup_ {};
 };
 
 void run_serve(const ServeOptions& o) {
@@ -225,7 +242,7 @@ void register_serve(CLI::App& app) {
                   "(the binary /v1/score format is bounded by the scorer's output limit only)")
       ->default_val(int64_t{1} << 21)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  cmd->add_option("--threads", o->threads, "HTTP connection threads")
+  cmd->add_option("--threads", o->threads, "connections served at once (a thread each; a stalled one makes room for a new one)")
       ->default_val(16)
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--shared-prompt", o->shared_prompt,

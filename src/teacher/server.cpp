@@ -3,11 +3,22 @@
 #include "teacher/server.h"
 
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
 #include <limits>
+#include <list>
 #include <new>
 
 #include "core/error.h"
@@ -16,7 +27,275 @@
 
 namespace opd {
 
+
+// The connection policy of ServerOptions::threads. httplib serves a connection on one thread
+// from its first byte to its close, blocking in recv() on a client that sends slowly or stops
+// (its read timeout restarts at every byte): with its fixed pool, `threads` such clients froze
+// the server and delayed stop() for as long as they kept dripping. Here every connection is
+// registered with its phase (waiting for / receiving a request, or handling one); a connection
+// that needs room, or the server stopping, cuts a waiting one with shutdown(SHUT_RD), which
+// wakes its blocked recv() at once and closes it without an answer (httplib writes nothing to a
+// socket whose input ended; a partial request is not in flight, and clients retry a closed
+// connection). Requests being handled are never cut.
+//
+// httplib (Debian's compiled 0.11) does not hand the accepted socket to any hook, so the task
+// queue finds it when the listener enqueues it: the one connected socket on the server's port
+// that is not registered yet (/proc/self/fd, matched by socket inode: a registered connection
+// keeps a dup() of its socket until it is deregistered, so an inode is never reused meanwhile).
+class HttpConnections final : public httplib::Server {
+ public:
+  struct Conn {
+    int fd = -1;  // a dup() of the socket, -1 when it was not found (never cut then)
+    unsigned long inode = 0;
+    bool receiving = true;
+    bool cut = false;
+    bool close_after = false;
+    bool running = false;  // on a thread (a queued connection holds none: cutting it frees nothing)
+    std::chrono::steady_clock::time_point since;
+  };
+
+  // The connection served by this thread (guard, error handler, logger run on it).
+  static thread_local Conn* t_conn;
+
+  void set_port(int port) { port_ = port; }
+
+  // Listener thread, right after accept(): the new connection's record (its socket found).
+  std::unique_ptr<Conn> register_new() {
+    auto c = std::make_unique<Conn>();
+    c->since = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    int found = -1;
+    unsigned long found_inode = 0;
+    int count = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        char link[64];
+        const std::string path = cat("/proc/self/fd/", e->d_name);
+        const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+        if (n <= 8) continue;
+        link[n] = '\0';
+        unsigned long inode = 0;
+        if (std::sscanf(link, "socket:[%lu]", &inode) != 1) continue;
+        bool known = false;
+        for (const Conn* k : conns_) known = known || k->inode == inode;
+        if (known) continue;
+        const int fd = std::atoi(e->d_name);
+        sockaddr_storage local{}, peer{};
+        socklen_t ll = sizeof(local), pl = sizeof(peer);
+        if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+            getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+          continue;
+        int lport = -1;
+        if (local.ss_family == AF_INET) lport = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+        if (local.ss_family == AF_INET6) lport = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+        if (lport != port_) continue;
+        found = fd;
+        found_inode = inode;
+        ++count;
+      }
+      closedir(d);
+    }
+    if (count == 1) {
+      c->fd = ::dup(found);
+      c->inode = found_inode;
+    }
+    conns_.push_back(c.get());
+    if (stopping_) cut_locked(*c);
+    return c;
+  }
+  void deregister(std::unique_ptr<Conn> c) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.remove(c.get());
+    }
+    // httplib has written its answer and closed its descriptor; the socket lives on in the
+    // dup. Input the server did not read (a cut request, a body refused half-way) would make
+    // close() send a reset, and a reset makes the client's kernel drop the answer it has not
+    // read yet: what already arrived is read away first.
+    if (c->fd >= 0) {
+      char buf[4096];
+      for (int i = 0; i < 4096 && ::recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; ++i) {
+      }
+      ::close(c->fd);
+    }
+  }
+
+  // The current connection has a whole request and is handling it: never cut.
+  void mark_handling() {
+    if (!t_conn) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    t_conn->receiving = false;
+  }
+  // The current connection answered and waits for its next request.
+  void mark_receiving() {
+    if (!t_conn) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    t_conn->receiving = true;
+    t_conn->since = std::chrono::steady_clock::now();
+    if (stopping_ || t_conn->close_after) cut_locked(*t_conn);
+  }
+  // The current connection's input is out of step (a body not read to its end): it ends after
+  // this answer. (Not shutdown() now: httplib writes nothing to a socket whose input ended.)
+  void close_after_response() {
+    if (!t_conn) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    t_conn->close_after = true;
+  }
+
+  // A thread starts serving the connection.
+  void mark_running(Conn& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.running = true;
+    c.since = std::chrono::steady_clock::now();
+  }
+
+  // Cuts the connection on a thread that has waited longest (over a second) for its request;
+  // false when none does (every thread is handling a request or just got its connection).
+  bool cut_oldest_receiving() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto limit = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+    Conn* oldest = nullptr;
+    for (Conn* c : conns_)
+      if (c->running && c->receiving && !c->cut && c->fd >= 0 && c->since < limit &&
+          (!oldest || c->since < oldest->since))
+        oldest = c;
+    if (!oldest) return false;
+    cut_locked(*oldest);
+    return true;
+  }
+
+  // stop(): no new requests; the connections waiting for one are cut, those handling one finish.
+  void begin_stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (Conn* c : conns_)
+      if (c->receiving) cut_locked(*c);
+  }
+
+ private:
+  void cut_locked(Conn& c) {
+    c.cut = true;
+    if (c.fd >= 0) ::shutdown(c.fd, SHUT_RD);
+  }
+
+  std::mutex mu_;
+  std::list<Conn*> conns_;
+  bool stopping_ = false;
+  int port_ = 0;
+};
+
+thread_local HttpConnections::Conn* HttpConnections::t_conn = nullptr;
+
 namespace {
+
+// httplib's TaskQueue for HttpConnections: a thread per connection up to `max_threads`; past
+// that, the connection waiting longest for a request is cut and the new one queued (the freed
+// thread takes it), or, with none to cut, queued up to 4 x max_threads; beyond, 503 at once.
+class ConnectionThreads final : public httplib::TaskQueue {
+ public:
+  ConnectionThreads(HttpConnections& server, size_t max_threads)
+      : server_(server), max_threads_(max_threads), st_(std::make_shared<State>()) {
+    // While connections wait in the queue, a thread held by a connection that has waited over
+    // a second for its request is freed for them (one that was too young at enqueue time).
+    reaper_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(st_->mu);
+      while (!st_->closing) {
+        st_->cv.wait_for(lock, std::chrono::milliseconds(250));
+        const size_t want = st_->pending.size();
+        lock.unlock();
+        for (size_t i = 0; i < want && server_.cut_oldest_receiving(); ++i) {
+        }
+        lock.lock();
+      }
+    });
+  }
+  ~ConnectionThreads() override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      st_->closing = true;
+      st_->cv.notify_all();
+    }
+    reaper_.join();
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    auto conn = server_.register_new();
+    std::unique_lock<std::mutex> lock(st_->mu);
+    if (st_->active < max_threads_) {
+      ++st_->active;
+      std::thread([this, st = st_, conn = std::move(conn), fn = std::move(fn)]() mutable {
+        run(st, std::move(conn), std::move(fn));
+      }).detach();
+      return;
+    }
+    const bool made_room = server_.cut_oldest_receiving();
+    if (made_room || st_->pending.size() < 4 * max_threads_) {
+      st_->pending.push_back({std::move(conn), std::move(fn)});
+      return;
+    }
+    lock.unlock();
+    // Refused: 503 written without blocking, then httplib's own close (fn) on this thread, its
+    // read cut short. The client may see the 503 or a reset; both are retried by clients.
+    static const std::string body =
+        R"({"error":{"message":"server busy: every connection is handling a request and the queue is full; retry","type":"ServiceUnavailableError","code":503}})";
+    const std::string msg = cat("HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+                                "application/json\r\nConnection: close\r\nContent-Length: ",
+                                body.size(), "\r\n\r\n", body);
+    if (conn->fd >= 0) {
+      [[maybe_unused]] ssize_t n = ::send(conn->fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::shutdown(conn->fd, SHUT_RDWR);
+    }
+    HttpConnections::t_conn = conn.get();
+    fn();
+    HttpConnections::t_conn = nullptr;
+    server_.deregister(std::move(conn));
+  }
+
+  void shutdown() override {
+    std::unique_lock<std::mutex> lock(st_->mu);
+    st_->cv.wait(lock, [&] { return st_->active == 0; });
+  }
+
+ private:
+  using Conn = HttpConnections::Conn;
+  struct Job {
+    std::unique_ptr<Conn> conn;
+    std::function<void()> fn;
+  };
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t active = 0;
+    bool closing = false;
+    std::deque<Job> pending;
+  };
+  // `this` outlives every worker: shutdown() waits for them (httplib calls it before deleting).
+  void run(std::shared_ptr<State> st, std::unique_ptr<Conn> conn, std::function<void()> fn) {
+    for (;;) {
+      server_.mark_running(*conn);
+      HttpConnections::t_conn = conn.get();
+      fn();
+      HttpConnections::t_conn = nullptr;
+      fn = nullptr;
+      server_.deregister(std::move(conn));
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->pending.empty()) {
+        --st->active;
+        st->cv.notify_all();
+        return;
+      }
+      conn = std::move(st->pending.front().conn);
+      fn = std::move(st->pending.front().fn);
+      st->pending.pop_front();
+    }
+  }
+
+  HttpConnections& server_;
+  size_t max_threads_;
+  std::shared_ptr<State> st_;
+  std::thread reaper_;
+};
 
 using nlohmann::json;
 
@@ -75,12 +354,15 @@ int64_t opt_int(const json& j, const char* name, int64_t fallback, int64_t lo, i
 }  // namespace
 
 TeacherServer::TeacherServer(Scorer& scorer, ServerOptions options)
-    : scorer_(scorer), opts_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+    : scorer_(scorer), opts_(std::move(options)) {
+  auto conns = std::make_unique<HttpConnections>();
+  conns_ = conns.get();
+  http_ = std::move(conns);
   if (opts_.model_name.empty()) opts_.model_name = scorer_.info().model_name;
   OPD_CHECK(opts_.threads > 0, InvalidArgument, "server: threads = ", opts_.threads,
             " must be > 0");
-  const int threads = opts_.threads;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  const size_t threads = static_cast<size_t>(opts_.threads);
+  http_->new_task_queue = [this, threads] { return new ConnectionThreads(*conns_, threads); };
   http_->set_payload_max_length(opts_.max_body_bytes);
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which let a second `opd serve`
   // bind the same port and take half of the requests (two teachers behind one URL).
@@ -111,6 +393,7 @@ void TeacherServer::start() {
               ":", opts_.port, " (in use, or not an address of this host)");
     port_ = opts_.port;
   }
+  conns_->set_port(port_);
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   log_info("opd serve: listening on http://", opts_.host, ":", port_, " (model ",
            opts_.model_name, ", vocab ", scorer_.info().vocab_size, ")");
@@ -119,6 +402,7 @@ void TeacherServer::start() {
 void TeacherServer::stop() {
   stopping_ = true;
   std::lock_guard<std::mutex> lock(stop_mu_);
+  conns_->begin_stop();
   http_->stop();
 }
 
@@ -226,6 +510,40 @@ std::vector<GeneratedCompletion> TeacherServer::generate(
   return out;
 }
 
+std::string TeacherServer::read_body(const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+  std::string body;
+  bool over = false;
+  const size_t max = opts_.max_body_bytes;
+  // Chunked bodies have no Content-Length for httplib to check against the limit: counted here.
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (n > max - body.size()) {
+      over = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (ok) {
+    conns_->mark_handling();
+    return body;
+  }
+  conns_->close_after_response();  // the rest of the body is still on the wire
+  if (over || res.status == 413)
+    throw HttpError{413, cat("request body exceeds the server's limit of ", max,
+                             " bytes (opd serve --max-request-mb)")};
+  const std::string len = req.get_header_value("Content-Length");
+  const bool chunked = req.has_header("Transfer-Encoding");
+  if (len.empty() && !chunked)
+    throw HttpError{400, "a POST needs a body with a Content-Length header (or chunked "
+                         "encoding); none came before the read timeout"};
+  throw HttpError{400, cat("request body incomplete: ", body.size(), " bytes received",
+                           chunked ? std::string(" (chunked)")
+                                       : cat(" of the Content-Length ", len.substr(0, 40)),
+                           " before the client closed the connection, stopped sending for the "
+                           "read timeout (10 s), or sent malformed chunked encoding")};
+}
+
 void TeacherServer::install_routes() {
   // Every handler body runs inside `guard`: typed errors become 4xx/5xx JSON, nothing escapes.
   auto guard = [this](httplib::Response& res, const std::function<void()>& fn) {
@@ -259,8 +577,12 @@ void TeacherServer::install_routes() {
                                   std::exception_ptr) {
     send_error(res, 500, "server: unexpected error");
   });
-  http_->set_error_handler([max_body = opts_.max_body_bytes](const httplib::Request& req,
-                                                          httplib::Response& res) {
+  // Answered (or failed): the connection waits for its next request and may be cut again.
+  http_->set_logger([this](const httplib::Request&, const httplib::Response&) {
+    conns_->mark_receiving();
+  });
+  http_->set_error_handler([this, max_body = opts_.max_body_bytes](const httplib::Request& req,
+                                                                httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote the error
     if (res.status == 413)
       send_error(res, 413,
@@ -309,8 +631,10 @@ void TeacherServer::install_routes() {
     });
   });
 
-  http_->Post("/v1/score", [this, guard](const httplib::Request& req, httplib::Response& res) {
+  http_->Post("/v1/score", [this, guard](const httplib::Request& req, httplib::Response& res,
+                                         const httplib::ContentReader& reader) {
     guard(res, [&] {
+      const std::string body = read_body(req, res, reader);
       const std::string ct = req.get_header_value("Content-Type");
       const bool bin_in = starts_with(ct, kBinaryContentType) ||
                           starts_with(ct, "application/octet-stream");
@@ -318,8 +642,8 @@ void TeacherServer::install_routes() {
       if (!bin_in && !json_in)
         throw HttpError{415, cat("/v1/score: Content-Type '", ct.substr(0, 80), "' is neither ",
                                  kBinaryContentType, " nor application/json")};
-      ScoreRequest q = bin_in ? decode_score_request(req.body)
-                              : score_request_from_json(parse_json(req.body, "score request"));
+      ScoreRequest q = bin_in ? decode_score_request(body)
+                              : score_request_from_json(parse_json(body, "score request"));
       const std::string accept = req.get_header_value("Accept");
       bool bin_out = bin_in;
       if (accept.find(kBinaryContentType) != std::string::npos ||
@@ -346,9 +670,10 @@ void TeacherServer::install_routes() {
   });
 
   http_->Post("/v1/completions", [this, guard](const httplib::Request& req,
-                                               httplib::Response& res) {
+                                               httplib::Response& res,
+                                               const httplib::ContentReader& reader) {
     guard(res, [&] {
-      const json j = parse_json(req.body, "completions request");
+      const json j = parse_json(read_body(req, res, reader), "completions request");
       OPD_CHECK(j.is_object(), InvalidData, "completions request: expected a JSON object, got ",
                 j.type_name());
       const TeacherInfo& info = scorer_.info();

@@ -21,9 +21,16 @@
 #include "teacher/protocol.h"
 #include "teacher/scorer.h"
 
-namespace httplib { class Server; }
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+class ContentReader;
+}  // namespace httplib
 
 namespace opd {
+
+class HttpConnections;  // server.cpp: httplib::Server with the connection policy above
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -35,7 +42,13 @@ struct ServerOptions {
   // max_output_entries) could exhaust the server's memory as JSON; larger ones get 400 and are
   // pointed at the binary format. 2^21 covers W1 as JSON (32,768 rows x 64).
   int64_t max_json_entries = int64_t{1} << 21;
-  int threads = 16;                              // connection worker threads
+  // Connections served at once, one thread each. When all are taken, a new connection takes the
+  // place of the one that has waited longest for its request (a stalled, slow or idle client:
+  // its connection is closed), so clients that stall cannot lock well-behaved ones out; when every
+  // connection is busy with a request, new ones wait in a queue of 4 x threads, beyond which
+  // they get 503. stop() closes the connections waiting for a request at once and finishes
+  // the requests in flight.
+  int threads = 16;
   std::string model_name;                        // "" = the scorer's info().model_name
   // Generation for /v1/completions with max_tokens > 1 (--seq-kd with a remote teacher). The
   // teacher module does not generate (the rollout engine is its sibling): `opd serve` binds
@@ -75,12 +88,17 @@ class TeacherServer {
   std::vector<GeneratedCompletion> generate(const nlohmann::json& j,
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             int64_t max_tokens, double temperature, int64_t seed);
+  // The request body, at most max_body_bytes (chunked ones included; 413 above), or an
+  // HttpError naming what was missing. Marks the connection as handling a request.
+  std::string read_body(const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& reader);
   // 400 (HttpError) when a JSON answer would hold more than max_json_entries entries.
   void check_json_entries(const char* what, int64_t rows, int64_t k) const;
 
   Scorer& scorer_;
   ServerOptions opts_;
   std::unique_ptr<httplib::Server> http_;
+  HttpConnections* conns_ = nullptr;  // the same object as http_
   std::thread listener_;
   std::mutex score_mu_;   // one scoring call at a time
   std::mutex stop_mu_;
