@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|s16e|s16f|s16g|s16h|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|s16e|s16f|s16g|s16h|s16i|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1652,6 +1652,14 @@ if [[ "$what" == s16h ]]; then
     done
   done
   grep -v "step 1 and" "$OUT/w1_ab.txt"
+fi
+if [[ "$what" == s16i ]]; then
+  # Session 16's last call (nvidia-h200, <= 330 s): the final binaries (the offload change, the
+  # server's connection policy): the GPU suite minus the forward wgmma sweep, then --seq-kd
+  # through `opd serve --device cuda` against the in-process teacher.
+  run cuda 260 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -10
+  (( SECONDS < 280 )) && seqkd_cuda /tmp/seqkd 2>&1 | head -8 | tee "$OUT/seqkd.txt"
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
