@@ -900,6 +900,13 @@ void Trainer::resume_if_any() {
   }
   last_saved_step_ = step_;
   for (const auto& w : changes) log_warn(w);
+  if (o_.resume != "auto") {  // a chosen checkpoint: this run's later ones are overwritten as it passes them
+    const auto mine = list_checkpoints(ckpt_root_);
+    if (!mine.empty() && fs::path(mine.back()).filename() > fs::path(ck->dir).filename())
+      log_warn("resume: --resume ", o_.resume, " is at step ", step_, " but ", ckpt_root_,
+               " holds later checkpoints (the newest ", mine.back(), "): this run writes over "
+               "them as it reaches their steps, and later lines of metrics.jsonl are dropped");
+  }
   log_info("resumed from checkpoint step ", step_, " (", ck->dir, ")");
   result_.last_checkpoint = ck->dir;
   const int64_t total = total_steps();

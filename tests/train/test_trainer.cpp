@@ -419,6 +419,24 @@ TEST_F(TrainerTest, ALegitimateChangeOnResumeIsWarnedNamingOldAndNewValues) {
   EXPECT_EQ(log.find("--save-total-limit was"), std::string::npos) << log;
 }
 
+// `--resume PATH` of an older checkpoint (of this run or another) while --out holds later ones:
+// they are written over as the run passes their steps, which was silent until session 16.
+TEST_F(TrainerTest, ResumingAnOlderCheckpointWarnsThatLaterOnesAreOverwritten) {
+  TrainOptions o = base("rewind");
+  o.max_steps = 4;
+  o.save_steps = 2;
+  ASSERT_EQ(train(o).steps, 4);
+  const auto list = list_checkpoints(o.out + "/checkpoints");
+  ASSERT_EQ(list.size(), 2u);
+  o.resume = list.front();
+  EXPECT_EQ(train(o).first_step, 2);
+  std::ifstream f(o.out + "/train.log");
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string w = "resume: --resume " + list.front() + " is at step 2 but " + o.out +
+                        "/checkpoints holds later checkpoints (the newest " + list.back() + ")";
+  EXPECT_NE(log.find(w), std::string::npos) << "no '" << w << "' in\n" << log;
+}
+
 // A student whose chat template lives in chat_template.jinja (how recent transformers save it)
 // keeps it: the run renders chat lines with it, and every checkpoint's Hugging Face export
 // carries the file (it was neither read nor exported until session 15).
