@@ -51,6 +51,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/resume_policy.h"
 #include "train/schedule.h"
 #include "train/signals.h"
 #include "train/text_adapters.h"
@@ -289,6 +290,8 @@ class Trainer {
   const ModelSide& student_side();
   std::optional<ModelSide> student_side_, teacher_side_;
   void resume_if_any();
+  // Refuses a checkpoint whose model (its config.json) has other parameter shapes than --student.
+  void check_resumed_student(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
   int64_t total_steps() const;
   // picks[j] is the dataset index of the step's global prompt number global_index[j] (the
   // rollout stream key uses it, so a prompt's samples do not depend on the number of ranks).
@@ -790,6 +793,28 @@ int64_t Trainer::total_steps() const {
   return std::max<int64_t>(1, static_cast<int64_t>(steps));
 }
 
+void Trainer::check_resumed_student(const std::string& checkpoint_dir,
+                                    const nlohmann::json& saved) const {
+  if (!fs::exists(checkpoint_dir + "/config.json")) return;  // the tensors' shapes are checked on reading
+  const auto mine = parameter_shapes(student_->config());
+  const auto theirs = parameter_shapes(load_model_config(checkpoint_dir));
+  std::string diff;
+  for (size_t i = 0; i < std::max(mine.size(), theirs.size()) && diff.empty(); ++i) {
+    if (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) continue;
+    diff = i < mine.size() && i < theirs.size()
+               ? cat(mine[i].first, " is ", shape_str(mine[i].second), " in --student, ",
+                     theirs[i].first, " ", shape_str(theirs[i].second), " in the checkpoint")
+               : cat("the checkpoint has ", theirs.size(), " parameter tensors, --student ",
+                     mine.size());
+  }
+  if (diff.empty()) return;
+  const std::string was = saved.contains("student") ? saved["student"].dump() : "unknown";
+  OPD_FAIL(InvalidArgument, "cannot resume from ", checkpoint_dir, ": --student ", o_.student,
+           " is not the model the checkpoint trained (", diff, "; --student was ", was,
+           " in the checkpoint). Resume with a student of the checkpoint's shape, or start a new "
+           "run (another --out)");
+}
+
 void Trainer::resume_if_any() {
   std::optional<CheckpointData> ck;
   if (o_.resume == "never") {
@@ -812,6 +837,19 @@ void Trainer::resume_if_any() {
     ck = load_checkpoint(o_.resume, {true, false});
   }
   if (!ck) return;
+  const auto& st = ck->state;
+  // state.json is covered by the manifest's SHA-256, so only a hostile writer gets a wrong type
+  // here; json::at/value would then throw nlohmann's exceptions, reported as this checkpoint's.
+  nlohmann::json saved;
+  try {
+    saved = st.value("options", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    OPD_FAIL(InvalidData, "checkpoint ", ck->dir, ": state.json: ", e.what());
+  }
+  // Settings that changed since the checkpoint: refused or warned about (train/resume_policy.h),
+  // before any tensor is read.
+  const std::vector<std::string> changes = check_resume_options(saved, o_.to_json(), ck->dir);
+  check_resumed_student(ck->dir, saved);
   std::vector<std::string> names;
   std::vector<Shape> shapes;
   for (auto& [name, shape] : parameter_shapes(student_->config())) {
@@ -839,31 +877,35 @@ void Trainer::resume_if_any() {
     }
     optimizer_->set_steps(full.steps);
   }
-  const auto& st = ck->state;
-  // state.json is covered by the manifest's SHA-256, so only a hostile writer gets a wrong type
-  // here; json::at/value would then throw nlohmann's exceptions, reported as this checkpoint's.
-  nlohmann::json saved;
   try {
     OPD_CHECK(st.contains("sampler"), InvalidData, "checkpoint ", ck->dir, ": state.json has no \"sampler\"");
-    sampler_->restore(st["sampler"]);
+    try {
+      sampler_->restore(st["sampler"]);
+    } catch (const Error& e) {
+      // The cursor indexes the saved run's data (count, order, SHA-256 of every sample's ids):
+      // other data, or the same file edited, cannot continue it.
+      if (e.kind() != ErrorKind::InvalidArgument) throw;
+      throw Error(e.kind(),
+                  cat("cannot resume from ", ck->dir, ": its data cursor does not fit this run's "
+                      "data (--data was ", saved.value("data", nlohmann::json::array()).dump(),
+                      " in the checkpoint, now ", nlohmann::json(o_.data).dump(), "): ", e.what(),
+                      ". Resume with the data the checkpoint was trained on, or start a new run "
+                      "from its weights (--student ", ck->dir, " --out NEW_DIR)"));
+    }
     step_ = ck->step;
     bad_steps_ = st.value("bad_steps", int64_t{0});
     tokens_seen_ = st.value("tokens_seen", int64_t{0});
-    saved = st.value("options", nlohmann::json::object());
   } catch (const nlohmann::json::exception& e) {
     OPD_FAIL(InvalidData, "checkpoint ", ck->dir, ": state.json: ", e.what());
   }
   last_saved_step_ = step_;
-  for (const char* key : {"batch_size", "micro_batch_size", "lmbda", "beta", "loss_support",
-                          "kd_temperature", "learning_rate", "seed", "num_generations",
-                          "max_completion_length", "teacher_top_k"}) {
-    const nlohmann::json now = o_.to_json().at(key);
-    if (saved.contains(key) && saved[key] != now) {
-      std::string flag = key;  // the command-line spelling
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      log_warn("resume: --", flag, " was ", saved[key].dump(), " in the checkpoint, now ",
-               now.dump(), " (the resumed run is not the same run)");
-    }
+  for (const auto& w : changes) log_warn(w);
+  if (o_.resume != "auto") {  // a chosen checkpoint: this run's later ones are overwritten as it passes them
+    const auto mine = list_checkpoints(ckpt_root_);
+    if (!mine.empty() && fs::path(mine.back()).filename() > fs::path(ck->dir).filename())
+      log_warn("resume: --resume ", o_.resume, " is at step ", step_, " but ", ckpt_root_,
+               " holds later checkpoints (the newest ", mine.back(), "): this run writes over "
+               "them as it reaches their steps, and later lines of metrics.jsonl are dropped");
   }
   log_info("resumed from checkpoint step ", step_, " (", ck->dir, ")");
   result_.last_checkpoint = ck->dir;

@@ -330,6 +330,113 @@ TEST_F(TrainerTest, ARerunOfAFinishedRunTrainsNothingAndNamesItsCheckpoint) {
   }
 }
 
+// Resuming with settings that make the continuation not the saved run is refused before any
+// tensor is read, each naming the option, both values and the way out: another --seed (it orders
+// the data the cursor indexes; the data cursor's own refusal did not name the flag), `opd sft`
+// on an `opd train` run (resumed silently until session 16), a --student of another shape (an
+// "invalid data: checkpoint tensor ..." that blamed the checkpoint) and edited --data (a bare
+// "data cursor: saved for dataset <sha>" naming neither flag nor file). The run then resumes.
+TEST_F(TrainerTest, AResumeThatWouldNotContinueTheSavedRunIsRefusedNamingBothValues) {
+  TrainOptions first = base("refuse");
+  first.max_steps = 2;
+  ASSERT_EQ(train(first).steps, 2);
+  const std::string ckpt = list_checkpoints(first.out + "/checkpoints").back();
+  auto expect_refused = [&](TrainOptions o, const std::vector<std::string>& needles) {
+    o.max_steps = 4;
+    try {
+      train(o);
+      ADD_FAILURE() << "resumed; expected a refusal naming " << needles.front();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      for (const auto& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "no '" << n << "' in " << e.what();
+    }
+    EXPECT_EQ(list_checkpoints(first.out + "/checkpoints").size(), 1u) << "nothing was trained";
+  };
+  TrainOptions o = first;
+  o.seed = 7;
+  expect_refused(o, {"cannot resume from " + ckpt, "--seed was 42 in the checkpoint, now 7",
+                     "--student " + ckpt + " --out NEW_DIR"});
+  o = first;
+  o.sft = true;
+  o.teacher = "";
+  expect_refused(o, {"the command was opd train in the checkpoint, now opd sft"});
+  o = first;
+  save_model_dir(path("wide"), test::tiny_demo_config(48, 1), init_weights(test::tiny_demo_config(48, 1), 1),
+                 test::source_dir() + "/demo/tokenizer");
+  o.student = path("wide");
+  expect_refused(o, {"--student " + path("wide") + " is not the model the checkpoint trained",
+                     "model.embed_tokens.weight is [272, 48] in --student",
+                     "--student was \"" + path("student") + "\" in the checkpoint"});
+  {  // the same file edited: its last line moved to the front (same count, other order)
+    std::ifstream in(path("train.jsonl"));
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    std::ofstream out(path("edited.jsonl"));
+    out << lines.back() << "\n";
+    for (size_t i = 0; i + 1 < lines.size(); ++i) out << lines[i] << "\n";
+  }
+  o = first;
+  o.data = {path("edited.jsonl")};
+  expect_refused(o, {"its data cursor does not fit this run's data (--data was [\"" + path("train.jsonl") +
+                         "\"] in the checkpoint, now [\"" + path("edited.jsonl") + "\"])",
+                     "the data or its tokenization changed"});
+  o = first;
+  o.max_steps = 4;
+  EXPECT_EQ(train(o).steps, 4) << "the saved settings still resume";
+}
+
+// Legitimate changes are warned about naming the flag and both values (the learning-rate
+// scheduler, --max-steps, warmup and the teacher resumed silently until session 16, when only 11
+// hard-coded options were compared); settings of how the same steps are computed or saved
+// (--micro-batch-size, --save-total-limit) are not.
+TEST_F(TrainerTest, ALegitimateChangeOnResumeIsWarnedNamingOldAndNewValues) {
+  TrainOptions o = base("warn");
+  o.max_steps = 2;
+  ASSERT_EQ(train(o).steps, 2);
+  save_model_dir(path("teacher2"), test::tiny_demo_config(48, 2),
+                 init_weights(test::tiny_demo_config(48, 2), 5, 0.1), test::source_dir() + "/demo/tokenizer");
+  o.max_steps = 4;
+  o.learning_rate = 2e-2;
+  o.lr_scheduler_type = "linear";
+  o.warmup_steps = 1;
+  o.teacher = path("teacher2");
+  o.micro_batch_size = 2;
+  o.save_total_limit = 1;
+  const TrainResult r = train(o);
+  EXPECT_EQ(r.first_step, 2);
+  EXPECT_EQ(r.steps, 4);
+  std::ifstream f(o.out + "/train.log");
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const std::string& w :
+       {std::string("resume: --learning-rate was 0.01 in the checkpoint, now 0.02"),
+        std::string("resume: --lr-scheduler-type was \"cosine\" in the checkpoint, now \"linear\""),
+        std::string("resume: --warmup-steps was 0 in the checkpoint, now 1"),
+        std::string("resume: --max-steps was 2 in the checkpoint, now 4"),
+        "resume: --teacher was \"" + path("teacher") + "\" in the checkpoint, now \"" + path("teacher2") + "\""})
+    EXPECT_NE(log.find(w), std::string::npos) << "no '" << w << "' in\n" << log;
+  EXPECT_EQ(log.find("--micro-batch-size was"), std::string::npos) << log;
+  EXPECT_EQ(log.find("--save-total-limit was"), std::string::npos) << log;
+}
+
+// `--resume PATH` of an older checkpoint (of this run or another) while --out holds later ones:
+// they are written over as the run passes their steps, which was silent until session 16.
+TEST_F(TrainerTest, ResumingAnOlderCheckpointWarnsThatLaterOnesAreOverwritten) {
+  TrainOptions o = base("rewind");
+  o.max_steps = 4;
+  o.save_steps = 2;
+  ASSERT_EQ(train(o).steps, 4);
+  const auto list = list_checkpoints(o.out + "/checkpoints");
+  ASSERT_EQ(list.size(), 2u);
+  o.resume = list.front();
+  EXPECT_EQ(train(o).first_step, 2);
+  std::ifstream f(o.out + "/train.log");
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string w = "resume: --resume " + list.front() + " is at step 2 but " + o.out +
+                        "/checkpoints holds later checkpoints (the newest " + list.back() + ")";
+  EXPECT_NE(log.find(w), std::string::npos) << "no '" << w << "' in\n" << log;
+}
+
 // A student whose chat template lives in chat_template.jinja (how recent transformers save it)
 // keeps it: the run renders chat lines with it, and every checkpoint's Hugging Face export
 // carries the file (it was neither read nor exported until session 15).

@@ -1,0 +1,61 @@
+// The resume policy table (train/resume_policy.h) covers every saved training option exactly
+// once, and check_resume_options refuses MustMatch differences (all named at once), warns about
+// Warn ones with both values, ignores Free ones and options the checkpoint did not save.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "core/error.h"
+#include "train/resume_policy.h"
+#include "train/trainer.h"
+
+namespace opd {
+namespace {
+
+TEST(ResumePolicy, EverySavedOptionHasExactlyOneRule) {
+  const nlohmann::json saved = TrainOptions{}.to_json();
+  std::set<std::string> keys;
+  for (const auto& r : resume_option_rules()) {
+    EXPECT_TRUE(keys.insert(r.key).second) << r.key << " has two rules";
+    EXPECT_TRUE(saved.contains(r.key)) << r.key << " is not a saved option";
+    if (r.policy != ResumePolicy::Free) EXPECT_STRNE(r.why, "") << r.key;
+  }
+  for (const auto& [key, value] : saved.items()) EXPECT_TRUE(keys.count(key)) << key << " has no rule";
+}
+
+TEST(ResumePolicy, RefusesWarnsOrIgnoresByTheTable) {
+  TrainOptions a;
+  const nlohmann::json saved = a.to_json();
+  TrainOptions b = a;
+  b.learning_rate = 3e-5;
+  b.beta = 1;
+  b.save_total_limit = 9;      // free
+  b.micro_batch_size = 2;      // free
+  b.data = {"elsewhere.jsonl"};  // free: the data cursor checks the content
+  nlohmann::json old = saved;
+  old.erase("lmbda");          // not saved (an older checkpoint): not compared
+  b.lmbda = 1;
+  const auto w = check_resume_options(old, b.to_json(), "CK");
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].rfind("resume: --beta was 0.5 in the checkpoint, now 1.0: ", 0), 0u) << w[0];
+  EXPECT_EQ(w[1].rfind("resume: --learning-rate was 1e-05 in the checkpoint, now 3e-05: ", 0), 0u) << w[1];
+  EXPECT_TRUE(check_resume_options(saved, saved, "CK").empty());
+
+  b.seed = 1;
+  b.sft = true;
+  try {
+    check_resume_options(saved, b.to_json(), "CK");
+    ADD_FAILURE() << "a changed seed and objective were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("cannot resume from CK: ", 0), 0u) << m;
+    EXPECT_NE(m.find("--seed was 42 in the checkpoint, now 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("the command was opd train in the checkpoint, now opd sft"), std::string::npos) << m;
+    EXPECT_NE(m.find("--student CK --out NEW_DIR"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace opd
