@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <thread>
 
 #include "core/error.h"
@@ -139,19 +140,36 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
                                          const std::function<void(const Reply&)>& decode_check) {
   const int64_t id = ++seq_;
   std::string last;
-  for (int attempt = 0; attempt < opts_.max_attempts; ++attempt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Seconds left of deadline_s (infinity without one).
+  auto left = [&] {
+    if (opts_.deadline_s <= 0) return std::numeric_limits<double>::infinity();
+    return opts_.deadline_s -
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  int attempt = 0;
+  for (; attempt < opts_.max_attempts; ++attempt) {
     if (attempt > 0) {
       ++retries_;
       const double base = std::min(opts_.backoff_max_s,
                                    opts_.backoff_initial_s * std::pow(2.0, attempt - 1));
       const double jitter = 0.5 + 0.5 * philox_uniform(static_cast<uint64_t>(id), 99,
                                                        static_cast<uint64_t>(attempt));
+      const double delay = std::min(base * jitter, std::max(0.0, left()));
       log_warn("teacher client: ", method, " ", path, " attempt ", attempt, " failed (", last,
-               "); retrying in ", base * jitter, " s");
-      std::this_thread::sleep_for(std::chrono::duration<double>(base * jitter));
+               "); retrying in ", delay, " s");
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
     }
+    const double remaining = left();
+    if (remaining <= 0.01) break;
     ++attempts_;
     std::unique_ptr<Http> h = acquire();
+    {  // this attempt's wait for an answer: the read timeout, cut to what the deadline leaves
+      const double wait_s = std::min(opts_.request_timeout_s, remaining);
+      const auto us = static_cast<int64_t>(wait_s * 1e6);
+      h->cli.set_read_timeout(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+      h->cli.set_write_timeout(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+    }
     httplib::Request req;
     req.method = method;
     req.path = path;
@@ -205,12 +223,18 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
     }
     return reply;
   }
-  OPD_FAIL(Io, "teacher client: ", method, " ", opts_.url, path, " failed after ",
-           opts_.max_attempts, " attempts; last error: ", last);
+  OPD_CHECK(attempt < opts_.max_attempts, Io, "teacher client: ", method, " ", opts_.url, path,
+            " failed after ", opts_.max_attempts, " attempts; last error: ", last);
+  OPD_FAIL(Io, "teacher client: ", method, " ", opts_.url, path, " failed: no answer within ",
+           opts_.deadline_s, " s (", attempt, " attempts, each waiting at most ",
+           opts_.request_timeout_s, " s); last error: ", last);
 }
 
 TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) {
   parse_url(opts_.url, host_, port_);
+  OPD_CHECK(opts_.deadline_s >= 0 && opts_.request_timeout_s > 0, InvalidArgument,
+            "teacher client: deadline ", opts_.deadline_s, " s must be >= 0 and request timeout ",
+            opts_.request_timeout_s, " s > 0");
   OPD_CHECK(opts_.connections > 0 && opts_.max_attempts > 0, InvalidArgument,
             "teacher client: connections ", opts_.connections, " and max_attempts ",
             opts_.max_attempts, " must be > 0");
@@ -503,6 +527,11 @@ TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
   // Nothing is used before it is checked: shapes against the request, values by the loss's
   // boundary validation against the student.
   check_response_matches(r, q);
+  // The vocabulary every answer is checked against is the one /v1/models reported at connect
+  // (and the student compatibility check passed on): an answer of another is refused.
+  OPD_CHECK(r.vocab_size == info_.vocab_size, InvalidData, "teacher at ", opts_.url,
+            " answered with vocabulary ", r.vocab_size, " but reported ", info_.vocab_size,
+            " at connect (/v1/models); the server misreports its model or was replaced");
   Validated v;
   v.topk = validate_teacher_payload(to_teacher_payload(r), completion_layout(q),
                                     opts_.student_vocab, opts_.loss, DType::F32, &v.stats);

@@ -62,6 +62,10 @@ struct ClientOptions {
   double connect_timeout_s = 5;
   double request_timeout_s = 600;  // read/write timeout of one attempt
   int max_attempts = 8;            // per request (and for the connect-time GET)
+  // One call's attempts and backoff together, in seconds (0: only max_attempts bounds them).
+  // No attempt waits past it: a server that accepts a request and never answers costs at most
+  // this long (opd train: --teacher-timeout), not max_attempts x request_timeout_s.
+  double deadline_s = 0;
   double backoff_initial_s = 0.1;  // delay before retry i: min(max, initial * 2^i) * U(0.5, 1)
   double backoff_max_s = 5;
   size_t max_response_bytes = size_t{2} << 30;

@@ -602,6 +602,13 @@ void Trainer::setup_teacher() {
     c.student_vocab = sc.vocab_size;
     c.student_fingerprint = sfp.sha256;
     c.loss = loss_;
+    if (o_.teacher_timeout_s > 0) {
+      // A server that takes a request and never answers is a teacher that disappeared: one
+      // call gives up within --teacher-timeout, and each attempt waits at most half of it, so
+      // one lost answer is still asked again (before, 8 attempts x the 600 s read timeout).
+      c.deadline_s = o_.teacher_timeout_s;
+      c.request_timeout_s = std::min(c.request_timeout_s, o_.teacher_timeout_s / 2);
+    }
     log_info("connecting to teacher ", teacher_url_,
              pool.size() > 1 ? cat(" (rank ", env_.rank, ", entry ",
                                    static_cast<size_t>(env_.rank) % pool.size() + 1, " of ",
@@ -1205,7 +1212,7 @@ auto Trainer::with_retry(const Call& call) -> decltype(call()) {
       if (e.kind() != ErrorKind::Io || o_.teacher_url.empty()) throw;
       const double waited = seconds_since(t0);
       OPD_CHECK(waited < o_.teacher_timeout_s, Io, "teacher ", teacher_url_,
-                " unreachable for ", static_cast<int64_t>(waited), " s (--teacher-timeout ",
+                " unreachable or not answering for ", static_cast<int64_t>(waited), " s (--teacher-timeout ",
                 o_.teacher_timeout_s, " s): ", e.what());
       log_warn("teacher unreachable (attempt ", attempt, ", waited ",
                static_cast<int64_t>(waited), " s of ", o_.teacher_timeout_s,
@@ -1420,13 +1427,20 @@ TrainResult Trainer::run_steps() {
       if (teacher_offload_) teacher_offload_->upload_layered();
       try {
         pending_teacher = score(seqs);
-      } catch (const Error&) {
+      } catch (const Error& e) {
         // Distributed, the others are already past this point: the job goes down instead (the
         // last checkpoint is intact).
         if (!distributed() && stop_requested() != StopRequest::None) {
           result_.stopped_by_signal = true;
           break;
         }
+        // A remote teacher's wrong answer (validated in the client) or its absence past
+        // --teacher-timeout: say which step, which teacher, and that nothing was applied.
+        if (!o_.teacher_url.empty() && e.kind() != ErrorKind::Cancelled)
+          throw Error(e.kind(), cat("step ", step + 1, ": scoring by the teacher at ", teacher_url_,
+                                    " failed; nothing of this step was applied and the run stops "
+                                    "(its checkpoints are intact: the same command resumes from "
+                                    "the newest): ", e.what()));
         throw;
       }
       score_s = seconds_since(t0);
