@@ -150,6 +150,7 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
   int attempt = 0;
   for (; attempt < opts_.max_attempts; ++attempt) {
     if (attempt > 0) {
+      if (left() <= 0.01) break;  // the deadline is spent: no retry to announce
       ++retries_;
       const double base = std::min(opts_.backoff_max_s,
                                    opts_.backoff_initial_s * std::pow(2.0, attempt - 1));

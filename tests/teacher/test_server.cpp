@@ -624,7 +624,9 @@ TEST(ClientFaults, MalformedResponsesGetNamedErrors) {
   expect_error(r, ErrorKind::InvalidData, "sequence 2 starts at position 19, requested 20");
   r = good;
   r.vocab_size = 200;
-  expect_error(r, ErrorKind::InvalidData, "teacher vocabulary 200 is larger than the student's 96");
+  // Refused before the payload check (which would say "teacher vocabulary 200 is larger than the
+  // student's 96"): the answer does not carry the vocabulary /v1/models reported.
+  expect_error(r, ErrorKind::InvalidData, "answered with vocabulary 200 but reported 96 at connect");
 
   // JSON responses with bad types.
   fake.respond(200, R"({"k":2,"temperature":1,"vocab_size":96,"sequences":"no"})", "application/json");
