@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,22 @@
 #include "cli/flags_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "train/signals.h"  // install_training_signal_handlers
+
+namespace {
+
+// A training run's signal policy holds from its first moment. Installed when the trainer started,
+// a SIGTERM or SIGINT in the first ~100 ms (library constructors: OpenBLAS, cuBLAS; flag parsing)
+// killed the run without a checkpoint (exit 143) and a SIGHUP killed it outright. A .preinit_array
+// entry runs before any shared library's constructor, with main's arguments (glibc).
+void install_early_training_signal_handlers(int argc, char** argv, char**) {
+  if (argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "sft") == 0))
+    opd::install_training_signal_handlers();
+}
+__attribute__((section(".preinit_array"), used)) void (*const kEarlySignals)(int, char**, char**) =
+    &install_early_training_signal_handlers;
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"opd: on-policy distillation engine (native C++/CUDA)"};
