@@ -46,6 +46,7 @@ EvalResult evaluate_exact_match(const Transformer& model, const std::vector<int3
   }
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(options.kv_cache_gb * (1 << 30));
+  eo.should_cancel = options.should_cancel;
   RolloutEngine engine(model, eo, eos_ids);
   auto outputs = engine.generate(requests);
   EvalResult result;

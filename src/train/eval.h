@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct EvalOptions {
   int64_t limit = 0;                 // first N samples (0 = all)
   double kv_cache_gb = 1.0;
   int64_t max_examples = 3;          // wrong answers kept for the log
+  // Polled once per generation step: true stops the evaluation with a Cancelled error (a
+  // training run's stop signal must not wait for a long evaluation).
+  std::function<bool()> should_cancel;
 };
 
 struct EvalResult {

@@ -1263,7 +1263,17 @@ double Trainer::evaluate(const char* when, int64_t step) {
   eo.max_new_tokens = o_.max_completion_length;
   eo.limit = o_.eval_limit;
   eo.kv_cache_gb = o_.kv_cache_gb;
-  EvalResult r = evaluate_exact_match(model(), student_eos_, *eval_data_, eo);
+  // A stop signal abandons the evaluation (it changes nothing the checkpoint holds): with a real
+  // model and many eval samples it could otherwise hold the exit past the 60 s promise.
+  eo.should_cancel = [] { return stop_requested() != StopRequest::None; };
+  EvalResult r;
+  try {
+    r = evaluate_exact_match(model(), student_eos_, *eval_data_, eo);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Cancelled) throw;
+    log_warn("eval (", when, ", step ", step, ") abandoned: stop requested (", e.what(), ")");
+    return -1;
+  }
   log_info("eval (", when, ", step ", step, "): exact match ", r.correct, "/", r.total, " = ",
            r.accuracy() * 100, "% (", static_cast<int>(seconds_since(t0) * 1000), " ms)");
   for (const auto& w : r.wrong_examples) log_debug("  wrong: ", w);

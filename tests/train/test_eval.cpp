@@ -78,6 +78,31 @@ std::vector<std::vector<double>> dense_logprobs(const Transformer& m, const std:
   return out;
 }
 
+// A training run's stop signal abandons an evaluation (EvalOptions::should_cancel, polled per
+// generation step; the trainer logs the evaluation as abandoned): a Cancelled error, not the
+// whole evaluation first (session 16: with a real model it could hold the exit past 60 s).
+TEST_F(EvalTeacherTest, ExactMatchStopsWhenCancelled) {
+  std::ofstream f(path("ref.jsonl"));
+  for (int i = 0; i < 4; ++i) f << "{\"prompt_ids\": [5, 6, 7], \"completion_ids\": [8, 9, 10, 11]}\n";
+  f.close();
+  Tokenizer tok = Tokenizer::load(test::source_dir() + "/demo/tokenizer");
+  TokenizerTextEncoder enc(tok);
+  const Dataset data = Dataset::load({path("ref.jsonl")}, enc, nullptr, DatasetOptions{});
+  const Transformer m = Transformer::load(path("student"));
+  EvalOptions o;
+  o.max_new_tokens = 8;
+  EXPECT_EQ(evaluate_exact_match(m, {kEos}, data, o).total, 4);
+  int polls = 0;
+  o.should_cancel = [&] { return ++polls > 1; };
+  try {
+    (void)evaluate_exact_match(m, {kEos}, data, o);
+    ADD_FAILURE() << "a cancelled evaluation completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Cancelled) << e.what();
+  }
+  EXPECT_EQ(polls, 2);
+}
+
 TEST_F(EvalTeacherTest, ReverseKlIsZeroWhenTheTeacherIsTheStudent) {
   const Dataset data = prompts();
   const Transformer student = Transformer::load(path("student"));
