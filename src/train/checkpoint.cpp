@@ -218,6 +218,11 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
   // one is complete they only hold disk space.
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
+    if (n.rfind("LATEST.tmp-", 0) == 0 && !e.is_directory()) {  // an interrupted LATEST update
+      std::error_code rm;
+      fs::remove(e.path(), rm);
+      continue;
+    }
     auto tmp_at = n.find(".tmp-");
     if (tmp_at == std::string::npos) tmp_at = n.find(".old-");  // a replaced one (see above)
     if (!e.is_directory() || tmp_at == std::string::npos || !parse_step(n.substr(0, tmp_at))) continue;

@@ -93,6 +93,7 @@ TEST(Checkpoint, ASecondSaveOfAStepReplacesItAndLeavesNothingBehind) {
   b.tensor_files["model"]["w"] = test::random_uniform({3, 5}, DType::F32, 77);
   save_checkpoint(root.path.string(), a, 0);
   fs::create_directories(root.path / "step-00000002.old-424242");  // a replacement's leftover
+  std::ofstream(root.path / "LATEST.tmp-424242") << "step-00000002\n";  // an interrupted update
   const std::string dir = save_checkpoint(root.path.string(), b, 0);
   EXPECT_EQ(fs::path(dir).filename(), "step-00000003");
   CheckpointData back = load_checkpoint(dir);
