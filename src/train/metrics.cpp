@@ -276,8 +276,12 @@ void MetricsLog::write_event(const std::string& event_bytes) {
 
 bool MetricsLog::append(int& fd, const std::string& bytes, const std::string& path, int64_t& lost) {
   struct stat st{};
-  if (::fstat(fd, &st) == 0 && st.st_nlink == 0) reopen_deleted(fd, path);
-  const off_t before = ::fstat(fd, &st) == 0 ? st.st_size : -1;
+  bool known = ::fstat(fd, &st) == 0;
+  if (known && st.st_nlink == 0) {  // deleted under the run: a new file (and its size) first
+    reopen_deleted(fd, path);
+    known = ::fstat(fd, &st) == 0;
+  }
+  const off_t before = known ? st.st_size : -1;
   try {
     write_all(fd, bytes, path);
   } catch (const Error& e) {

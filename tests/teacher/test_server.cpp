@@ -17,6 +17,7 @@
 #include "teacher/protocol.h"
 #include "teacher/scorer.h"
 #include "teacher/server.h"
+#include "teacher/server_test_util.h"
 
 namespace opd {
 namespace {
@@ -53,12 +54,7 @@ class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     scorer_ = std::make_unique<CpuScorer>(test::fixture_path("models/qwen3"));
-    ServerOptions o;
-    o.port = 0;
-    o.threads = 4;
-    o.max_body_bytes = 1 << 20;
-    server_ = std::make_unique<TeacherServer>(*scorer_, o);
-    server_->start();
+    server_ = test::start_test_server(*scorer_);
     http_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
   }
   std::string url() const { return cat("http://127.0.0.1:", server_->port()); }

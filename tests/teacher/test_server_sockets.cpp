@@ -23,6 +23,7 @@
 #include "teacher/protocol.h"
 #include "teacher/scorer.h"
 #include "teacher/server.h"
+#include "teacher/server_test_util.h"
 
 namespace opd {
 namespace {
@@ -160,12 +161,7 @@ class ServerSockets : public ::testing::Test {
  protected:
   void SetUp() override {
     scorer_ = std::make_unique<CpuScorer>(test::fixture_path("models/qwen3"));
-    ServerOptions o;
-    o.port = 0;
-    o.threads = 4;
-    o.max_body_bytes = 1 << 20;
-    server_ = std::make_unique<TeacherServer>(*scorer_, o);
-    server_->start();
+    server_ = test::start_test_server(*scorer_);
     port_ = server_->port();
   }
   // A binary /v1/score on a fresh connection: the answer, checked against in-process scoring.
