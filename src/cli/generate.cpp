@@ -1,9 +1,13 @@
 // `opd generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --prompts FILE.jsonl)
 // [--max-new-tokens N] [--temperature T --top-p P --top-k K --min-p P --seed S --n N]
-// [--stop STR] [--ignore-eos] [--kv-cache-gb G] [--json]`: samples completions with the rollout
-// engine (rollout/engine.h) on the CPU. Text prompts need a tokenizer (tokenizer.json in the
-// model directory, or --tokenizer PATH); token-id prompts do not. No chat template is applied:
-// the prompt is encoded as given. JSON output (one object): per prompt, per sample: token ids,
+// [--stop STR] [--ignore-eos] [--kv-cache-gb G] [--device cpu|cuda --dtype bf16|f32] [--json]`:
+// samples completions with the rollout engine (rollout/engine.h) on the CPU (f32) or the GPU
+// (cli/model_device.h). Text prompts need a tokenizer (tokenizer.json in the model directory, or
+// --tokenizer PATH); token-id prompts do not. Text is encoded as given (the tokenizer's special
+// tokens added); a --prompts line with chat "messages" is rendered with the model's chat template
+// (add_generation_prompt; the template beside the tokenizer) and encoded without added special
+// tokens, as datasets are (docs/data.md).
+// JSON output (one object): per prompt, per sample: token ids,
 // text (when a tokenizer is loaded), finish reason, and two per-token log-probabilities:
 // sampling_logprobs under the distribution the token was drawn from (temperature, top-k/p,
 // min-p applied; 0 for greedy) and model_logprobs under the unmodified model at temperature 1.
@@ -17,11 +21,14 @@
 
 #include "cli/commands.h"
 #include "cli/id_list.h"  // parse_id_list (ids are range-checked later, by the engine)
+#include "cli/model_device.h"
 #include "core/error.h"
 #include "core/text_io.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "train/text_adapters.h"  // has_chat_template, chat_template_source
 
 namespace opd::cli {
 namespace {
@@ -46,6 +53,7 @@ struct GenerateOptions {
   int64_t max_step_tokens = 512;
   int64_t max_running = 256;
   bool json = false;
+  ModelDevice md;
 };
 
 struct Prompt {
@@ -62,8 +70,14 @@ const Tokenizer& need_tokenizer(const std::optional<Tokenizer>& tok, const std::
   return *tok;
 }
 
-// JSONL lines: {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}; blank lines are skipped.
-std::vector<Prompt> read_prompts_file(const std::string& path, const std::optional<Tokenizer>& tok) {
+// JSONL lines: {"prompt": "text"}, {"prompt_ids": [1, 2, 3]} or {"messages": [...], "tools"?: [...]};
+// blank lines are skipped.
+// "messages" lines are rendered with the chat template of `template_dir` (the directory the
+// tokenizer came from), read at the first such line.
+std::vector<Prompt> read_prompts_file(const std::string& path, const std::optional<Tokenizer>& tok,
+                                      const std::string& template_dir) {
+  std::unique_ptr<ChatTemplate> tmpl;
+  std::unique_ptr<TemplateChatRenderer> chat;
   std::ifstream in(path, std::ios::binary);
   OPD_CHECK(in.good(), Io, "cannot open --prompts file ", path);
   std::vector<Prompt> out;
@@ -91,9 +105,28 @@ std::vector<Prompt> read_prompts_file(const std::string& path, const std::option
       p.text = j["prompt"].get<std::string>();
       p.ids = need_tokenizer(tok, where).encode(*p.text, true);
     } else if (j.contains("messages")) {
-      OPD_FAIL(Unsupported, where,
-               ": chat \"messages\" need a chat template, which opd generate does not apply yet; "
-               "give \"prompt\" text or \"prompt_ids\"");
+      const Tokenizer& t = need_tokenizer(tok, where);
+      if (!chat) {
+        OPD_CHECK(has_chat_template(template_dir, t), InvalidData, where,
+                  ": chat \"messages\" need a chat template, and ", chat_template_source(template_dir),
+                  " has none (give \"prompt\" text or \"prompt_ids\")");
+        tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(template_dir));
+        chat = std::make_unique<TemplateChatRenderer>(*tmpl);
+      }
+      // Parsed again keeping key order: a template iterating a message's items sees the file's.
+      const nlohmann::ordered_json oj = nlohmann::ordered_json::parse(line);
+      const nlohmann::ordered_json& messages = oj["messages"];
+      OPD_CHECK(messages.is_array() && !messages.empty(), InvalidData, where,
+                ": messages must be a non-empty array of {role, content}");
+      const nlohmann::ordered_json tools = oj.contains("tools") ? oj["tools"] : nlohmann::ordered_json();
+      std::string text;
+      try {
+        text = chat->render(messages, tools, /*add_generation_prompt=*/true);
+      } catch (const Error& e) {
+        OPD_FAIL(InvalidData, where, ": the chat template failed: ", e.what());
+      }
+      p.ids = t.encode(text, false);
+      p.text = std::move(text);
     } else {
       OPD_FAIL(InvalidData, where, ": expected a \"prompt\" or \"prompt_ids\" field");
     }
@@ -103,7 +136,7 @@ std::vector<Prompt> read_prompts_file(const std::string& path, const std::option
 }
 
 void run_generate(const GenerateOptions& o) {
-  Transformer model = Transformer::load(o.model);
+  check_model_device(o.md, "opd generate");
   std::optional<Tokenizer> tok;
   if (!o.tokenizer.empty())
     tok.emplace(Tokenizer::load(o.tokenizer));
@@ -115,7 +148,13 @@ void run_generate(const GenerateOptions& o) {
     prompts.push_back({need_tokenizer(tok, "--prompt").encode(t, true), t});
   for (const std::string& s : o.prompt_ids) prompts.push_back({parse_id_list(s, "--prompt-ids"), {}});
   if (!o.prompts_file.empty()) {
-    std::vector<Prompt> more = read_prompts_file(o.prompts_file, tok);
+    // The chat template lives beside the tokenizer: the model directory's, or --tokenizer's.
+    namespace fs = std::filesystem;
+    const std::string template_dir =
+        o.tokenizer.empty() ? o.model
+        : fs::is_directory(o.tokenizer) ? o.tokenizer
+                                        : fs::path(o.tokenizer).parent_path().string();
+    std::vector<Prompt> more = read_prompts_file(o.prompts_file, tok, template_dir);
     prompts.insert(prompts.end(), more.begin(), more.end());
   }
   OPD_CHECK(!prompts.empty(), InvalidArgument,
@@ -136,6 +175,8 @@ void run_generate(const GenerateOptions& o) {
     r.ignore_eos = o.ignore_eos;
     reqs.push_back(std::move(r));
   }
+  // Loaded after the prompts are read, so a bad prompt file fails before a model reaches the GPU.
+  Transformer model = load_model_on(o.model, o.md, "opd generate");
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_gb * 1024.0 * 1024.0 * 1024.0);
   eo.block_size = o.block_size;
@@ -208,7 +249,8 @@ void run_generate(const GenerateOptions& o) {
 void register_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "generate", "Sample completions with the rollout engine (paged KV cache, CPU backend)");
+      "generate", "Sample completions with the rollout engine (paged KV cache; CPU, or the GPU "
+                  "with --device cuda)");
   cmd->add_option("--model", o->model, "Hugging Face model directory")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -218,7 +260,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--prompt-ids", o->prompt_ids,
                   "a prompt as comma-separated token ids (repeatable; no tokenizer needed)");
   cmd->add_option("--prompts", o->prompts_file,
-                  "JSONL file: one {\"prompt\": TEXT} or {\"prompt_ids\": [ids]} per line")
+                  "JSONL file: one {\"prompt\": TEXT}, {\"prompt_ids\": [ids]} or {\"messages\": [...]} "
+                  "(rendered with the model's chat template) per line")
       ->check(CLI::ExistingFile);
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most per sample")
       ->default_val(64)
@@ -245,6 +288,7 @@ void register_generate(CLI::App& app) {
       ->default_val(512);
   cmd->add_option("--max-running", o->max_running, "sequences decoded together at most")
       ->default_val(256);
+  add_model_device_flags(cmd, o->md, "the model and its sampling");
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->callback([o] { run_generate(*o); });
 }

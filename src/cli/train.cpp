@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/model_device.h"
 #include "cli/flags_file.h"
 #include "core/error.h"
 #include "core/text_io.h"
@@ -196,6 +197,7 @@ void register_eval(CLI::App& app) {
     double kv_cache_gb = 1.0, temperature = 1.0;
     uint64_t seed = 0;
     bool json = false;
+    ModelDevice md;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(
@@ -211,7 +213,7 @@ void register_eval(CLI::App& app) {
       ->check(CLI::IsMember({"exact-match", "reverse-kl", "agreement"}))
       ->capture_default_str();
   c->add_option("--teacher", o->teacher, "teacher model directory (reverse-kl: scored in-process "
-                "on the CPU; agreement: generates greedily)");
+                "on --device; agreement: generates greedily)");
   c->add_option("--max-new-tokens", o->max_new_tokens, "generation limit of exact-match and of "
                 "the reverse-kl samples")->capture_default_str();
   c->add_option("--samples", o->samples, "reverse-kl: student samples per prompt")
@@ -223,6 +225,7 @@ void register_eval(CLI::App& app) {
                 "generates; the first N are compared")->capture_default_str();
   c->add_option("--limit", o->limit, "first N samples (0 = all)")->capture_default_str();
   c->add_option("--kv-cache-gb", o->kv_cache_gb, "KV cache budget")->capture_default_str();
+  add_model_device_flags(c, o->md, "the model and --teacher");
   c->add_flag("--json", o->json, "print a JSON object");
   c->callback([o] {
     auto has = [&](const char* m) {
@@ -238,7 +241,8 @@ void register_eval(CLI::App& app) {
               " must be > 0 and <= 1e6");
     OPD_CHECK(o->limit >= 0, InvalidArgument, "opd eval: --limit ", o->limit,
               " must be >= 0 (0 = all samples)");
-    Transformer model = Transformer::load(o->model);
+    check_model_device(o->md, "opd eval");
+    Transformer model = load_model_on(o->model, o->md, "opd eval");
     Tokenizer tok = Tokenizer::load(o->model);
     TokenizerTextEncoder enc(tok);
     std::unique_ptr<ChatTemplate> tmpl;
@@ -271,7 +275,8 @@ void register_eval(CLI::App& app) {
                       static_cast<long long>(r.correct), static_cast<long long>(r.total),
                       100 * r.accuracy());
       } else if (metric == "reverse-kl") {
-        CpuScorer teacher(o->teacher);
+        std::unique_ptr<Scorer> teacher =
+            make_local_scorer(o->teacher, o->md.where(), o->md.cuda_dtype());
         ReverseKlOptions ro;
         ro.max_new_tokens = o->max_new_tokens;
         ro.samples_per_prompt = o->samples;
@@ -279,7 +284,7 @@ void register_eval(CLI::App& app) {
         ro.seed = o->seed;
         ro.limit = o->limit;
         ro.kv_cache_gb = o->kv_cache_gb;
-        ReverseKlResult r = evaluate_reverse_kl(model, teacher, eos, data, ro);
+        ReverseKlResult r = evaluate_reverse_kl(model, *teacher, eos, data, ro);
         out["reverse_kl"] = {{"per_token", r.mean}, {"std_error", r.std_error},
                              {"prompts", r.prompts}, {"samples", r.samples}, {"tokens", r.tokens},
                              {"truncated", r.truncated}, {"student_logprob", r.student_logprob},
@@ -295,7 +300,7 @@ void register_eval(CLI::App& app) {
                       static_cast<long long>(r.tokens), static_cast<long long>(r.truncated),
                       r.student_logprob, r.teacher_logprob, o->temperature);
       } else {
-        Transformer teacher = Transformer::load(o->teacher);
+        Transformer teacher = load_model_on(o->teacher, o->md, "opd eval");
         const auto teacher_eos = generation_eos_ids(o->teacher, teacher.config(), nullptr);
         AgreementOptions ao;
         ao.tokens = o->agreement_tokens;

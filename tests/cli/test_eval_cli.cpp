@@ -1,7 +1,7 @@
 // `opd eval` as a process with the teacher metrics (train/eval.h) on the committed demo teacher:
 // the teacher evaluated against itself gives reverse KL 0 and 100% agreement in one --json
-// object beside exact match; a teacher metric without --teacher and an unknown metric are
-// named errors.
+// object beside exact match; --device cuda gives the CPU's numbers (f32) on a GPU and a named
+// error without one; a teacher metric without --teacher and an unknown metric are named errors.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/test_util.h"
+#include "core/tensor.h"  // device_hooks::cuda_device_count
 
 namespace opd {
 namespace {
@@ -38,6 +39,37 @@ TEST(CliEval, TeacherAgainstItselfHasZeroReverseKlAndFullAgreement) {
   EXPECT_EQ(ag["prompts"].get<int64_t>(), 24);
   EXPECT_DOUBLE_EQ(ag["exact_rate"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(ag["token_agreement"].get<double>(), 1.0);
+}
+
+// The same metrics with the model and the teacher on the GPU (f32: exact match and agreement
+// equal the CPU's, reverse KL within rounding; bf16 runs). Without a GPU: the named error.
+TEST(CliEval, DeviceCudaGivesTheCpuNumbers) {
+  const std::string base = "eval --model " + demo("teacher") + " --teacher " + demo("teacher") +
+                           " --data " + demo("data/eval.jsonl") +
+                           " --metric exact-match reverse-kl agreement --limit 16 --max-new-tokens 5" +
+                           " --samples 2 --seed 3 --agreement-tokens 4 --json";
+  if (device_hooks::cuda_device_count() == 0) {
+    Result r = run(base + " --device cuda 2>&1");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("opd eval --device cuda: no usable CUDA device here"), std::string::npos)
+        << r.out;
+    GTEST_SKIP() << "no CUDA device: only the error without one was checked";
+  }
+  Result cpu = run(base), gpu = run(base + " --device cuda --dtype f32"),
+         bf16 = run(base + " --device cuda");
+  ASSERT_EQ(cpu.code, 0) << cpu.out;
+  ASSERT_EQ(gpu.code, 0) << gpu.out;
+  ASSERT_EQ(bf16.code, 0) << bf16.out;
+  const auto c = nlohmann::json::parse(cpu.out), g = nlohmann::json::parse(gpu.out),
+             b = nlohmann::json::parse(bf16.out);
+  EXPECT_EQ(g["correct"], c["correct"]);
+  EXPECT_EQ(g["reverse_kl"]["tokens"], c["reverse_kl"]["tokens"]);
+  EXPECT_NEAR(g["reverse_kl"]["student_logprob"].get<double>(),
+              c["reverse_kl"]["student_logprob"].get<double>(), 1e-4);
+  EXPECT_NEAR(g["reverse_kl"]["per_token"].get<double>(), 0.0, 1e-4);
+  EXPECT_EQ(g["agreement"]["exact"], c["agreement"]["exact"]);
+  EXPECT_GE(b["exact_match"].get<double>(), 0.8) << bf16.out;
+  EXPECT_EQ(b["samples"], c["samples"]);
 }
 
 TEST(CliEval, TeacherMetricsNeedATeacher) {

@@ -1,6 +1,7 @@
 // `opd generate` end to end on the fixture models: greedy ids from --prompt-ids equal
 // transformers' generate (fixture), JSON fields (ids, text, finish_reason, both logprob lists),
-// seeds and n, a JSONL prompts file with ids and text, stop strings, and clear errors (exit 1,
+// seeds and n, a JSONL prompts file with ids, text and chat messages, stop strings, --device cuda
+// (the CPU's tokens on a GPU in f32; a named error without one), and clear errors (exit 1,
 // message naming the problem).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,9 +10,11 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/tensor.h"  // device_hooks::cuda_device_count
 #include "rollout_test_util.h"
 
 namespace opd {
@@ -110,6 +113,81 @@ TEST(GenerateCli, PromptsFileWithIdsAndTextAndStopStrings) {
   EXPECT_NE(h.out.find("sample 0 [length, 3 tokens"), std::string::npos) << h.out;
 }
 
+// A "messages" line is rendered with the model directory's chat template (add_generation_prompt)
+// and generates what the rendered text given as --prompt generates.
+TEST(GenerateCli, MessagesLinesAreRenderedWithTheChatTemplate) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "opd_generate_chat_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(test::source_dir() + "/demo/teacher/" + f, dir + "/" + f);
+  {
+    // The generation prompt ("=") only appears when asked for: a template that ignored
+    // add_generation_prompt would give "12+34" and another answer.
+    std::ofstream t(dir + "/chat_template.jinja");
+    t << "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}";
+  }
+  const std::string jsonl = dir + "/prompts.jsonl";
+  {
+    std::ofstream f(jsonl);
+    f << "{\"messages\": [{\"role\": \"user\", \"content\": \"12+\"}, {\"role\": \"user\", \"content\": \"34\"}]}\n";
+  }
+  const std::string common = "--model " + dir + " --temperature 0 --max-new-tokens 6 --json";
+  Result chat = run(common + " --prompts " + jsonl);
+  Result text = run(common + " --prompt '12+34='");
+  ASSERT_EQ(chat.code, 0) << chat.out;
+  ASSERT_EQ(text.code, 0) << text.out;
+  const auto jc = nlohmann::json::parse(chat.out), jt = nlohmann::json::parse(text.out);
+  EXPECT_EQ(jc["results"][0]["prompt"], "12+34=");
+  EXPECT_EQ(jc["results"][0]["prompt_ids"], jt["results"][0]["prompt_ids"]);
+  EXPECT_EQ(jc["results"][0]["samples"][0]["ids"], jt["results"][0]["samples"][0]["ids"]);
+  // The demo teacher adds: the greedy answer starts with 46.
+  EXPECT_EQ(jt["results"][0]["samples"][0]["text"].get<std::string>().rfind("46", 0), 0u) << text.out;
+  // A template that fails names the line.
+  {
+    std::ofstream t(dir + "/chat_template.jinja");
+    t << "{{ raise_exception('no system role here') }}";
+  }
+  Result bad = run(common + " --prompts " + jsonl, true);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("line 1: the chat template failed"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("no system role here"), std::string::npos) << bad.out;
+  fs::remove_all(dir);
+}
+
+// --device cuda runs the same engine on the GPU: in f32 it gives the CPU's greedy tokens on every
+// fixture family (the engine-level tests, tests/cuda/test_cuda_rollout.cpp, show why: same
+// sampling, f32 logits within ~1e-6); bf16 runs and gives as many tokens. Without a GPU the
+// flag is a named error (and the GPU half skips).
+TEST(GenerateCli, DeviceCudaGivesTheCpuTokens) {
+  const std::string prompt = " --prompt-ids 3,1,4,1,5 --temperature 0 --max-new-tokens 12 --json";
+  if (device_hooks::cuda_device_count() == 0) {
+    Result r = run("--model " + test::model_dir("qwen3") + prompt + " --device cuda", true);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("opd generate --device cuda: no usable CUDA device here"), std::string::npos)
+        << r.out;
+    GTEST_SKIP() << "no CUDA device: only the error without one was checked";
+  }
+  for (const char* family : test::families()) {
+    const std::string base = "--model " + test::model_dir(family) + prompt;
+    Result cpu = run(base), gpu = run(base + " --device cuda --dtype f32"),
+           bf16 = run(base + " --device cuda");
+    ASSERT_EQ(cpu.code, 0) << cpu.out;
+    ASSERT_EQ(gpu.code, 0) << gpu.out;
+    ASSERT_EQ(bf16.code, 0) << bf16.out;
+    const auto jc = nlohmann::json::parse(cpu.out), jg = nlohmann::json::parse(gpu.out),
+               jb = nlohmann::json::parse(bf16.out);
+    EXPECT_EQ(jg["results"][0]["samples"][0]["ids"], jc["results"][0]["samples"][0]["ids"]) << family;
+    const auto& lc = jc["results"][0]["samples"][0]["model_logprobs"];
+    const auto& lg = jg["results"][0]["samples"][0]["model_logprobs"];
+    ASSERT_EQ(lg.size(), lc.size());
+    for (size_t i = 0; i < lc.size(); ++i)
+      EXPECT_NEAR(lg[i].get<double>(), lc[i].get<double>(), 1e-4) << family << " token " << i;
+    EXPECT_EQ(jb["results"][0]["samples"][0]["ids"].size(), 12u) << family;
+  }
+}
+
 TEST(GenerateCli, ErrorsNameTheProblem) {
   const std::string m = "--model " + test::model_dir("qwen3");
   const std::string jsonl = ::testing::TempDir() + "opd_generate_bad_" + std::to_string(::getpid()) + ".jsonl";
@@ -124,7 +202,9 @@ TEST(GenerateCli, ErrorsNameTheProblem) {
       {m + " --prompt-ids 1,2,", "'1,2,' ends with a comma (an empty id)"},
       {m + " --prompt-ids 1,,2", "'' is not an integer"},
       {m, "no prompt"},
-      {m + " --prompts " + jsonl, "line 1: chat \"messages\" need a chat template"},
+      {m + " --prompts " + jsonl, "line 1: a text prompt needs a tokenizer"},
+      {"--model " + test::source_dir() + "/demo/teacher --prompts " + jsonl,
+       "line 1: chat \"messages\" need a chat template"},
       {m + " --prompt-ids 1,2 --stop ab", "stop strings need a tokenizer"},
       {m + " --prompt-ids 1,2 --top-p 0", "top_p must be in (0, 1]"},
       {m + " --prompt-ids 1,2 --max-new-tokens 1000 --kv-cache-gb 0.00001", "holds only"},
