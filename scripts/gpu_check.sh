@@ -5,7 +5,7 @@
 # benchmarks side by side with their PyTorch counterparts. Every step has a time limit; logs
 # go to $OUT; a short summary is printed last.
 # Usage: scripts/gpu_check.sh [tests|bench|dist|w1|score|rollout|decode|all|quick-tests|quick-bench|
-#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|s16e|s16f|s16g|s16h|s16i|gemm-prof|anchor|product|memory|pdl|
+#        racecheck-gen|pair|final|final4|final4b|poison|w2probe|fresh|final5|last5|next6a|next6b|s7b|s7c|s7d|s7e|s8b|s8c|s8d|s8e|s8f|s8g|s8h|s8i|s8j|s9a|s9b|s9c|s9d|s9e|s9f|s9g|s10a|s10b|s10c|s10d|s10e|s10f|s10g|s10h|s10i|s10j|s10k|s10l|s10m|s11a|s11b|s11c|s11d|s11e|s11f|s11g|s12a|s12b|s12c|s12d|s12e|s12f|s12g|s12h|s12i|s13a|s13b|s13c|s13d|s13e|s13f|s14a|s14b|s14c|s14d|s14e|s14f|s14g|s15a|s15b|s15c|s15d|s16a|s16b|s16c|s16d|s16e|s16f|s16g|s16h|s16i|s17a|s17b|s17c|gemm-prof|anchor|product|memory|pdl|
 #        attn-bwd|attn-bwd5|context]
 # (default all)
 # attn-bwd (~5 min, issue 4): the wgmma backward kernels (never run before): the attention
@@ -1660,6 +1660,20 @@ if [[ "$what" == s16i ]]; then
   run cuda 260 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
   grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -10
   (( SECONDS < 280 )) && seqkd_cuda /tmp/seqkd 2>&1 | head -8 | tee "$OUT/seqkd.txt"
+fi
+if [[ "$what" == s17a ]]; then
+  # Session 17 (nvidia-h200, <= 480 s): what session 16 did not run: the forward wgmma sweep,
+  # the fused loss (its warp-per-row LSE tile kernel) under memcheck and racecheck; and the GPU
+  # halves of the new CLI tests (`opd generate` / `opd eval --device cuda` against the CPU;
+  # bundle: scripts/gpu_bundle.sh build/tests/test_rollout build/tests/test_cli).
+  run cli_cuda 120 bash -c "$B/test_rollout --gtest_filter='GenerateCli.DeviceCuda*' && $B/test_cli --gtest_filter='CliEval.DeviceCuda*'"
+  grep -h "FAILED\|Failure\|SKIPPED\|OK \]" "$OUT/cli_cuda.log" | head -10
+  run memcheck_loss 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda \
+      --gtest_filter='CudaFusedLoss.*:CudaLossRepro.*:-*PeakScratch*'
+  run racecheck_loss 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --kernel-name kns=lse_tile $B/test_cuda --gtest_filter='CudaFusedLoss.OddShapes:CudaFusedLoss.MatchesCpuBf16Bf16Tile'
+  run wgmma_sweep 200 $B/test_cuda --gtest_filter='Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/wgmma_sweep.log" | head -10
 fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/generation_progress.h"
 #include "cli/id_list.h"  // parse_id_list (ids are range-checked later, by the engine)
 #include "cli/model_device.h"
 #include "core/error.h"
@@ -183,8 +184,11 @@ void run_generate(const GenerateOptions& o) {
   eo.max_step_tokens = o.max_step_tokens;
   eo.max_running = o.max_running;
   const std::vector<int32_t> eos = generation_eos_ids(o.model, model.config(), tok ? &*tok : nullptr);
+  GenerationProgressDisplay shown("generate");
+  eo.on_progress = shown.callback();
   RolloutEngine engine(model, eo, eos, tok ? &*tok : nullptr);
   std::vector<RequestOutput> outs = engine.generate(reqs);
+  shown.finish();
   const EngineStats& st = engine.stats();
 
   nlohmann::json results = nlohmann::json::array();

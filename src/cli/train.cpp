@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/generation_progress.h"
 #include "cli/model_device.h"
 #include "cli/flags_file.h"
 #include "core/error.h"
@@ -265,7 +266,10 @@ void register_eval(CLI::App& app) {
         eo.max_new_tokens = o->max_new_tokens;
         eo.limit = o->limit;
         eo.kv_cache_gb = o->kv_cache_gb;
+        GenerationProgressDisplay shown("exact-match");
+        eo.on_progress = shown.callback();
         EvalResult r = evaluate_exact_match(model, eos, data, eo);
+        shown.finish();
         for (const auto& w : r.wrong_examples) log_info("wrong: ", w);
         out["samples"] = r.total;
         out["correct"] = r.correct;
@@ -284,7 +288,10 @@ void register_eval(CLI::App& app) {
         ro.seed = o->seed;
         ro.limit = o->limit;
         ro.kv_cache_gb = o->kv_cache_gb;
+        GenerationProgressDisplay shown("reverse-kl (student samples)");
+        ro.on_progress = shown.callback();
         ReverseKlResult r = evaluate_reverse_kl(model, *teacher, eos, data, ro);
+        shown.finish();
         out["reverse_kl"] = {{"per_token", r.mean}, {"std_error", r.std_error},
                              {"prompts", r.prompts}, {"samples", r.samples}, {"tokens", r.tokens},
                              {"truncated", r.truncated}, {"student_logprob", r.student_logprob},
@@ -306,7 +313,10 @@ void register_eval(CLI::App& app) {
         ao.tokens = o->agreement_tokens;
         ao.limit = o->limit;
         ao.kv_cache_gb = o->kv_cache_gb;
+        GenerationProgressDisplay shown("agreement (student, then teacher)");
+        ao.on_progress = shown.callback();
         AgreementResult r = evaluate_agreement(model, eos, teacher, teacher_eos, data, ao, &tok);
+        shown.finish();
         for (const auto& e : r.examples) log_info("differs: ", e);
         out["agreement"] = {{"tokens", o->agreement_tokens}, {"prompts", r.prompts},
                             {"exact", r.exact}, {"exact_rate", r.exact_rate()},

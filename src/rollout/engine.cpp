@@ -180,6 +180,8 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
   stats_.num_blocks = num_blocks;
   const bool on_cuda = model_->device() == Device::CUDA;
   std::vector<RequestOutput> outputs(requests.size());
+  GenerationProgress progress;
+  for (const GenerationRequest& q : requests) progress.total_samples += q.n;
   auto t_teardown = std::chrono::steady_clock::now();
 #ifdef OPD_WITH_CUDA
   std::optional<cuda::StreamScope> stream_scope;
@@ -507,11 +509,17 @@ std::vector<RequestOutput> RolloutEngine::generate(const std::vector<GenerationR
           s.text->finish();
           s.out.text = s.text->text();
         }
+        progress.finished_samples += 1;
         release_blocks(s);
         outputs[static_cast<size_t>(s.request)].samples[static_cast<size_t>(s.sample)] = std::move(s.out);
       }
     }
     std::erase_if(running, [](const Sequence* s) { return s->finished; });
+    if (options_.on_progress) {
+      progress.steps = stats_.steps;
+      progress.generated_tokens += static_cast<int64_t>(draws.size());
+      options_.on_progress(progress);
+    }
   }
   OPD_CHECK(cache.num_free() == num_blocks, Internal, "rollout finished with ",
             num_blocks - cache.num_free(), " KV blocks still held");

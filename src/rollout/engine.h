@@ -69,6 +69,13 @@ struct RequestOutput {
   std::vector<SampleOutput> samples;  // index = sample index
 };
 
+// Where a generate() call stands (EngineOptions::on_progress).
+struct GenerationProgress {
+  int64_t finished_samples = 0, total_samples = 0;
+  int64_t generated_tokens = 0;  // sampled so far, finished samples and running ones
+  int64_t steps = 0;
+};
+
 struct EngineOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int64_t block_size = 16;        // tokens per KV block
@@ -142,6 +149,9 @@ struct EngineOptions {
   // Polled once per step: returning true stops generate() with a Cancelled error (a training
   // run's stop signal must not wait for a long rollout to finish).
   std::function<bool()> should_cancel;
+  // Called after every step with the samples finished so far (the caller throttles what it
+  // shows: `opd generate` / `opd eval` draw a progress bar or log a line every 10 s).
+  std::function<void(const GenerationProgress&)> on_progress;
   void validate() const;
 };
 

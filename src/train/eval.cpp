@@ -47,6 +47,7 @@ EvalResult evaluate_exact_match(const Transformer& model, const std::vector<int3
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(options.kv_cache_gb * (1 << 30));
   eo.should_cancel = options.should_cancel;
+  eo.on_progress = options.on_progress;
   RolloutEngine engine(model, eo, eos_ids);
   auto outputs = engine.generate(requests);
   EvalResult result;
@@ -100,6 +101,7 @@ ReverseKlResult evaluate_reverse_kl(const Transformer& student, Scorer& teacher,
   }
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(options.kv_cache_gb * (1 << 30));
+  eo.on_progress = options.on_progress;
   auto t0 = std::chrono::steady_clock::now();
   RolloutEngine engine(student, eo, eos_ids);
   auto outputs = engine.generate(requests);
@@ -197,6 +199,7 @@ AgreementResult evaluate_agreement(const Transformer& student, const std::vector
   }
   EngineOptions eo;
   eo.kv_cache_bytes = static_cast<int64_t>(options.kv_cache_gb * (1 << 30));
+  eo.on_progress = options.on_progress;
   auto greedy = [&](const Transformer& m, const std::vector<int32_t>& eos) {
     RolloutEngine engine(m, eo, eos);
     return engine.generate(requests);

@@ -25,6 +25,7 @@
 
 #include "data/dataset.h"
 #include "model/transformer.h"
+#include "rollout/engine.h"  // GenerationProgress
 #include "tokenizer/tokenizer.h"
 
 namespace opd {
@@ -41,6 +42,8 @@ struct EvalOptions {
   // Polled once per generation step: true stops the evaluation with a Cancelled error (a
   // training run's stop signal must not wait for a long evaluation).
   std::function<bool()> should_cancel;
+  // The rollout engine's per-step report (EngineOptions::on_progress), e.g. a progress bar.
+  std::function<void(const GenerationProgress&)> on_progress;
 };
 
 struct EvalResult {
@@ -61,6 +64,7 @@ struct ReverseKlOptions {
   int64_t limit = 0;                 // first N prompts (0 = all)
   double kv_cache_gb = 1.0;
   bool keep_samples = false;         // return every sample's ids and logprobs (tests, dumps)
+  std::function<void(const GenerationProgress&)> on_progress;  // the student's sampling
 };
 
 struct ReverseKlSample {
@@ -93,6 +97,8 @@ struct AgreementOptions {
   int64_t limit = 0;                 // first N prompts (0 = all)
   double kv_cache_gb = 1.0;
   int64_t max_examples = 3;          // disagreeing answers kept (text when a tokenizer is given)
+  // Both generations report through it, the student's first (its steps restart at 1).
+  std::function<void(const GenerationProgress&)> on_progress;
 };
 
 struct AgreementResult {

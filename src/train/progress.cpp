@@ -92,8 +92,9 @@ std::string Progress::render_line(int64_t step, int64_t total, const ProgressFie
 }
 
 std::string Progress::render_log_line(int64_t step, int64_t total, const ProgressFields& fields,
-                                      double tokens_per_s, double eta_s, double elapsed_s) {
-  std::string s = cat("step ", step);
+                                      double tokens_per_s, double eta_s, double elapsed_s,
+                                      const std::string& unit) {
+  std::string s = cat(unit, " ", step);
   if (total > 0) {
     char pct[16];
     std::snprintf(pct, sizeof(pct), "%.1f", 100.0 * std::clamp(double(step) / double(total), 0.0, 1.0));
@@ -150,7 +151,7 @@ void Progress::update(int64_t step, const ProgressFields& fields, double tokens_
     drawn_ = true;
     return;
   }
-  last_log_line_ = render_log_line(step, total_, fields, tokens_per_s, eta, now - start_);
+  last_log_line_ = render_log_line(step, total_, fields, tokens_per_s, eta, now - start_, opt_.unit);
   const bool is_last = total_ > 0 && step >= total_;
   if (!logged_any_ || is_last || now - last_log_ >= opt_.log_interval_s) {
     opt_.log_write(last_log_line_);

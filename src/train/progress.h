@@ -18,6 +18,7 @@ struct ProgressOptions {
   double log_interval_s = 10;  // non-interactive: seconds between log lines
   int bar_width = 20;          // characters inside [ ]
   int columns = 0;             // terminal width; 0 = ask the terminal (ioctl), else $COLUMNS, else 120
+  std::string unit = "step";   // what is counted, first word of a log line ("samples" in opd eval)
   // Injection points for tests; defaults: steady_clock seconds, stderr, core/log.h log_info.
   std::function<double()> clock;
   std::function<void(const std::string&)> tty_write;
@@ -51,7 +52,8 @@ class Progress {
   static std::string render_line(int64_t step, int64_t total, const ProgressFields& fields,
                                  double tokens_per_s, double eta_s, int bar_width, int columns);
   static std::string render_log_line(int64_t step, int64_t total, const ProgressFields& fields,
-                                     double tokens_per_s, double eta_s, double elapsed_s);
+                                     double tokens_per_s, double eta_s, double elapsed_s,
+                                     const std::string& unit = "step");
 
  private:
   double eta_seconds(int64_t step, double now) const;

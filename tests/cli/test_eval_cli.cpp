@@ -72,6 +72,14 @@ TEST(CliEval, DeviceCudaGivesTheCpuNumbers) {
   EXPECT_EQ(b["samples"], c["samples"]);
 }
 
+// A long evaluation shows progress: without a terminal, log lines counting finished samples.
+TEST(CliEval, ProgressIsLogged) {
+  Result r = run("eval --model " + demo("teacher") + " --data " + demo("data/eval.jsonl") +
+                 " --limit 12 --max-new-tokens 4 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("samples 12/12 (100.0%)  exact-match finished"), std::string::npos) << r.out;
+}
+
 TEST(CliEval, TeacherMetricsNeedATeacher) {
   Result r = run("eval --model " + demo("teacher") + " --data " + demo("data/eval.jsonl") +
                  " --metric reverse-kl 2>&1");

@@ -2,7 +2,8 @@
 // transformers' generate token for token (fixtures from tools/make_generate_fixtures.py); a
 // sample does not depend on its batch, n, chunking, block size or preemption; continuous
 // batching under max_running; stop conditions (EOS, stop token, stop strings across token
-// boundaries, max tokens); a KV budget too small for one sequence is a named error.
+// boundaries, max tokens); progress reports; a KV budget too small for one sequence is a named
+// error.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -233,6 +234,39 @@ TEST(Engine, ContinuousBatchingAdmitsAsSequencesFinish) {
     expect_same_sample(got[r].samples[0], want[r].samples[0], cat("request ", r));
     EXPECT_EQ(got[r].samples[0].ids.size(), static_cast<size_t>(reqs[r].max_new_tokens));
   }
+}
+
+// EngineOptions::on_progress: one report per step; finished samples only grow and end at every
+// sample; the generated-token count ends at the sum of the completions' lengths.
+TEST(Engine, ProgressReportsEveryStepUpToAllSamples) {
+  Transformer model = Transformer::load(test::model_dir("qwen2"));
+  const int64_t V = model.config().vocab_size;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(sampled(seeded_prompt(60 + i, 5, V), /*n=*/2, /*seed=*/3));
+    reqs.back().max_new_tokens = 2 + 3 * i;
+  }
+  std::vector<GenerationProgress> seen;
+  EngineOptions eo;
+  eo.max_running = 3;
+  eo.on_progress = [&](const GenerationProgress& p) { seen.push_back(p); };
+  RolloutEngine engine(model, eo, {});
+  auto out = engine.generate(reqs);
+  ASSERT_EQ(static_cast<int64_t>(seen.size()), engine.stats().steps);
+  int64_t tokens = 0;
+  for (const auto& r : out)
+    for (const auto& smp : r.samples) tokens += static_cast<int64_t>(smp.ids.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].total_samples, 8);
+    EXPECT_EQ(seen[i].steps, static_cast<int64_t>(i) + 1);
+    if (i > 0) {
+      EXPECT_GE(seen[i].finished_samples, seen[i - 1].finished_samples);
+      EXPECT_GE(seen[i].generated_tokens, seen[i - 1].generated_tokens);
+    }
+  }
+  EXPECT_EQ(seen.back().finished_samples, 8);
+  EXPECT_EQ(seen.back().generated_tokens, tokens);
+  EXPECT_LT(seen[seen.size() / 2].finished_samples, 8);  // reported along the way, not only at the end
 }
 
 TEST(Engine, StopsOnEosStopTokenAndMaxTokens) {

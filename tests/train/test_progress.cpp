@@ -62,6 +62,11 @@ TEST(Progress, RenderLogLine) {
             "step 120/1000 (12.0%)  loss 0.5  | 950 tok/s  | elapsed 0:00:30  | ETA 0:01:00");
 }
 
+TEST(Progress, RenderLogLineNamesItsUnit) {
+  EXPECT_EQ(Progress::render_log_line(3, 4, {{"exact-match", "finished"}}, 0, 1, 2, "samples"),
+            "samples 3/4 (75.0%)  exact-match finished  | elapsed 0:00:02  | ETA 0:00:01");
+}
+
 struct Fake {
   double t = 0;
   std::vector<std::string> tty, logs;
