@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -142,6 +143,11 @@ void run_score(const ScoreOptions& o) {
   q.temperature = o.temperature;
   int64_t index = 0, lineno = 0, rows = 0;
   std::vector<int64_t> batch_lines;  // the input line of each sequence of q
+  const auto t_start = std::chrono::steady_clock::now();
+  double last_progress = 0;
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   auto flush = [&] {
     if (q.sequences.empty()) return;
     ScoreResponse r;
@@ -170,6 +176,15 @@ void run_score(const ScoreOptions& o) {
     rows += r.num_rows();
     q.sequences.clear();
     batch_lines.clear();
+    // Progress of a long input (its length is not known ahead: the file is streamed): a line
+    // every 10 s.
+    const double elapsed = seconds_since(t_start);
+    if (elapsed - last_progress >= 10) {
+      last_progress = elapsed;
+      log_info("opd score: ", index, " sequences (", o.input, " line ", lineno, "), ", rows,
+               " positions scored in ", static_cast<int64_t>(elapsed), " s (",
+               static_cast<int64_t>(rows / elapsed), " positions/s)");
+    }
   };
   std::string line;
   while (std::getline(in, line)) {
