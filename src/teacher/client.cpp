@@ -5,11 +5,13 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -98,6 +100,63 @@ std::string error_message_of(const std::string& body) {
   return body.substr(0, 500);
 }
 
+// How often should_cancel is asked while a call waits on the network.
+constexpr std::chrono::milliseconds kCancelPoll{20};
+
+// Sleeps `seconds`, or less when should_cancel says stop first (then returns false).
+bool sleep_unless_cancelled(double seconds, const std::function<bool()>& should_cancel) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(seconds));
+  for (;;) {
+    if (should_cancel && should_cancel()) return false;
+    const auto now = Clock::now();
+    if (now >= end) return true;
+    std::this_thread::sleep_for(should_cancel ? std::min<Clock::duration>(end - now, kCancelPoll)
+                                              : end - now);
+  }
+}
+
+// While alive (one attempt's send): asks should_cancel every kCancelPoll on a helper thread and,
+// once it says stop, shuts the client's socket down with Client::stop() so the blocked send()
+// returns at once. stop() is repeated at every poll after that: httplib forgets a stop() that
+// lands before send() has registered its request (while it connects), so one is not enough.
+class CancelWatch {
+ public:
+  CancelWatch(const std::function<bool()>& should_cancel, httplib::Client& cli) {
+    if (!should_cancel) return;
+    thread_ = std::thread([this, &should_cancel, &cli] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!done_) {
+        cv_.wait_for(lock, kCancelPoll);
+        if (done_) break;
+        if (fired_ || should_cancel()) {
+          fired_ = true;
+          cli.stop();
+        }
+      }
+    });
+  }
+  ~CancelWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+  CancelWatch(const CancelWatch&) = delete;
+  CancelWatch& operator=(const CancelWatch&) = delete;
+  bool fired() const { return fired_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
 struct TeacherClient::Http {
@@ -114,7 +173,16 @@ struct TeacherClient::Http {
 
 std::unique_ptr<TeacherClient::Http> TeacherClient::acquire() {
   std::unique_lock<std::mutex> lock(pool_mu_);
-  pool_cv_.wait(lock, [&] { return !idle_.empty() || open_ < opts_.connections; });
+  const auto available = [&] { return !idle_.empty() || open_ < opts_.connections; };
+  if (opts_.should_cancel) {
+    for (;;) {  // asked again when a connection frees up: a cancelled call sends nothing
+      if (opts_.should_cancel()) return nullptr;
+      if (available()) break;
+      pool_cv_.wait_for(lock, kCancelPoll);
+    }
+  } else {
+    pool_cv_.wait(lock, available);
+  }
   if (!idle_.empty()) {
     auto h = std::move(idle_.back());
     idle_.pop_back();
@@ -148,7 +216,15 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   int attempt = 0;
+  // A cancelled call ends here: no result, no further attempt (the caller was asked to stop).
+  auto cancelled = [&](const char* where) {
+    OPD_FAIL(Cancelled, "teacher client: ", method, " ", opts_.url, path, " cancelled ", where,
+             " (a stop was requested) after ",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             " s, attempt ", attempt + 1, " of at most ", opts_.max_attempts);
+  };
   for (; attempt < opts_.max_attempts; ++attempt) {
+    if (opts_.should_cancel && opts_.should_cancel()) cancelled("before its attempt");
     if (attempt > 0) {
       if (left() <= 0.01) break;  // the deadline is spent: no retry to announce
       ++retries_;
@@ -159,12 +235,13 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
       const double delay = std::min(base * jitter, std::max(0.0, left()));
       log_warn("teacher client: ", method, " ", path, " attempt ", attempt, " failed (", last,
                "); retrying in ", delay, " s");
-      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      if (!sleep_unless_cancelled(delay, opts_.should_cancel)) cancelled("during the backoff");
     }
     const double remaining = left();
     if (remaining <= 0.01) break;
-    ++attempts_;
     std::unique_ptr<Http> h = acquire();
+    if (!h) cancelled("waiting for a connection");
+    ++attempts_;
     {  // this attempt's wait for an answer: the read timeout, cut to what the deadline leaves
       const double wait_s = std::min(opts_.request_timeout_s, remaining);
       const auto us = static_cast<int64_t>(wait_s * 1e6);
@@ -190,12 +267,19 @@ TeacherClient::Reply TeacherClient::call(const std::string& method, const std::s
     };
     httplib::Response res;
     httplib::Error err = httplib::Error::Success;
-    const bool ok = h->cli.send(req, res, err);
+    bool ok = false, stopped = false;
+    {
+      CancelWatch watch(opts_.should_cancel, h->cli);
+      ok = h->cli.send(req, res, err);
+      stopped = watch.fired();
+    }
+    // (An answer that arrived whole although a stop came meanwhile is kept: it is complete.)
     if (!ok) {
       // The connection may be half-dead: drop it, the next attempt opens a fresh one.
       h->cli.stop();
       h.reset();
       release(nullptr);
+      if (stopped) cancelled("while waiting for the answer");
       OPD_CHECK(!too_big, Io, "teacher client: response to ", method, " ", path, " exceeds ",
                 opts_.max_response_bytes, " bytes (max_response_bytes)");
       last = cat("transport error: ", httplib::to_string(err), transport_hint(err));

@@ -24,6 +24,11 @@
 //   shape-checked against its own sub-request and validated like an unsplit response; a chunk
 //   that fails after its attempts fails the call (no partial result), and the chunks' results
 //   are placed by index, so every row is returned exactly once, in request order.
+// - Cancelling (ClientOptions::should_cancel, e.g. a training run's stop signal): polled while
+//   an attempt is in flight, during the backoff and while waiting for a pooled connection; once
+//   it says stop, the attempt's socket is shut down (httplib's Client::stop(), the one call that
+//   is safe from another thread) and the call throws ErrorKind::Cancelled at once, instead of
+//   waiting out the attempt's read timeout (up to request_timeout_s) and the retries.
 #pragma once
 
 #include <atomic>
@@ -84,6 +89,11 @@ struct ClientOptions {
   // pool (`connections`) bounds how many are in flight.
   int chunks = 8;
   int64_t min_chunk_rows = 2048;
+  // Polled (every ~20 ms, from helper threads too: it must be thread-safe) while a call waits on
+  // the network; true abandons the call with ErrorKind::Cancelled (no result, nothing retried).
+  // A connect in progress is not interrupted: the cancel lands within connect_timeout_s at
+  // worst. Empty: never cancelled.
+  std::function<bool()> should_cancel;
 };
 
 struct ClientStats {
@@ -105,7 +115,7 @@ std::vector<std::pair<size_t, size_t>> plan_score_chunks(const ScoreRequest& req
 class TeacherClient : public Scorer {
  public:
   // Connects and checks compatibility (throws InvalidArgument on a mismatch, Io when the
-  // server cannot be reached after max_attempts).
+  // server cannot be reached after max_attempts, Cancelled when should_cancel stopped it).
   explicit TeacherClient(ClientOptions options);
   ~TeacherClient() override;
 
@@ -113,7 +123,7 @@ class TeacherClient : public Scorer {
   TeacherApi api() const { return api_; }
   // Validated scores (see above). Throws InvalidData for a response that fails validation,
   // InvalidArgument for a request the server rejected (4xx, with its message), Io when every
-  // attempt failed.
+  // attempt failed, Cancelled when should_cancel stopped it.
   ScoreResponse score(const ScoreRequest& request) override;
   struct Validated {
     ScoreResponse response;
@@ -142,7 +152,7 @@ class TeacherClient : public Scorer {
   Reply call(const std::string& method, const std::string& path, const std::string& body,
              const std::string& content_type, const std::string& accept,
              const std::function<void(const Reply&)>& decode_check);
-  std::unique_ptr<Http> acquire();
+  std::unique_ptr<Http> acquire();  // nullptr when should_cancel stopped the wait
   void release(std::unique_ptr<Http> h);
 
   ClientOptions opts_;

@@ -609,6 +609,13 @@ void Trainer::setup_teacher() {
       c.deadline_s = o_.teacher_timeout_s;
       c.request_timeout_s = std::min(c.request_timeout_s, o_.teacher_timeout_s / 2);
     }
+    // A stop signal abandons a call in flight (ErrorKind::Cancelled) instead of waiting out the
+    // attempt (up to 600 s against a teacher that took the request and never answers): the step
+    // is abandoned, the last completed one saved. One process only: data parallel, the other
+    // ranks may be past scoring, so an abandoned step there would take the job down instead of
+    // finishing the step and saving (left as before: the attempt is waited out).
+    if (env_.world_size == 1)
+      c.should_cancel = [] { return stop_requested() != StopRequest::None; };
     log_info("connecting to teacher ", teacher_url_,
              pool.size() > 1 ? cat(" (rank ", env_.rank, ", entry ",
                                    static_cast<size_t>(env_.rank) % pool.size() + 1, " of ",
@@ -1286,7 +1293,17 @@ TrainResult Trainer::run_steps() {
   setup();
   load_data();
   fit_memory_budget_or_fail();
-  setup_teacher();
+  // A stop signal while a remote teacher is being connected to (not up yet, or its /v1/models
+  // never answers) abandons the connect: no step runs, the current step is saved as after any
+  // stop (step 0 for a new run) and the run exits 0.
+  bool teacher_abandoned = false;
+  try {
+    setup_teacher();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Cancelled || stop_requested() == StopRequest::None) throw;
+    log_warn("connecting to the teacher abandoned: stop requested (", e.what(), ")");
+    teacher_abandoned = true;
+  }
   check_context_lengths();
   if (device_ == Device::CUDA) {  // the per-GPU memory plan (opd doctor --device cuda prints it too)
     const std::optional<ModelSide>& tm = teacher_side_;
@@ -1320,12 +1337,14 @@ TrainResult Trainer::run_steps() {
   log_info(o_.sft ? "sft" : "distillation", ": ", describe(loss_), ", lmbda ", o_.lmbda,
            ", steps ", step_, " -> ", total, ", batch ", o_.batch_size, " prompts x ",
            o_.num_generations, ", output ", o_.out);
-  if (o_.eval_before && step_ == 0) result_.eval_before = evaluate("before training", 0);
+  if (teacher_abandoned) result_.stopped_by_signal = true;  // no teacher: no step can run
+  if (o_.eval_before && step_ == 0 && !teacher_abandoned)
+    result_.eval_before = evaluate("before training", 0);
 
   Progress progress(total, step_, rank0() && Progress::stderr_is_tty());
   int hangups_seen = hangups_received();
   const auto run_t0 = Clock::now();
-  while (step_ < total) {
+  while (step_ < total && !result_.stopped_by_signal) {
     if (hangups_received() != hangups_seen) {
       hangups_seen = hangups_received();
       log_warn("SIGHUP received (terminal closed?); training continues, log in ", o_.out,
@@ -1369,6 +1388,7 @@ TrainResult Trainer::run_steps() {
     } catch (const Error& e) {
       if (e.kind() == ErrorKind::Cancelled) {
         cancelled = true;  // the step is abandoned: nothing of it was applied
+        log_warn("step ", step + 1, " abandoned (nothing of it applied): ", e.what());
       } else if (e.kind() == ErrorKind::InvalidData && source != Source::Dataset) {
         // The prompts' ids were checked when the data loaded, so this is the model's output
         // (non-finite logits): a bad step like a non-finite loss, not the end of the run.
@@ -1441,6 +1461,8 @@ TrainResult Trainer::run_steps() {
         // Distributed, the others are already past this point: the job goes down instead (the
         // last checkpoint is intact).
         if (!distributed() && stop_requested() != StopRequest::None) {
+          log_warn("step ", step + 1, " abandoned (nothing of it applied): stop requested while "
+                   "the teacher scored it: ", e.what());
           result_.stopped_by_signal = true;
           break;
         }

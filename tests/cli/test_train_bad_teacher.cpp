@@ -19,6 +19,8 @@
 #include <set>
 #include <thread>
 
+#include <signal.h>
+
 #include "common/child_process.h"
 #include "common/run_dir_test.h"
 #include "common/test_util.h"
@@ -51,6 +53,9 @@ class FakeTeacher {
  public:
   explicit FakeTeacher(const std::string& model_dir) : scorer_(model_dir) {
     server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      ++models_requests_;
+      if (hang_models)
+        while (!stopping_) std::this_thread::sleep_for(10ms);
       const TeacherInfo& info = scorer_.info();
       nlohmann::json m = {{"id", "fake"}, {"object", "model"}, {"max_model_len", info.max_model_len}};
       m["opd"] = {{"vocab_size", info.vocab_size},
@@ -111,16 +116,18 @@ class FakeTeacher {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int64_t requests() const { return requests_; }
+  int64_t models_requests() const { return models_requests_; }
 
   std::function<Answer(int64_t)> plan;
   std::function<void(nlohmann::json&)> models_edit;
+  std::atomic<bool> hang_models{false};  // read /v1/models requests, never answer them
 
  private:
   CpuScorer scorer_;
   httplib::Server server_;
   int port_ = 0;
   std::thread thread_;
-  std::atomic<int64_t> requests_{0};
+  std::atomic<int64_t> requests_{0}, models_requests_{0};
   std::atomic<bool> stopping_{false};
 };
 
@@ -298,6 +305,104 @@ TEST_F(BadTeacher, OneHungAnswerIsRetriedWithinTheTeacherTimeout) {
   auto run = spawn(a, path("run.log"));
   ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
   EXPECT_EQ(steps_logged("run"), (std::vector<int64_t>{1, 2, 3})) << run->output();
+}
+
+// Waits (up to 60 s) until `count()` reaches `n`; false if it never did.
+bool wait_until(const std::function<int64_t()>& count, int64_t n) {
+  for (int i = 0; i < 6000 && count() < n; ++i) std::this_thread::sleep_for(10ms);
+  return count() >= n;
+}
+
+// DESIGN.md invariant 2 against a teacher that takes step 3's score request and never answers,
+// with --teacher-timeout 3600 (each attempt would wait 600 s for its answer): SIGTERM abandons
+// the step at once (the client's call is cancelled), saves step 2 and exits 0; the same command
+// against an answering teacher resumes and ends with the weights of an undisturbed run. Before:
+// the signal waited out the attempt, no exit within the 20 s limit.
+TEST_F(BadTeacher, AStopSignalDuringAHungAnswerAbandonsTheStepSavesAndExits0) {
+  std::string clean;
+  {
+    FakeTeacher t(path("teacher"));
+    auto run = spawn(args("clean", 4, t.url()), path("clean.log"));
+    ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
+    clean = final_weights_sha("clean");
+    ASSERT_FALSE(clean.empty());
+  }
+  {
+    FakeTeacher t(path("teacher"));
+    t.plan = [](int64_t n) {
+      Answer a;
+      a.hang = n >= 3;
+      return a;
+    };
+    std::vector<std::string> a = args("run", 4, t.url());
+    a.insert(a.end(), {"--teacher-timeout", "3600"});
+    auto run = spawn(a, path("run.log"));
+    ASSERT_TRUE(wait_until([&] { return t.requests(); }, 3)) << run->output();
+    std::this_thread::sleep_for(300ms);  // the client is inside its attempt's wait
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(run->pid, SIGTERM);
+    const int rc = run->wait_exit(20s);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("SIGTERM during the hung answer: exit %d after %.2f s\n", rc, took);
+    ASSERT_EQ(rc, 0) << (rc == -1 ? "still running 20 s after SIGTERM\n" : "") << run->output();
+    const std::string log = run->output();
+    EXPECT_NE(log.find("step 3 abandoned (nothing of it applied): stop requested while the "
+                       "teacher scored it"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("cancelled while waiting for the answer (a stop was requested)"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("saving step 2 and exiting"), std::string::npos) << log;
+    EXPECT_EQ(steps_logged("run"), (std::vector<int64_t>{1, 2})) << log;
+    EXPECT_EQ(newest_checkpoint("run"), "step-00000002") << log;
+    EXPECT_EQ(t.requests(), 3) << "the hung request is not asked again\n" << log;
+  }
+  FakeTeacher t(path("teacher"));
+  std::vector<std::string> a = args("run", 4, t.url());
+  a.insert(a.end(), {"--teacher-timeout", "3600"});
+  auto resumed = spawn(a, path("resume.log"));
+  ASSERT_EQ(resumed->wait_exit(60s), 0) << resumed->output();
+  EXPECT_NE(resumed->output().find("resumed from checkpoint step 2"), std::string::npos)
+      << resumed->output();
+  EXPECT_EQ(steps_logged("run"), (std::vector<int64_t>{1, 2, 3, 4})) << resumed->output();
+  EXPECT_EQ(newest_checkpoint("run"), "step-00000004");
+  EXPECT_EQ(final_weights_sha("run"), clean) << "the abandoned step left a trace";
+}
+
+// The same at start-up: the teacher's /v1/models takes the request and never answers. SIGTERM
+// abandons the connect, saves step 0 and exits 0; the same command then trains every step.
+TEST_F(BadTeacher, AStopSignalWhileTheTeacherNeverAnswersAtConnectExits0) {
+  {
+    FakeTeacher t(path("teacher"));
+    t.hang_models = true;
+    std::vector<std::string> a = args("run", 3, t.url());
+    a.insert(a.end(), {"--teacher-timeout", "3600"});
+    auto run = spawn(a, path("run.log"));
+    ASSERT_TRUE(wait_until([&] { return t.models_requests(); }, 1)) << run->output();
+    std::this_thread::sleep_for(300ms);
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(run->pid, SIGTERM);
+    const int rc = run->wait_exit(20s);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("SIGTERM during the hung connect: exit %d after %.2f s\n", rc, took);
+    ASSERT_EQ(rc, 0) << (rc == -1 ? "still running 20 s after SIGTERM\n" : "") << run->output();
+    const std::string log = run->output();
+    EXPECT_NE(log.find("connecting to the teacher abandoned: stop requested"), std::string::npos)
+        << log;
+    EXPECT_EQ(steps_logged("run"), std::vector<int64_t>{}) << log;
+    EXPECT_EQ(newest_checkpoint("run"), "step-00000000") << log;
+    EXPECT_EQ(t.requests(), 0) << log;
+  }
+  FakeTeacher t(path("teacher"));
+  std::vector<std::string> a = args("run", 3, t.url());
+  a.insert(a.end(), {"--teacher-timeout", "3600"});
+  auto resumed = spawn(a, path("resume.log"));
+  ASSERT_EQ(resumed->wait_exit(60s), 0) << resumed->output();
+  EXPECT_EQ(steps_logged("run"), (std::vector<int64_t>{1, 2, 3})) << resumed->output();
+  EXPECT_EQ(newest_checkpoint("run"), "step-00000003");
 }
 
 // /v1/models that misreports the vocabulary: one that differs from the student's is refused at
