@@ -53,8 +53,8 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
     c->add_option("--teacher-timeout", o.teacher_timeout_s, "seconds a remote teacher may be "
                   "unreachable or not answering, at start-up (not up yet) or mid-run, while the run "
                   "waits and retries, before the run fails (each attempt waits at most half of "
-                  "it for an answer; SIGTERM/SIGINT abandon the wait at once, in a one-process "
-                  "run)")->capture_default_str();
+                  "it for an answer; SIGTERM/SIGINT abandon the wait at once, data parallel "
+                  "too)")->capture_default_str();
     c->add_option("--lmbda", o.lmbda, "probability that a step's completions are sampled from "
                   "the student (on-policy); otherwise the dataset's")->capture_default_str();
     c->add_flag("--seq-kd", o.seq_kd, "off-policy steps use completions sampled from the "

@@ -611,11 +611,10 @@ void Trainer::setup_teacher() {
     }
     // A stop signal abandons a call in flight (ErrorKind::Cancelled) instead of waiting out the
     // attempt (up to 600 s against a teacher that took the request and never answers): the step
-    // is abandoned, the last completed one saved. One process only: data parallel, the other
-    // ranks may be past scoring, so an abandoned step there would take the job down instead of
-    // finishing the step and saving (left as before: the attempt is waited out).
-    if (env_.world_size == 1)
-      c.should_cancel = [] { return stop_requested() != StopRequest::None; };
+    // is abandoned, the last completed one saved. Data parallel, the ranks agree after scoring
+    // (run_steps: "teacher call cancelled?"), so one rank's abandoned step is every rank's and
+    // all of them save the same step.
+    c.should_cancel = [] { return stop_requested() != StopRequest::None; };
     log_info("connecting to teacher ", teacher_url_,
              pool.size() > 1 ? cat(" (rank ", env_.rank, ", entry ",
                                    static_cast<size_t>(env_.rank) % pool.size() + 1, " of ",
@@ -1337,7 +1336,12 @@ TrainResult Trainer::run_steps() {
   log_info(o_.sft ? "sft" : "distillation", ": ", describe(loss_), ", lmbda ", o_.lmbda,
            ", steps ", step_, " -> ", total, ", batch ", o_.batch_size, " prompts x ",
            o_.num_generations, ", output ", o_.out);
-  if (teacher_abandoned) result_.stopped_by_signal = true;  // no teacher: no step can run
+  // No teacher: no step can run. Data parallel, every rank stops if one could not connect (a
+  // rank skipping the loop alone would miss the others' collectives).
+  if (any_rank(teacher_abandoned, "teacher connect abandoned?")) {
+    teacher_abandoned = true;
+    result_.stopped_by_signal = true;
+  }
   if (o_.eval_before && step_ == 0 && !teacher_abandoned)
     result_.eval_before = evaluate("before training", 0);
 
@@ -1455,25 +1459,38 @@ TrainResult Trainer::run_steps() {
       const auto t0 = Clock::now();
       // Its copy is part of the scoring time: layer by layer behind the scorer's forward.
       if (teacher_offload_) teacher_offload_->upload_layered();
+      bool score_cancelled = false;
       try {
         pending_teacher = score(seqs);
       } catch (const Error& e) {
-        // Distributed, the others are already past this point: the job goes down instead (the
-        // last checkpoint is intact).
-        if (!distributed() && stop_requested() != StopRequest::None) {
+        // A stop signal during the call (one process: whatever the call's error; data parallel:
+        // only the client's Cancelled, which every rank then agrees on below). Anything else
+        // data parallel takes the job down (the last checkpoint is intact).
+        if (stop_requested() != StopRequest::None &&
+            (!distributed() || e.kind() == ErrorKind::Cancelled)) {
           log_warn("step ", step + 1, " abandoned (nothing of it applied): stop requested while "
                    "the teacher scored it: ", e.what());
-          result_.stopped_by_signal = true;
-          break;
+          score_cancelled = true;
+        } else {
+          // A remote teacher's wrong answer (validated in the client) or its absence past
+          // --teacher-timeout: say which step, which teacher, and that nothing was applied.
+          if (!o_.teacher_url.empty() && e.kind() != ErrorKind::Cancelled)
+            throw Error(e.kind(), cat("step ", step + 1, ": scoring by the teacher at ",
+                                      teacher_url_, " failed; nothing of this step was applied and "
+                                      "the run stops (its checkpoints are intact: the same command "
+                                      "resumes from the newest): ", e.what()));
+          throw;
         }
-        // A remote teacher's wrong answer (validated in the client) or its absence past
-        // --teacher-timeout: say which step, which teacher, and that nothing was applied.
-        if (!o_.teacher_url.empty() && e.kind() != ErrorKind::Cancelled)
-          throw Error(e.kind(), cat("step ", step + 1, ": scoring by the teacher at ", teacher_url_,
-                                    " failed; nothing of this step was applied and the run stops "
-                                    "(its checkpoints are intact: the same command resumes from "
-                                    "the newest): ", e.what()));
-        throw;
+      }
+      // Only a remote teacher's call can be cancelled, so only then do the ranks meet here.
+      if (distributed() && !o_.teacher_url.empty()
+              ? any_rank(score_cancelled, "teacher call cancelled?")
+              : score_cancelled) {
+        if (!score_cancelled)
+          log_warn("step ", step + 1, " abandoned (nothing of it applied): another rank's "
+                   "teacher call was cancelled by a stop request");
+        result_.stopped_by_signal = true;
+        break;
       }
       score_s = seconds_since(t0);
     }

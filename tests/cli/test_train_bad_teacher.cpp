@@ -405,6 +405,64 @@ TEST_F(BadTeacher, AStopSignalWhileTheTeacherNeverAnswersAtConnectExits0) {
   EXPECT_EQ(newest_checkpoint("run"), "step-00000003");
 }
 
+// Data parallel (two CPU ranks under `opd launch`): one rank's step-3 answer never comes, the
+// other rank's does (it waits for the first where the ranks agree after scoring). SIGTERM to the
+// launcher (forwarded to both ranks): the hung call is cancelled, both ranks abandon step 3,
+// save step 2 together and the job exits 0 at once (before: the hung rank waited out its
+// attempt, min(600 s, --teacher-timeout / 2), and the other rank with it).
+TEST_F(BadTeacher, DataParallelAStopSignalDuringOneRanksHungAnswerSavesEveryRankAndExits0) {
+  FakeTeacher t(path("teacher"));
+  t.plan = [](int64_t n) {
+    Answer a;
+    a.hang = n == 5;  // steps 1-2 are requests 1-4 (one per rank and step); step 3's first
+    return a;
+  };
+  std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", "0", "--",
+                                test::opd_binary()};
+  for (const std::string& x : args("dp", 4, t.url())) a.push_back(x);
+  a.insert(a.end(), {"--teacher-timeout", "3600"});
+  auto run = spawn(a, path("dp.log"));
+  ASSERT_TRUE(wait_until([&] { return t.requests(); }, 6)) << run->output();
+  std::this_thread::sleep_for(300ms);  // one rank inside its attempt, the other at the agreement
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(run->pid, SIGTERM);
+  const int rc = run->wait_exit(30s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("SIGTERM during one rank's hung answer: exit %d after %.2f s\n", rc, took);
+  ASSERT_EQ(rc, 0) << (rc == -1 ? "still running 30 s after SIGTERM\n" : "") << run->output();
+  const std::string log = run->output();
+  EXPECT_NE(log.find("stop requested while the teacher scored it"), std::string::npos) << log;
+  EXPECT_NE(log.find("another rank's teacher call was cancelled by a stop request"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(steps_logged("dp"), (std::vector<int64_t>{1, 2})) << log;
+  EXPECT_EQ(newest_checkpoint("dp"), "step-00000002") << log;
+  EXPECT_EQ(t.requests(), 6) << log;
+}
+
+// The same at start-up, data parallel: both ranks' /v1/models never answer; SIGTERM: both
+// abandon the connect, agree, save step 0 together and exit 0.
+TEST_F(BadTeacher, DataParallelAStopSignalWhileTheTeacherNeverAnswersAtConnectExits0) {
+  FakeTeacher t(path("teacher"));
+  t.hang_models = true;
+  std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", "0", "--",
+                                test::opd_binary()};
+  for (const std::string& x : args("dpc", 3, t.url())) a.push_back(x);
+  a.insert(a.end(), {"--teacher-timeout", "3600"});
+  auto run = spawn(a, path("dpc.log"));
+  ASSERT_TRUE(wait_until([&] { return t.models_requests(); }, 2)) << run->output();
+  std::this_thread::sleep_for(300ms);
+  kill(run->pid, SIGTERM);
+  const int rc = run->wait_exit(30s);
+  ASSERT_EQ(rc, 0) << (rc == -1 ? "still running 30 s after SIGTERM\n" : "") << run->output();
+  EXPECT_NE(run->output().find("connecting to the teacher abandoned: stop requested"),
+            std::string::npos)
+      << run->output();
+  EXPECT_EQ(steps_logged("dpc"), std::vector<int64_t>{}) << run->output();
+  EXPECT_EQ(newest_checkpoint("dpc"), "step-00000000") << run->output();
+  EXPECT_EQ(t.requests(), 0);
+}
+
 // /v1/models that misreports the vocabulary: one that differs from the student's is refused at
 // connect; answers that carry another vocabulary than /v1/models reported are refused at the
 // first such answer, naming both (before: only the answer's own vocabulary was checked, so an
