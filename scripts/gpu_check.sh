@@ -1675,6 +1675,27 @@ if [[ "$what" == s17a ]]; then
   run wgmma_sweep 200 $B/test_cuda --gtest_filter='Shapes/CudaAttentionWgmma.*'
   grep -h "FAILED\|Failure" "$OUT/wgmma_sweep.log" | head -10
 fi
+if [[ "$what" == s17b ]]; then
+  # Session 17's final binaries (nvidia-h200, <= 480 s): the GPU suite minus the forward wgmma
+  # sweep (run in s17a), the GPU halves of the CLI tests (`opd generate` / `opd eval --device
+  # cuda`), then --seq-kd through `opd serve --device cuda` against the in-process teacher.
+  # Bundle: scripts/gpu_bundle.sh build/tests/test_rollout build/tests/test_cli.
+  run cuda 300 $B/test_cuda --gtest_filter='-Shapes/CudaAttentionWgmma.*'
+  grep -h "FAILED\|Failure" "$OUT/cuda.log" | head -10
+  run cli_cuda 120 bash -c "$B/test_rollout --gtest_filter='GenerateCli.DeviceCuda*' && $B/test_cli --gtest_filter='CliEval.DeviceCuda*'"
+  grep -h "FAILED\|Failure\|SKIPPED\|OK \]" "$OUT/cli_cuda.log" | head -10
+  (( SECONDS < 400 )) && seqkd_cuda /tmp/seqkd 2>&1 | head -8 | tee "$OUT/seqkd.txt"
+fi
+if [[ "$what" == s17c ]]; then
+  # Session 17's last call (nvidia-h200, <= 560 s): W1 beside its HF transformers anchor on the
+  # final code, then --device-memory-budget 16 while time is left.
+  run w1_anchor 400 $B/opd bench w1 --with-torch --work-dir /tmp/opd_w1
+  grep -h "rollout  \|scoring  \|train  \|whole step\|peak device\|anchor\|HF\|x the" "$OUT/w1_anchor.log" | head -20
+  if (( SECONDS < 470 )); then
+    timeout $(( 550 - SECONDS )) $B/opd bench w1 --work-dir /tmp/opd_w1b --device-memory-budget 16 >/tmp/w1_b16.log 2>&1
+    w1_lines /tmp/w1_b16.log "budget 16" | tee "$OUT/w1_budget16.txt"
+  fi
+fi
 grep -h "device 0" "$OUT/cuda.log" 2>/dev/null | head -1
 # The device tool brings back at most 8 files from $OUT: with more, every log goes into one
 # archive (logs.tgz; unpack it where the files land) and only gpu.txt stays beside it.
