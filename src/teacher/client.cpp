@@ -469,6 +469,7 @@ TeacherClient::Validated TeacherClient::score_validated(const ScoreRequest& requ
     out.stats.clipped_ids += st.clipped_ids;
     out.stats.clipped_rows += st.clipped_rows;
     out.stats.max_clipped_mass = std::max(out.stats.max_clipped_mass, st.max_clipped_mass);
+    out.stats.reordered_rows += st.reordered_rows;
   }
   ScoreRequest whole_shape;  // the full request's layout, for the final shape check
   whole_shape.k = request.k;
@@ -528,6 +529,7 @@ TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
   // Nothing is used before it is checked: shapes against the request, values by the loss's
   // boundary validation against the student.
   check_response_matches(r, q);
+  const int64_t reordered = sort_response_rows(r);  // any order becomes the protocol's (scorer.h)
   // The vocabulary every answer is checked against is the one /v1/models reported at connect
   // (and the student compatibility check passed on): an answer of another is refused.
   OPD_CHECK(r.vocab_size == info_.vocab_size, InvalidData, "teacher at ", opts_.url,
@@ -536,6 +538,7 @@ TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
   Validated v;
   v.topk = validate_teacher_payload(to_teacher_payload(r), completion_layout(q),
                                     opts_.student_vocab, opts_.loss, DType::F32, &v.stats);
+  v.stats.reordered_rows += reordered;
   v.response = std::move(r);
   return v;
 }

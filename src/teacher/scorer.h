@@ -86,6 +86,13 @@ void check_score_request(const ScoreRequest& request, int64_t vocab_size, const 
 // values are checked by validate_teacher_payload. Throws InvalidData naming the mismatch.
 void check_response_matches(const ScoreResponse& response, const ScoreRequest& request);
 
+// Puts each row's K entries in the protocol's order (logprob descending, ties by smaller id),
+// as a remote teacher may not (a vLLM dict has no order; a server may be another program).
+// Rows holding a NaN logprob are left as they are (validation refuses them, naming the entry
+// as sent). Returns the number of rows it reordered. validate_teacher_payload orders its
+// output the same way by itself; this puts the response a client returns (`opd score`) in order.
+int64_t sort_response_rows(ScoreResponse& response);
+
 // The ragged payload loss/teacher_payload.h validates (ids widened, logprobs as double).
 TeacherPayload to_teacher_payload(const ScoreResponse& response);
 // The completion layout the payload must line up with, from the request.

@@ -412,6 +412,24 @@ TEST(VllmFormat, MalformedResponsesAreNamed) {
   }
 }
 
+// sort_response_rows: any order becomes the protocol's (logprob descending, ties by smaller
+// id); rows already in it and rows with a NaN are left alone; the count says how many moved.
+TEST(Protocol, SortResponseRowsPutsEntriesInTheProtocolsOrder) {
+  ScoreResponse r;
+  r.k = 3;
+  r.row_offsets = {0, 4};
+  r.seq_begin = {1};
+  r.ids = {5, 6, 7, /**/ 9, 2, 4, /**/ 8, 1, 3, /**/ 1, 2, 3};
+  r.logprobs = {-1, -2, -3, /**/ -3, -1, -1, /**/ -2, NAN, -1, /**/ -0.5f, -0.5f, -4};
+  r.actual_logprobs = {-1, -1, -1, -1};
+  EXPECT_EQ(sort_response_rows(r), 1);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{5, 6, 7, 2, 4, 9, 8, 1, 3, 1, 2, 3}));
+  EXPECT_EQ(r.logprobs[3], -1.0f);
+  EXPECT_EQ(r.logprobs[5], -3.0f);
+  EXPECT_TRUE(std::isnan(r.logprobs[7]));  // left as sent: validation names it
+  EXPECT_EQ(sort_response_rows(r), 0);
+}
+
 // --- generation (/v1/completions with max_tokens > 1: --seq-kd with a remote teacher) ---------
 
 GenerateRequest generation_request() {
