@@ -270,6 +270,8 @@ TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) 
     if (o.contains("eos_token_ids") && o["eos_token_ids"].is_array())
       for (const auto& e : o["eos_token_ids"])
         if (e.is_number_integer()) info_.eos_token_ids.push_back(e.get<int64_t>());
+    if (o.contains("weights_fingerprint") && o["weights_fingerprint"].is_string())
+      info_.weights_fingerprint = o["weights_fingerprint"].get<std::string>();
     if (o.contains("max_generation_tokens") && o["max_generation_tokens"].is_number_integer())
       generation_limit_ = std::max<int64_t>(0, o["max_generation_tokens"].get<int64_t>());
   }

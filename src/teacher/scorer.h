@@ -67,6 +67,9 @@ struct TeacherInfo {
   bool has_tokenizer = false;
   std::vector<int64_t> eos_token_ids;
   int64_t max_model_len = 0;     // max_position_embeddings (0 = unknown)
+  // model/weights_fingerprint.h of the served model directory, as an `opd serve` reports it in
+  // /v1/models ("" = not reported: vLLM, older opd servers, in-process scorers)
+  std::string weights_fingerprint;
 };
 
 // Limits a scorer (and the server) enforces on a request, so a request cannot ask for

@@ -37,6 +37,7 @@
 #include "loss/teacher_payload.h"
 #include "model/init.h"
 #include "model/transformer.h"
+#include "model/weights_fingerprint.h"  // the teacher's identity in checkpoints
 #include "rollout/engine.h"
 #include "teacher/client.h"
 #include "teacher/cuda_scorer.h"
@@ -373,6 +374,9 @@ class Trainer {
   std::shared_ptr<Transformer> teacher_model_;
   std::unique_ptr<WeightOffload> teacher_offload_;  // --offload-teacher
   std::string teacher_url_;  // this rank's entry of the --teacher-url pool
+  // The teacher's identity (train/resume_policy.h check_resume_teacher), saved in every
+  // checkpoint and compared on resume; null for SFT.
+  nlohmann::json teacher_identity_;
   // Gradient buffers live only through the training phase (single process; ZeRO owns its own).
   void bind_grads();
   void release_grads();
@@ -583,6 +587,14 @@ void Trainer::setup_teacher() {
     }
     teacher_side_ = describe_model_dir(o_.teacher);
     run_doctor_checks(*teacher_side_);
+    const WeightsFingerprint fp = weights_fingerprint(o_.teacher);
+    teacher_identity_ = {{"teacher", o_.teacher},
+                         {"weights_fingerprint", fp.sha256},
+                         {"safetensors_files", fp.files},
+                         {"safetensors_bytes", fp.total_bytes}};
+    log_info("teacher weights fingerprint ", fp.sha256.substr(0, 16), " (", fp.files,
+             " safetensors files, ", static_cast<double>(fp.total_bytes) / (1 << 30), " GiB; ",
+             fp.bytes_read / 1024, " KiB read)");
     if (o_.seq_kd || loss_.mode == SupportMode::Full) {
       if (!teacher_model_)
         teacher_model_ = std::make_shared<Transformer>(Transformer::load(o_.teacher));
@@ -623,6 +635,13 @@ void Trainer::setup_teacher() {
     t.fingerprint = scorer_->info().fingerprint;
     t.eos_ids = scorer_->info().eos_token_ids;
     run_doctor_checks(t);
+    const TeacherInfo& info = scorer_->info();
+    teacher_identity_ = {{"teacher_url", teacher_url_},
+                         {"model", info.model_name},
+                         {"vocab_size", info.vocab_size},
+                         {"tokenizer_fingerprint", info.fingerprint}};
+    if (!info.weights_fingerprint.empty())
+      teacher_identity_["weights_fingerprint"] = info.weights_fingerprint;
   }
 }
 
@@ -855,7 +874,10 @@ void Trainer::resume_if_any() {
   }
   // Settings that changed since the checkpoint: refused or warned about (train/resume_policy.h),
   // before any tensor is read.
-  const std::vector<std::string> changes = check_resume_options(saved, o_.to_json(), ck->dir);
+  std::vector<std::string> changes = check_resume_options(saved, o_.to_json(), ck->dir);
+  // The teacher's weights behind the same --teacher path (or the model behind a --teacher-url).
+  if (st.contains("teacher"))
+    if (auto w = check_resume_teacher(st["teacher"], teacher_identity_)) changes.push_back(*w);
   check_resumed_student(ck->dir, saved);
   std::vector<std::string> names;
   std::vector<Shape> shapes;
@@ -1027,6 +1049,7 @@ void Trainer::write_checkpoint(int64_t step, const char* why) {
   ck.state["bad_steps"] = bad_steps_;
   ck.state["tokens_seen"] = tokens_seen_;
   ck.state["options"] = o_.to_json();
+  if (!teacher_identity_.is_null()) ck.state["teacher"] = teacher_identity_;
   ck.files = export_files_;
   const auto t0 = Clock::now();
   std::string path;
