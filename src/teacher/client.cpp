@@ -296,8 +296,9 @@ TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) 
   }
   OPD_CHECK(info_.vocab_size > 0 && !info_.fingerprint.empty(), InvalidArgument, "teacher at ",
             opts_.url, " (", teacher_api_name(api_), ") does not report its vocabulary size and "
-            "tokenizer fingerprint; assert them (assume_teacher_vocab / assume_teacher_fingerprint, "
-            "e.g. `opd info TEACHER_DIR`) so the student compatibility check can run");
+            "tokenizer fingerprint; assert them (opd train / opd score: --teacher-config DIR with "
+            "the served model's config.json and tokenizer; ClientOptions::assume_teacher_vocab / "
+            "assume_teacher_fingerprint) so the student compatibility check can run");
   const bool clip = opts_.loss.vocab_policy == VocabPolicy::ClipToStudent;
   if (!opts_.student_fingerprint.empty() && info_.fingerprint != opts_.student_fingerprint) {
     OPD_CHECK(clip, InvalidArgument, "teacher at ", opts_.url, " (", info_.model_name,

@@ -42,6 +42,9 @@ const std::vector<ResumeOptionRule>& resume_option_rules() {
        "tokenizer and chat template"},
       {"teacher", P::Warn, "the teacher the student is distilled towards"},
       {"teacher_url", P::Warn, "the teacher the student is distilled towards"},
+      // What it asserts (vocabulary, tokenizer) is part of the teacher's identity, compared
+      // by check_resume_teacher.
+      {"teacher_config", P::Free, ""},
       // The objective's settings: legitimate to change, but the resumed run is not the same run.
       {"lmbda", P::Warn, "the on-policy share of steps"},
       {"seq_kd", P::Warn, "who writes the off-policy completions"},
