@@ -174,6 +174,19 @@ TEST_F(VllmTeacher, TrainsTheWeightsOfTheInProcessTeacher) {
       << bare->output();
 }
 
+// `opd doctor` runs opd train's start-up checks against a vLLM teacher with the same
+// --teacher-config (vocabulary, tokenizer, EOS and special tokens from the directory).
+TEST_F(VllmTeacher, DoctorChecksAVllmTeacherDescribedByItsConfig) {
+  FakeVllm t(path("teacher"));
+  auto run = spawn({"doctor", "--student", path("student"), "--teacher-url", t.url(),
+                    "--teacher-config", path("teacher")},
+                   path("doctor.log"));
+  ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
+  EXPECT_NE(run->output().find("teacher  " + t.url() + ": vocab 272"), std::string::npos)
+      << run->output();
+  EXPECT_EQ(run->output().find("ERROR"), std::string::npos) << run->output();
+}
+
 // DESIGN.md "Loss": a teacher that reports log-probabilities at temperature 1 only cannot give
 // topk+tail at T != 1: refused at start-up, before any rollout or request, naming both
 // temperatures and the way out; --loss-support topk accepts the approximation (renormalizes
