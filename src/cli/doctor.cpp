@@ -19,7 +19,7 @@ namespace opd::cli {
 namespace {
 
 struct DoctorOptions {
-  std::string student, teacher, teacher_url, vocab_policy = "error";
+  std::string student, teacher, teacher_url, teacher_config, vocab_policy = "error";
   int64_t micro_batch_tokens = 8192;
   double kv_cache_gb = 1.0;
   std::string device = "cpu", dtype = "bf16";
@@ -91,18 +91,24 @@ void run_doctor(const DoctorOptions& o) {
     ClientOptions c;
     c.url = o.teacher_url;
     c.max_attempts = 2;
+    if (!o.teacher_config.empty()) {  // as opd train: what a vLLM server does not report
+      t = describe_model_dir(o.teacher_config);
+      c.assume_teacher_vocab = t.vocab_size;
+      c.assume_teacher_fingerprint = t.fingerprint;
+    } else {
+      // A server does not report special tokens or its chat template: assume the student's.
+      t.bos_token = s.bos_token;
+      t.eos_token = s.eos_token;
+      t.pad_token = s.pad_token;
+      t.has_chat_template = s.has_chat_template;
+      t.chat_template = s.chat_template;
+    }
     TeacherClient client(c);
     const TeacherInfo& i = client.info();
     t.where = o.teacher_url;
     t.vocab_size = i.vocab_size;
     t.fingerprint = i.fingerprint;
-    t.eos_ids = i.eos_token_ids;
-    // A server does not report special tokens or its chat template: assume the student's.
-    t.bos_token = s.bos_token;
-    t.eos_token = s.eos_token;
-    t.pad_token = s.pad_token;
-    t.has_chat_template = s.has_chat_template;
-    t.chat_template = s.chat_template;
+    if (o.teacher_config.empty() || !i.eos_token_ids.empty()) t.eos_ids = i.eos_token_ids;
   }
   std::printf("student  %s: vocab %lld, %lld parameters\n", s.where.c_str(),
               static_cast<long long>(s.vocab_size), static_cast<long long>(s.num_parameters));
@@ -218,6 +224,8 @@ void register_doctor(CLI::App& app) {
   c->add_option("--student", o->student, "student model directory")->required();
   c->add_option("--teacher", o->teacher, "teacher model directory");
   c->add_option("--teacher-url", o->teacher_url, "remote teacher (opd serve / vLLM)");
+  c->add_option("--teacher-config", o->teacher_config, "a vLLM --teacher-url: directory with the "
+                "served model's config.json and tokenizer files (as opd train)");
   c->add_option("--vocab-policy", o->vocab_policy, "error | clip-to-student (as opd train)")
       ->capture_default_str();
   c->add_option("--micro-batch-tokens", o->micro_batch_tokens, "tokens per micro-batch for the "

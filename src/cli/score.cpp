@@ -24,15 +24,17 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "model/config.h"
 #include "teacher/client.h"
 #include "teacher/protocol.h"
 #include "teacher/scorer.h"
+#include "tokenizer/fingerprint.h"
 
 namespace opd::cli {
 namespace {
 
 struct ScoreOptions {
-  std::string model, teacher_url, input, output, api = "auto", device = "cpu";
+  std::string model, teacher_url, teacher_config, input, output, api = "auto", device = "cpu";
   int64_t top_k = 0;
   double temperature = 1.0;
   int64_t batch = 64;
@@ -105,6 +107,11 @@ void run_score(const ScoreOptions& o) {
     ClientOptions co;
     co.url = o.teacher_url;
     co.api = parse_teacher_api(o.api);
+    if (!o.teacher_config.empty()) {  // what a vLLM server does not report
+      const int64_t v = load_model_config(o.teacher_config).vocab_size;
+      co.assume_teacher_vocab = v;
+      co.assume_teacher_fingerprint = tokenizer_fingerprint(o.teacher_config, v).sha256;
+    }
     co.loss.temperature = o.temperature;
     co.loss.mode = SupportMode::TopKTail;
     co.chunks = o.chunks;
@@ -229,6 +236,9 @@ void register_score(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--teacher-url", o->teacher_url, "a teacher server: http://host:port");
   cmd->add_option("--teacher-api", o->api, "auto | opd | vllm")->default_val("auto");
+  cmd->add_option("--teacher-config", o->teacher_config, "a vLLM --teacher-url: directory with "
+                  "the served model's config.json and tokenizer files, for the vocabulary and "
+                  "tokenizer fingerprint vLLM does not report");
   cmd->add_option("--input", o->input, "JSONL: {\"ids\": [...], \"completion_start\": n}: "
                   "positions n..len-1 are scored (n >= 1; without completion_start, n = 1)")
       ->required()

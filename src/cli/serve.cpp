@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "model/transformer.h"
+#include "model/weights_fingerprint.h"
 #include "rollout/engine.h"
 #include "teacher/cuda_scorer.h"
 #include "teacher/scorer.h"
@@ -192,6 +193,7 @@ void run_serve(const ServeOptions& o) {
   opts.max_body_bytes = static_cast<size_t>(o.max_request_mb) << 20;
   opts.max_json_entries = o.max_json_entries;
   opts.model_name = o.served_model_name;
+  opts.weights_fingerprint = weights_fingerprint(o.model).sha256;  // reported in /v1/models
   StopSignals signals;
   TeacherServer server(scorer, opts);
   server.start();

@@ -50,6 +50,10 @@ void add_trainer_flags(CLI::App* c, TrainOptions& o, bool distill) {
     c->add_option("--teacher-url", o.teacher_url, "remote teacher: an `opd serve` or vLLM "
                   "server, http://host:port; or a comma-separated pool, rank r of a data-parallel "
                   "run using entry r mod (pool size)");
+    c->add_option("--teacher-config", o.teacher_config, "a vLLM --teacher-url: directory with the "
+                  "served model's config.json and tokenizer files (no weights needed); its "
+                  "vocabulary and tokenizer fingerprint stand in for what vLLM does not report "
+                  "(an opd server's report must agree)");
     c->add_option("--teacher-timeout", o.teacher_timeout_s, "seconds a remote teacher may be "
                   "unreachable or not answering, at start-up (not up yet) or mid-run, while the run "
                   "waits and retries, before the run fails (each attempt waits at most half of "

@@ -1,6 +1,7 @@
 // Teacher payload validation (teacher_payload.h): structure, alignment with the completion,
 // vocabulary policy, and per-row checks of ids and log-probabilities, then the dense [rows, K]
-// form with ClipToStudent renormalization a_k -= log1p(-dropped mass).
+// form with ClipToStudent renormalization a_k -= log1p(-dropped mass), each row's entries in
+// the canonical order (logprob descending, ties by smaller id).
 #include "loss/teacher_payload.h"
 
 #include <algorithm>
@@ -143,6 +144,7 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
   auto check_rows = [&](int64_t r0, int64_t r1) {
     PayloadStats local;
     std::vector<std::pair<int64_t, int64_t>> sorted;  // (id, entry index) of one row
+    std::vector<int64_t> order;                        // entry indices of one row, canonical
     try {
     for (int64_t r = r0; r < r1; ++r) {
       const size_t s = static_cast<size_t>(row_seq[static_cast<size_t>(r)]);
@@ -227,15 +229,29 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
         local.clipped_ids += n_dropped;
         local.max_clipped_mass = std::max(local.max_clipped_mass, dropped);
       }
+      // Canonical order (teacher_payload.h): entry j of the output is the j-th by (logprob
+      // descending, id ascending) -- a total order, the ids being distinct. Rows already in it
+      // (every opd teacher's) are copied as they are; only the others are sorted.
+      order.resize(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = j;
+      auto before = [&](int64_t x, int64_t y) {
+        const double ax = pl.logprobs[begin + x], ay_ = pl.logprobs[begin + y];
+        return ax > ay_ || (ax == ay_ && pl.ids[begin + x] < pl.ids[begin + y]);
+      };
+      if (!std::is_sorted(order.begin(), order.end(), before)) {
+        std::sort(order.begin(), order.end(), before);
+        ++local.reordered_rows;
+      }
       o_valid[r] = 1;
       for (int64_t j = 0; j < k; ++j) {
-        const int64_t id = pl.ids[begin + j];
+        const int64_t e = begin + order[static_cast<size_t>(j)];
+        const int64_t id = pl.ids[e];
         if (id >= student_vocab) {
           o_ids[r * k + j] = kEmptySlot;
           put(out.logprobs, r * k + j, -std::numeric_limits<double>::infinity());
         } else {
           o_ids[r * k + j] = static_cast<int32_t>(id);
-          put(out.logprobs, r * k + j, (pl.logprobs[begin + j] - shift) * rescale);
+          put(out.logprobs, r * k + j, (pl.logprobs[e] - shift) * rescale);
         }
       }
       put(out.actual_logprobs, r, (ay - shift) * rescale);
@@ -254,6 +270,7 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
     stats.padding_rows += local.padding_rows;
     stats.clipped_rows += local.clipped_rows;
     stats.clipped_ids += local.clipped_ids;
+    stats.reordered_rows += local.reordered_rows;
     stats.max_clipped_mass = std::max(stats.max_clipped_mass, local.max_clipped_mass);
   };
   parallel_for(rows, check_rows, 256);

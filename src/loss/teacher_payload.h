@@ -48,7 +48,9 @@ inline constexpr int32_t kEmptySlot = -1;
 struct TeacherTopK {
   int64_t rows = 0;
   int64_t k = 0;
-  Tensor ids;              // i32 [rows, k]: in [0, student vocab) or kEmptySlot
+  // i32 [rows, k]: in [0, student vocab) or kEmptySlot; each row in the canonical order of
+  // validate_teacher_payload (logprob descending, ties by smaller id)
+  Tensor ids;
   Tensor logprobs;         // f32|f64 [rows, k]: a_k (renormalized after clipping); -inf if empty
   Tensor actual_logprobs;  // f32|f64 [rows]
   Tensor valid;            // i32 [rows]: 1 = a real completion row, 0 = padding
@@ -60,6 +62,7 @@ struct PayloadStats {
   int64_t clipped_ids = 0;      // ClipToStudent: ids >= student vocab dropped
   int64_t clipped_rows = 0;     // rows with at least one dropped id
   double max_clipped_mass = 0;  // largest teacher probability mass dropped from one row
+  int64_t reordered_rows = 0;   // rows whose entries arrived out of the canonical order
 };
 
 // Checks, in this order, each with its own message:
@@ -78,6 +81,15 @@ struct PayloadStats {
 // both; topk is exact after rescaling a_k * T_p / T (the teacher's LSE cancels when topk
 // renormalizes over the K ids), which validation applies (DESIGN.md: "renormalize a_k / T over
 // the K ids, i.e. topk").
+// Order: a teacher may send a row's K entries in any order (the protocol orders them, but a
+// vLLM server's prompt_logprobs is a JSON dict, and nothing on the wire can be trusted to be
+// sorted). The returned rows are canonical: entry j is the j-th of the row by logprob
+// descending, ties by smaller id (the protocol's order, so an opd teacher's rows are copied
+// unchanged; a clipped entry keeps its place as an empty slot). Nothing downstream assumes an
+// order (the loss, the trainer's metrics), and canonical rows make the loss of a permuted
+// payload bitwise that of the sorted one (its sums run in one order): a run does not depend on
+// how a teacher happened to order its answer. PayloadStats::reordered_rows counts the rows
+// that arrived otherwise.
 // `dtype` (F32 or F64) is the dtype of the returned logprobs. Throws InvalidData / InvalidArgument.
 TeacherTopK validate_teacher_payload(const TeacherPayload& payload, const CompletionLayout& layout,
                                      int64_t student_vocab, const LossConfig& config, DType dtype,

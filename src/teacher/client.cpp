@@ -354,6 +354,8 @@ TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) 
     if (o.contains("eos_token_ids") && o["eos_token_ids"].is_array())
       for (const auto& e : o["eos_token_ids"])
         if (e.is_number_integer()) info_.eos_token_ids.push_back(e.get<int64_t>());
+    if (o.contains("weights_fingerprint") && o["weights_fingerprint"].is_string())
+      info_.weights_fingerprint = o["weights_fingerprint"].get<std::string>();
     if (o.contains("max_generation_tokens") && o["max_generation_tokens"].is_number_integer())
       generation_limit_ = std::max<int64_t>(0, o["max_generation_tokens"].get<int64_t>());
   }
@@ -378,8 +380,9 @@ TeacherClient::TeacherClient(ClientOptions options) : opts_(std::move(options)) 
   }
   OPD_CHECK(info_.vocab_size > 0 && !info_.fingerprint.empty(), InvalidArgument, "teacher at ",
             opts_.url, " (", teacher_api_name(api_), ") does not report its vocabulary size and "
-            "tokenizer fingerprint; assert them (assume_teacher_vocab / assume_teacher_fingerprint, "
-            "e.g. `opd info TEACHER_DIR`) so the student compatibility check can run");
+            "tokenizer fingerprint; assert them (opd train / opd score: --teacher-config DIR with "
+            "the served model's config.json and tokenizer; ClientOptions::assume_teacher_vocab / "
+            "assume_teacher_fingerprint) so the student compatibility check can run");
   const bool clip = opts_.loss.vocab_policy == VocabPolicy::ClipToStudent;
   if (!opts_.student_fingerprint.empty() && info_.fingerprint != opts_.student_fingerprint) {
     OPD_CHECK(clip, InvalidArgument, "teacher at ", opts_.url, " (", info_.model_name,
@@ -553,6 +556,7 @@ TeacherClient::Validated TeacherClient::score_validated(const ScoreRequest& requ
     out.stats.clipped_ids += st.clipped_ids;
     out.stats.clipped_rows += st.clipped_rows;
     out.stats.max_clipped_mass = std::max(out.stats.max_clipped_mass, st.max_clipped_mass);
+    out.stats.reordered_rows += st.reordered_rows;
   }
   ScoreRequest whole_shape;  // the full request's layout, for the final shape check
   whole_shape.k = request.k;
@@ -612,6 +616,7 @@ TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
   // Nothing is used before it is checked: shapes against the request, values by the loss's
   // boundary validation against the student.
   check_response_matches(r, q);
+  const int64_t reordered = sort_response_rows(r);  // any order becomes the protocol's (scorer.h)
   // The vocabulary every answer is checked against is the one /v1/models reported at connect
   // (and the student compatibility check passed on): an answer of another is refused.
   OPD_CHECK(r.vocab_size == info_.vocab_size, InvalidData, "teacher at ", opts_.url,
@@ -620,6 +625,7 @@ TeacherClient::Validated TeacherClient::score_one(const ScoreRequest& request) {
   Validated v;
   v.topk = validate_teacher_payload(to_teacher_payload(r), completion_layout(q),
                                     opts_.student_vocab, opts_.loss, DType::F32, &v.stats);
+  v.stats.reordered_rows += reordered;
   v.response = std::move(r);
   return v;
 }

@@ -476,7 +476,7 @@ ScoreResponse parse_vllm_prompt_logprobs(const nlohmann::json& j, const ScoreReq
   p.temperature = 1.0;
   p.vocab_size = teacher_vocab;
   p.row_offsets.assign(1, 0);
-  std::vector<std::pair<int64_t, std::pair<double, int64_t>>> entries;  // (rank, (logprob, id))
+  std::vector<std::pair<double, int64_t>> entries;  // (logprob, id) of one position
   for (size_t s = 0; s < q.sequences.size(); ++s) {
     const ScoreSequence& sq = q.sequences[s];
     const std::string w = cat(what, ": choice for prompt ", s);
@@ -506,34 +506,45 @@ ScoreResponse parse_vllm_prompt_logprobs(const nlohmann::json& j, const ScoreReq
         const int64_t id = std::stoll(key);
         const std::string wk = cat(wp, " token ", id);
         const double lp = get_number(field(it.value(), "logprob", wk), wk + ".logprob");
-        const auto& rank_j = it.value().contains("rank") ? it.value()["rank"] : nlohmann::json();
-        const int64_t rank = rank_j.is_null()
-                                 ? std::numeric_limits<int64_t>::max()
-                                 : get_int(rank_j, wk + ".rank", 1, std::numeric_limits<int64_t>::max());
+        // "rank" is checked for its form only: the order comes from the logprobs (below).
+        if (it.value().contains("rank") && !it.value()["rank"].is_null())
+          get_int(it.value()["rank"], wk + ".rank", 1, std::numeric_limits<int64_t>::max());
         if (id == y) {
           actual = lp;
           have_actual = true;
         }
-        entries.push_back({rank, {lp, id}});
+        entries.push_back({lp, id});
       }
       OPD_CHECK(have_actual, InvalidData, wp, ": the prompt token ", y,
                 " is missing from the dict (vLLM always includes it)");
       const int64_t n = static_cast<int64_t>(entries.size());
       OPD_CHECK(n == q.k || n == q.k + 1, InvalidData, wp, ": ", n, " entries, expected K = ",
                 q.k, " (or K + 1 when the prompt token is not in the top K)");
-      std::sort(entries.begin(), entries.end());
       if (n == q.k + 1) {
-        // The extra entry is the prompt token, ranked after the K best.
-        OPD_CHECK(entries.back().second.second == y, InvalidData, wp, ": ", n,
-                  " entries but the one ranked last is token ", entries.back().second.second,
-                  ", not the prompt token ", y);
-        entries.pop_back();
+        // K + 1 entries: the top K and the prompt token, which vLLM adds when it is not among
+        // them (a dict cannot hold it twice). It is told by its id, not by its rank: vLLM 0.x
+        // ranks it 1 + #{v: z_v > z_y}, so a prompt token whose logit ties the K-th one's
+        // (that top-K took another id of the same value) ranks K or better, beside or before
+        // a top-K entry. (Picking "the one ranked last" refused such positions, and bf16
+        // logits tie often.)
+        entries.erase(std::find_if(entries.begin(), entries.end(),
+                                   [&](const std::pair<double, int64_t>& e) { return e.second == y; }));
+        // Outside the top K, it cannot be more likely than any entry inside (ties allowed).
+        for (const auto& e : entries)
+          OPD_CHECK(actual <= e.first, InvalidData, wp, ": ", n, " entries, so the prompt token ",
+                    y, " is not in the top K, but its logprob ", actual,
+                    " is above that of top-K token ", e.second, " (", e.first, ")");
       }
+      // A dict has no order: the protocol's (logprob descending, ties by smaller id).
+      std::sort(entries.begin(), entries.end(),
+                [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
+                  return a.first > b.first || (a.first == b.first && a.second < b.second);
+                });
       for (const auto& e : entries) {
-        OPD_CHECK(e.second.second <= std::numeric_limits<int32_t>::max(), InvalidData, wp,
-                  ": token id ", e.second.second, " does not fit in int32");
-        p.ids.push_back(static_cast<int32_t>(e.second.second));
-        p.logprobs.push_back(static_cast<float>(e.second.first));
+        OPD_CHECK(e.second <= std::numeric_limits<int32_t>::max(), InvalidData, wp,
+                  ": token id ", e.second, " does not fit in int32");
+        p.ids.push_back(static_cast<int32_t>(e.second));
+        p.logprobs.push_back(static_cast<float>(e.first));
       }
       p.actual_logprobs.push_back(static_cast<float>(actual));
     }

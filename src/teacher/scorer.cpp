@@ -4,6 +4,7 @@
 #include "teacher/scorer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -103,6 +104,41 @@ TeacherPayload to_teacher_payload(const ScoreResponse& r) {
   }, int64_t{1} << 16);
   p.actual_logprobs.assign(r.actual_logprobs.begin(), r.actual_logprobs.end());
   return p;
+}
+
+int64_t sort_response_rows(ScoreResponse& r) {
+  const int64_t k = r.k, rows = r.num_rows();
+  if (k < 2 || static_cast<int64_t>(r.ids.size()) < rows * k ||
+      static_cast<int64_t>(r.logprobs.size()) < rows * k)
+    return 0;
+  std::atomic<int64_t> reordered{0};
+  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    std::vector<std::pair<float, int32_t>> row;
+    int64_t n = 0;
+    for (int64_t i = r0; i < r1; ++i) {
+      int32_t* ids = r.ids.data() + i * k;
+      float* lp = r.logprobs.data() + i * k;
+      auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      };
+      row.clear();
+      bool nan = false;
+      for (int64_t j = 0; j < k; ++j) {
+        nan = nan || std::isnan(lp[j]);
+        row.emplace_back(lp[j], ids[j]);
+      }
+      // NaN breaks the ordering's strict weak order (std::sort's precondition).
+      if (nan || std::is_sorted(row.begin(), row.end(), before)) continue;
+      std::sort(row.begin(), row.end(), before);
+      for (int64_t j = 0; j < k; ++j) {
+        lp[j] = row[static_cast<size_t>(j)].first;
+        ids[j] = row[static_cast<size_t>(j)].second;
+      }
+      ++n;
+    }
+    reordered += n;
+  }, 1024);
+  return reordered.load();
 }
 
 std::vector<NextToken> Scorer::next_tokens(const NextTokenRequest&) {

@@ -67,6 +67,9 @@ struct TeacherInfo {
   bool has_tokenizer = false;
   std::vector<int64_t> eos_token_ids;
   int64_t max_model_len = 0;     // max_position_embeddings (0 = unknown)
+  // model/weights_fingerprint.h of the served model directory, as an `opd serve` reports it in
+  // /v1/models ("" = not reported: vLLM, older opd servers, in-process scorers)
+  std::string weights_fingerprint;
 };
 
 // Limits a scorer (and the server) enforces on a request, so a request cannot ask for
@@ -85,6 +88,13 @@ void check_score_request(const ScoreRequest& request, int64_t vocab_size, const 
 // Shape checks of a response against the request it answers (counts, positions, K, vocab);
 // values are checked by validate_teacher_payload. Throws InvalidData naming the mismatch.
 void check_response_matches(const ScoreResponse& response, const ScoreRequest& request);
+
+// Puts each row's K entries in the protocol's order (logprob descending, ties by smaller id),
+// as a remote teacher may not (a vLLM dict has no order; a server may be another program).
+// Rows holding a NaN logprob are left as they are (validation refuses them, naming the entry
+// as sent). Returns the number of rows it reordered. validate_teacher_payload orders its
+// output the same way by itself; this puts the response a client returns (`opd score`) in order.
+int64_t sort_response_rows(ScoreResponse& response);
 
 // The ragged payload loss/teacher_payload.h validates (ids widened, logprobs as double).
 TeacherPayload to_teacher_payload(const ScoreResponse& response);

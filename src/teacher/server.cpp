@@ -624,6 +624,8 @@ void TeacherServer::install_routes() {
                   {"eos_token_ids", info.eos_token_ids},
                   {"max_generation_tokens", opts_.generator ? opts_.max_generation_tokens : 0},
                   {"protocol_version", kTeacherProtocolVersion}};
+      if (!opts_.weights_fingerprint.empty())
+        m["opd"]["weights_fingerprint"] = opts_.weights_fingerprint;
       json j;
       j["object"] = "list";
       j["data"] = json::array({m});

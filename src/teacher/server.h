@@ -50,6 +50,9 @@ struct ServerOptions {
   // the requests in flight.
   int threads = 16;
   std::string model_name;                        // "" = the scorer's info().model_name
+  // Reported in /v1/models as opd.weights_fingerprint when not empty (`opd serve`: of --model,
+  // model/weights_fingerprint.h), so a client can tell a teacher whose weights changed.
+  std::string weights_fingerprint;
   // Generation for /v1/completions with max_tokens > 1 (--seq-kd with a remote teacher). The
   // teacher module does not generate (the rollout engine is its sibling): `opd serve` binds
   // one here. `cancelled` turns true when the server stops (a long generation may end early

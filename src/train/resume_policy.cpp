@@ -42,6 +42,9 @@ const std::vector<ResumeOptionRule>& resume_option_rules() {
        "tokenizer and chat template"},
       {"teacher", P::Warn, "the teacher the student is distilled towards"},
       {"teacher_url", P::Warn, "the teacher the student is distilled towards"},
+      // What it asserts (vocabulary, tokenizer) is part of the teacher's identity, compared
+      // by check_resume_teacher.
+      {"teacher_config", P::Free, ""},
       // The objective's settings: legitimate to change, but the resumed run is not the same run.
       {"lmbda", P::Warn, "the on-policy share of steps"},
       {"seq_kd", P::Warn, "who writes the off-policy completions"},
@@ -100,6 +103,43 @@ const std::vector<ResumeOptionRule>& resume_option_rules() {
       {"eval_before", P::Free, ""},
   };
   return rules;
+}
+
+std::optional<std::string> check_resume_teacher(const nlohmann::json& saved,
+                                               const nlohmann::json& now) {
+  if (!saved.is_object() || !now.is_object()) return std::nullopt;
+  auto str = [](const nlohmann::json& j, const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  auto short_fp = [](const std::string& fp) { return fp.substr(0, 16); };
+  const char* why = "the teacher the student is distilled towards";
+  if (saved.contains("teacher") && now.contains("teacher")) {  // in-process: --teacher DIR
+    const std::string a = str(saved, "weights_fingerprint"), b = str(now, "weights_fingerprint");
+    if (a.empty() || b.empty() || a == b) return std::nullopt;
+    const std::string was = str(saved, "teacher"), is = str(now, "teacher");
+    return cat("resume: the teacher's weights fingerprint (config.json, safetensors headers and "
+               "sampled data) was ", short_fp(a), " (--teacher \"", was, "\") in the checkpoint, now ",
+               short_fp(b), " (--teacher \"", is, "\")",
+               was == is ? ": its files changed under the same path" : "", "; ", why,
+               "; the resumed run is not the same run");
+  }
+  if (saved.contains("teacher_url") && now.contains("teacher_url")) {  // a served teacher
+    std::string was, is;
+    for (const char* key : {"model", "vocab_size", "tokenizer_fingerprint", "weights_fingerprint"}) {
+      if (!saved.contains(key) || !now.contains(key) || saved[key] == now[key]) continue;
+      const bool fp = std::string(key).find("fingerprint") != std::string::npos;
+      auto show = [&](const nlohmann::json& v) {
+        return fp && v.is_string() ? short_fp(v.get<std::string>()) : v.dump();
+      };
+      was += cat(was.empty() ? "" : ", ", key, " ", show(saved[key]));
+      is += cat(is.empty() ? "" : ", ", key, " ", show(now[key]));
+    }
+    if (was.empty()) return std::nullopt;
+    return cat("resume: the teacher at --teacher-url reported ", was, " (", str(saved, "teacher_url"),
+               ") in the checkpoint, now ", is, " (", str(now, "teacher_url"), "): ", why,
+               "; the resumed run is not the same run");
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> check_resume_options(const nlohmann::json& saved, const nlohmann::json& now,

@@ -8,6 +8,7 @@
 // to cover every key of TrainOptions::to_json, and an option missing from it is warned about.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,20 @@ const std::vector<ResumeOptionRule>& resume_option_rules();
 // Warn difference (and per key without a rule), each naming the flag, both values and why.
 std::vector<std::string> check_resume_options(const nlohmann::json& saved, const nlohmann::json& now,
                                               const std::string& checkpoint_dir);
+
+// The teacher's identity, saved beside the options in a checkpoint's state.json ("teacher"),
+// because an option compares only the --teacher path or --teacher-url: weights rewritten under
+// the same path would resume silently. For --teacher DIR {"teacher": DIR, "weights_fingerprint":
+// model/weights_fingerprint.h's SHA-256, "safetensors_files", "safetensors_bytes"}; for
+// --teacher-url what /v1/models reports {"teacher_url", "model", "vocab_size",
+// "tokenizer_fingerprint", "weights_fingerprint" (an `opd serve`; absent for vLLM)}.
+// Returns the warning line (the options' wording: "resume: ... was X in the checkpoint, now Y:
+// the teacher the student is distilled towards; the resumed run is not the same run") when
+// `saved` and `now` are of the same kind and differ in the weights fingerprint (DIR) or in
+// model, vocabulary, tokenizer or weights fingerprint (URL; the URL itself is the option's,
+// and a data-parallel run's ranks use different URLs of one pool). Nothing when `saved` is
+// absent (a checkpoint written before session 17), when the kinds differ (the --teacher /
+// --teacher-url warnings say it), or for a field only one side has.
+std::optional<std::string> check_resume_teacher(const nlohmann::json& saved, const nlohmann::json& now);
 
 }  // namespace opd

@@ -37,6 +37,7 @@
 #include "loss/teacher_payload.h"
 #include "model/init.h"
 #include "model/transformer.h"
+#include "model/weights_fingerprint.h"  // the teacher's identity in checkpoints
 #include "rollout/engine.h"
 #include "teacher/client.h"
 #include "teacher/cuda_scorer.h"
@@ -62,7 +63,8 @@ namespace fs = std::filesystem;
 
 nlohmann::json TrainOptions::to_json() const {
   return {
-      {"student", student}, {"teacher", teacher}, {"teacher_url", teacher_url}, {"data", data},
+      {"student", student}, {"teacher", teacher}, {"teacher_url", teacher_url},
+      {"teacher_config", teacher_config}, {"data", data},
       {"eval_data", eval_data}, {"out", out}, {"sft", sft}, {"lmbda", lmbda}, {"seq_kd", seq_kd},
       {"beta", beta}, {"loss_support", loss_support}, {"kd_temperature", kd_temperature},
       {"sft_alpha", sft_alpha}, {"teacher_top_k", teacher_top_k}, {"vocab_policy", vocab_policy},
@@ -117,6 +119,9 @@ void TrainOptions::validate() const {
               "give exactly one of --teacher DIR (in-process) or --teacher-url URL");
   }
   if (!teacher_url.empty()) split_teacher_urls(teacher_url);
+  OPD_CHECK(teacher_config.empty() || !teacher_url.empty(), InvalidArgument,
+            "--teacher-config describes a --teacher-url server (an in-process --teacher DIR "
+            "describes itself)");
   OPD_CHECK(in(lmbda, 0, 1), InvalidArgument, "--lmbda ", lmbda, " must be in [0, 1]");
   OPD_CHECK(in(beta, 0, 1), InvalidArgument, "--beta ", beta, " must be in [0, 1]");
   OPD_CHECK(std::isfinite(kd_temperature) && kd_temperature > 0, InvalidArgument,
@@ -373,6 +378,9 @@ class Trainer {
   std::shared_ptr<Transformer> teacher_model_;
   std::unique_ptr<WeightOffload> teacher_offload_;  // --offload-teacher
   std::string teacher_url_;  // this rank's entry of the --teacher-url pool
+  // The teacher's identity (train/resume_policy.h check_resume_teacher), saved in every
+  // checkpoint and compared on resume; null for SFT.
+  nlohmann::json teacher_identity_;
   // Gradient buffers live only through the training phase (single process; ZeRO owns its own).
   void bind_grads();
   void release_grads();
@@ -583,6 +591,14 @@ void Trainer::setup_teacher() {
     }
     teacher_side_ = describe_model_dir(o_.teacher);
     run_doctor_checks(*teacher_side_);
+    const WeightsFingerprint fp = weights_fingerprint(o_.teacher);
+    teacher_identity_ = {{"teacher", o_.teacher},
+                         {"weights_fingerprint", fp.sha256},
+                         {"safetensors_files", fp.files},
+                         {"safetensors_bytes", fp.total_bytes}};
+    log_info("teacher weights fingerprint ", fp.sha256.substr(0, 16), " (", fp.files,
+             " safetensors files, ", static_cast<double>(fp.total_bytes) / (1 << 30), " GiB; ",
+             fp.bytes_read / 1024, " KiB read)");
     if (o_.seq_kd || loss_.mode == SupportMode::Full) {
       if (!teacher_model_)
         teacher_model_ = std::make_shared<Transformer>(Transformer::load(o_.teacher));
@@ -602,6 +618,12 @@ void Trainer::setup_teacher() {
     c.student_vocab = sc.vocab_size;
     c.student_fingerprint = sfp.sha256;
     c.loss = loss_;
+    std::optional<ModelSide> asserted;  // --teacher-config: what a vLLM server does not report
+    if (!o_.teacher_config.empty()) {
+      asserted = describe_model_dir(o_.teacher_config);
+      c.assume_teacher_vocab = asserted->vocab_size;
+      c.assume_teacher_fingerprint = asserted->fingerprint;
+    }
     if (o_.teacher_timeout_s > 0) {
       // A server that takes a request and never answers is a teacher that disappeared: one
       // call gives up within --teacher-timeout, and each attempt waits at most half of it, so
@@ -623,12 +645,30 @@ void Trainer::setup_teacher() {
     // A teacher server that is not up yet (started beside the run, still loading its model)
     // is waited for as one that disappears mid-run is: up to --teacher-timeout.
     scorer_ = with_retry([&] { return std::make_unique<TeacherClient>(c); });
-    ModelSide t = student_side();  // a server reports vocab, tokenizer, EOS only
+    // A server reports vocab, tokenizer, EOS only; --teacher-config describes the rest.
+    ModelSide t = asserted ? *asserted : student_side();
     t.where = teacher_url_;
     t.vocab_size = scorer_->info().vocab_size;
     t.fingerprint = scorer_->info().fingerprint;
-    t.eos_ids = scorer_->info().eos_token_ids;
+    if (!asserted || !scorer_->info().eos_token_ids.empty()) t.eos_ids = scorer_->info().eos_token_ids;
     run_doctor_checks(t);
+    const TeacherInfo& info = scorer_->info();
+    // vLLM reports log-probabilities at temperature 1 only (DESIGN.md "Loss"): refused here,
+    // before the first rollout, rather than by the first answer's validation.
+    const auto* client = dynamic_cast<const TeacherClient*>(scorer_.get());
+    OPD_CHECK(!client || client->api() != TeacherApi::Vllm || loss_.temperature == 1.0 ||
+                  loss_.mode == SupportMode::TopK,
+              InvalidArgument, "teacher at ", teacher_url_, " is a vLLM server (no opd section in "
+              "/v1/models): its log-probabilities at temperature 1 cannot give exact values at the "
+              "distillation temperature ", loss_.temperature, " (--kd-temperature) for --loss-support ",
+              support_mode_name(loss_.mode), "; accept the approximation with --loss-support topk "
+              "(renormalizes a_k / T over the K ids) or use a teacher that applies T (opd serve)");
+    teacher_identity_ = {{"teacher_url", teacher_url_},
+                         {"model", info.model_name},
+                         {"vocab_size", info.vocab_size},
+                         {"tokenizer_fingerprint", info.fingerprint}};
+    if (!info.weights_fingerprint.empty())
+      teacher_identity_["weights_fingerprint"] = info.weights_fingerprint;
   }
 }
 
@@ -861,7 +901,10 @@ void Trainer::resume_if_any() {
   }
   // Settings that changed since the checkpoint: refused or warned about (train/resume_policy.h),
   // before any tensor is read.
-  const std::vector<std::string> changes = check_resume_options(saved, o_.to_json(), ck->dir);
+  std::vector<std::string> changes = check_resume_options(saved, o_.to_json(), ck->dir);
+  // The teacher's weights behind the same --teacher path (or the model behind a --teacher-url).
+  if (st.contains("teacher"))
+    if (auto w = check_resume_teacher(st["teacher"], teacher_identity_)) changes.push_back(*w);
   check_resumed_student(ck->dir, saved);
   std::vector<std::string> names;
   std::vector<Shape> shapes;
@@ -1033,6 +1076,7 @@ void Trainer::write_checkpoint(int64_t step, const char* why) {
   ck.state["bad_steps"] = bad_steps_;
   ck.state["tokens_seen"] = tokens_seen_;
   ck.state["options"] = o_.to_json();
+  if (!teacher_identity_.is_null()) ck.state["teacher"] = teacher_identity_;
   ck.files = export_files_;
   const auto t0 = Clock::now();
   std::string path;

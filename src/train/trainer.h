@@ -50,6 +50,10 @@ struct TrainOptions {
   // Remote teacher (opd serve / vLLM): one URL, or a comma-separated pool; under data parallel
   // rank r scores with entry r mod (pool size), so each rank can have its own server.
   std::string teacher_url;
+  // A vLLM teacher reports neither vocabulary nor tokenizer: a directory with the served
+  // model's config.json and tokenizer files stands in (its vocabulary, tokenizer fingerprint,
+  // EOS and special tokens; an opd server's own report must agree with it).
+  std::string teacher_config;
   std::vector<std::string> data;      // JSONL files
   std::vector<std::string> eval_data; // JSONL files with reference completions
   std::string out = "runs/opd";

@@ -8,6 +8,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -226,6 +228,47 @@ TEST_F(BadTeacher, InvalidAnswersStopTheRunBeforeAnyUpdateNamingRowAndValue) {
     EXPECT_EQ(newest_checkpoint(out), "step-00000001") << log;
     EXPECT_EQ(t.requests(), 2) << "a refused answer is not asked again\n" << log;
   }
+}
+
+// A teacher may send a position's K entries in any order (the protocol orders them, but a vLLM
+// server's prompt_logprobs is a JSON dict, and a server may be another program; robustness.md
+// session 17): every answer's rows shuffled trains the weights of the ordered run bit for bit,
+// since the client puts each row in the protocol's order before the loss sums over it (before,
+// the sums ran in the teacher's order: the same step to rounding, not the same run).
+TEST_F(BadTeacher, ShuffledTopKEntriesTrainTheWeightsOfOrderedOnes) {
+  std::string ordered;
+  {
+    FakeTeacher t(path("teacher"));
+    auto run = spawn(args("ordered", 4, t.url()), path("ordered.log"));
+    ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
+    ordered = final_weights_sha("ordered");
+    ASSERT_FALSE(ordered.empty());
+  }
+  FakeTeacher t(path("teacher"));
+  std::atomic<int64_t> moved{0};
+  t.plan = [&](int64_t n) {
+    Answer a;
+    a.edit = [&, n](ScoreResponse& r) {
+      std::mt19937_64 rng(static_cast<uint64_t>(n));
+      std::vector<std::pair<int32_t, float>> row;
+      for (int64_t i = 0; i < r.num_rows(); ++i) {
+        row.clear();
+        for (int64_t j = 0; j < r.k; ++j) row.emplace_back(r.ids[i * r.k + j], r.logprobs[i * r.k + j]);
+        std::shuffle(row.begin(), row.end(), rng);
+        for (int64_t j = 0; j < r.k; ++j) {
+          moved += r.ids[i * r.k + j] != row[j].first;
+          r.ids[i * r.k + j] = row[j].first;
+          r.logprobs[i * r.k + j] = row[j].second;
+        }
+      }
+    };
+    return a;
+  };
+  auto run = spawn(args("shuffled", 4, t.url()), path("shuffled.log"));
+  ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
+  EXPECT_GT(moved.load(), 100) << "the answers were not shuffled";
+  EXPECT_EQ(steps_logged("shuffled"), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(final_weights_sha("shuffled"), ordered) << run->output();
 }
 
 // Transient faults (5xx, a 200 that is not JSON, an empty 200, a bad CRC, a truncated body, a

@@ -440,6 +440,66 @@ TEST(CudaFusedLoss, RowChunkChangesOnlyTheOrderOfTheLmHeadGradientSum) {
   }
 }
 
+// A teacher may send a position's K entries in any order (robustness.md session 17): on the GPU
+// too, the validated payload of permuted rows (validation puts them in the canonical order)
+// gives the loss and both gradients of the sorted rows bit for bit -- except d_lm_head of topk
+// without SFT, accumulated with fp32 atomics in any order by design (close to fp32 rounding) --
+// in every mode that reads the teacher's entries, f32 and bf16. And the kernels assume no order:
+// rows permuted after validation (behind its back) give the sorted rows' results to rounding.
+TEST(CudaFusedLoss, TeacherEntriesInAnyOrderGiveTheSameLossAndGradients) {
+  REQUIRE_GPU();
+  int compared = 0;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Problem sorted_p = make_problem(61, 64, 1000, 16, dt, 60);
+    test::reorder_rows(sorted_p.ids, sorted_p.logprobs, 0);
+    Problem permuted_p = sorted_p;
+    permuted_p.ids = sorted_p.ids.clone();
+    permuted_p.logprobs = sorted_p.logprobs.clone();
+    test::reorder_rows(permuted_p.ids, permuted_p.logprobs, 1);
+    const TeacherTopK sorted = validated_teacher(sorted_p, 1.3, DType::F32);
+    const TeacherTopK permuted = validated_teacher(permuted_p, 1.3, DType::F32);
+    TeacherTopK raw = sorted;  // permuted behind validation's back
+    raw.ids = sorted.ids.clone();
+    raw.logprobs = sorted.logprobs.clone();
+    test::reorder_rows(raw.ids, raw.logprobs, 3);
+    for (SupportMode m : {SupportMode::TopK, SupportMode::TopKTail, SupportMode::Sampled})
+      for (double sft : {0.0, 0.3}) {
+        LossConfig cfg;
+        cfg.mode = m;
+        cfg.beta = 0.5;
+        cfg.temperature = 1.3;
+        cfg.sft_alpha = sft;
+        cfg.vocab_tile = 256;
+        cuda::CudaLossOptions opt;
+        opt.row_chunk = 16;
+        const std::string what = cat(dtype_name(dt), " ", case_name(m, 0.5, 1.3, sft));
+        SCOPED_TRACE(what);
+        auto summary = [](const Tensor& a, const Tensor& b) {
+          const test::Diff d = test::compare(a, b);
+          return cat("max |a-b| ", d.max_abs, ", rel_l2 ", d.rel_l2);
+        };
+        const LossRun ref = run_gpu(sorted_p, cfg, &sorted, opt);
+        const LossRun got = run_gpu(sorted_p, cfg, &permuted, opt);
+        ASSERT_TRUE(std::isfinite(ref.res.loss));
+        EXPECT_EQ(got.res.loss, ref.res.loss);
+        EXPECT_EQ(got.res.divergence_sum, ref.res.divergence_sum);
+        EXPECT_EQ(std::memcmp(got.dh.raw(), ref.dh.raw(), ref.dh.nbytes()), 0)
+            << "d hidden: " << summary(got.dh, ref.dh);
+        if (m == SupportMode::TopK && sft == 0.0)  // fp32 atomics into d lm_head
+          EXPECT_TRUE(test::close(got.dw, ref.dw, 1e-4, 1e-6, 1e-5)) << summary(got.dw, ref.dw);
+        else
+          EXPECT_EQ(std::memcmp(got.dw.raw(), ref.dw.raw(), ref.dw.nbytes()), 0)
+              << "d lm_head: " << summary(got.dw, ref.dw);
+        Worst worst;
+        const Tol tol = dt == DType::F32 ? Tol{1e-6, 1e-5, 1e-5} : Tol{1e-5, 1e-2, 2e-2};
+        expect_match(run_gpu(sorted_p, cfg, &raw, opt), ref, tol, true, what + " (raw permuted)",
+                     &worst);
+        ++compared;
+      }
+  }
+  EXPECT_EQ(compared, 12);
+}
+
 TEST(CudaFusedLoss, EmptyMicroBatch) {
   REQUIRE_GPU();
   const Problem p = make_problem(4, 16, 50, 4, DType::F32, 50);

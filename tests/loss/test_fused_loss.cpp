@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -592,6 +593,96 @@ TEST(FusedLoss, TeacherAtTemperatureOneIsExactForTopKAndRefusedOtherwise) {
     EXPECT_TRUE(test::close(g.dh, exact.dh, 1e-10, 1e-15));
     EXPECT_TRUE(test::close(g.dw, exact.dw, 1e-10, 1e-15));
   }
+}
+
+// The fixture's payload at temperature index t (the teacher applied kTemps[t]; `payload_t` is
+// the temperature the payload claims, 1 for a plain vLLM server) with each row's entries
+// reordered by test::reorder_rows(seed) (seed 0: sorted), run through validation for `cfg`.
+TeacherTopK fixture_teacher_reordered(const Problem& p, size_t t, double payload_t, uint64_t seed,
+                                      const LossConfig& cfg, PayloadStats* stats) {
+  SafetensorsFile in = SafetensorsFile::open(test::fixture_path("loss/inputs.safetensors"));
+  Tensor ids = in.get("teacher_ids").clone();
+  Tensor lp = in.get("teacher_logprobs_T" + std::to_string(t)).clone();
+  test::reorder_rows(ids, lp, seed);
+  TeacherPayload pl = test::payload_from_dense({3, 11}, {6, 4}, ids, lp,
+                                               in.get("actual_logprobs_T" + std::to_string(t)), p.v);
+  pl.temperature = payload_t;
+  CompletionLayout layout = test::layout_of(pl);
+  layout.padding.assign(p.n, 0);
+  Tensor valid = in.get("valid");
+  for (int64_t r = 0; r < p.n; ++r) layout.padding[r] = valid.data<int32_t>()[r] == 0;
+  return validate_teacher_payload(pl, layout, p.v, cfg, p.dtype, stats);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// A teacher may send a position's K entries in any order (a vLLM server's prompt_logprobs is a
+// JSON dict; robustness.md session 17). Validation puts every row in the canonical order
+// (logprob descending, ties by smaller id), so the loss and both gradients of a permuted
+// payload are those of the sorted one bit for bit, in every mode that reads the teacher's
+// entries (topk, topk+tail, sampled; full has no payload), with and without SFT rows, f64 and
+// f32, and for a temperature-1 payload rescaled for topk (a vLLM teacher at T != 1). Second,
+// the loss itself assumes no order: rows permuted after validation (what the kernel would see
+// without the canonical order) agree with the sorted ones to rounding (1e-12 in f64).
+TEST(FusedLoss, TeacherEntriesInAnyOrderGiveTheSameLossAndGradients) {
+  int compared = 0;
+  for (DType dt : {DType::F64, DType::F32}) {
+    Problem p = load_problem(dt);
+    for (size_t ti : {size_t{0}, size_t{1}})
+      for (bool vllm_like : {false, true}) {
+        const double payload_t = vllm_like ? 1.0 : kTemps[ti];
+        const std::vector<SupportMode> modes =
+            vllm_like ? std::vector<SupportMode>{SupportMode::TopK}
+                      : std::vector<SupportMode>{SupportMode::TopK, SupportMode::TopKTail,
+                                                 SupportMode::Sampled};
+        for (SupportMode m : modes)
+          for (double beta : {0.0, 0.5, 1.0})
+            for (double sft : {0.0, 0.3}) {
+              if (m == SupportMode::Sampled && beta != 0.5) continue;
+              LossConfig cfg;
+              cfg.mode = m;
+              cfg.beta = beta;
+              cfg.temperature = kTemps[ti];
+              cfg.sft_alpha = sft;
+              cfg.vocab_tile = 37;
+              SCOPED_TRACE(cat(dtype_name(dt), " ", describe(cfg), " payload T ", payload_t));
+              PayloadStats st;
+              const TeacherTopK sorted = fixture_teacher_reordered(p, ti, payload_t, 0, cfg, &st);
+              EXPECT_EQ(st.reordered_rows, 0);
+              FusedLossArgs a = args_for(p, cfg);
+              a.teacher = &sorted;
+              const Grads ref = run_fused(cfg, a);
+              ASSERT_TRUE(std::isfinite(ref.res.loss));
+              ASSERT_NE(ref.res.loss, 0.0);
+              for (uint64_t seed : {1, 2}) {
+                const TeacherTopK permuted =
+                    fixture_teacher_reordered(p, ti, payload_t, seed, cfg, &st);
+                EXPECT_EQ(st.reordered_rows, p.n - 1) << "every row but the padding one moved";
+                a.teacher = &permuted;
+                const Grads g = run_fused(cfg, a);
+                EXPECT_EQ(g.res.loss, ref.res.loss) << "seed " << seed;
+                EXPECT_EQ(g.res.divergence_sum, ref.res.divergence_sum) << "seed " << seed;
+                EXPECT_TRUE(same_bits(g.dh, ref.dh)) << "d hidden, seed " << seed;
+                EXPECT_TRUE(same_bits(g.dw, ref.dw)) << "d lm_head, seed " << seed;
+                ++compared;
+              }
+              // The loss on rows permuted behind validation's back: equal up to rounding.
+              TeacherTopK raw = sorted;
+              raw.ids = sorted.ids.clone();
+              raw.logprobs = sorted.logprobs.clone();
+              test::reorder_rows(raw.ids, raw.logprobs, 3);
+              a.teacher = &raw;
+              const Grads g = run_fused(cfg, a);
+              const double tol = dt == DType::F64 ? 1e-12 : 1e-5;
+              EXPECT_LE(rel(g.res.loss, ref.res.loss), tol);
+              EXPECT_TRUE(test::close(g.dh, ref.dh, tol, tol * 1e-3));
+              EXPECT_TRUE(test::close(g.dw, ref.dw, tol, tol * 1e-3));
+            }
+      }
+  }
+  EXPECT_EQ(compared, 2 * 2 * (2 * 3 * 2 + 2 + 3 * 2) * 2);
 }
 
 // Gradient accumulation: two micro-batches with the step's n_total, d_lm_head accumulated in

@@ -49,22 +49,37 @@ TeacherTopK validate(const TeacherPayload& pl, const CompletionLayout& layout,
   return validate_teacher_payload(pl, layout, kVocab, cfg, DType::F64, stats);
 }
 
+// The output slot of input entry e (its row's slot holding the same id; -1 if none).
+int64_t slot_of(const TeacherTopK& t, const TeacherPayload& pl, int64_t e) {
+  const int64_t r = e / pl.k;
+  for (int64_t j = 0; j < t.k; ++j)
+    if (t.ids.data<int32_t>()[r * t.k + j] == pl.ids[e]) return r * t.k + j;
+  return -1;
+}
+
 TEST(TeacherPayload, ValidPayloadBecomesDenseTopK) {
   TeacherPayload pl = valid_payload(1);
-  TeacherTopK t = validate(pl, test::layout_of(pl));
+  PayloadStats stats;
+  TeacherTopK t = validate(pl, test::layout_of(pl), VocabPolicy::Error, &stats);
   ASSERT_EQ(t.rows, 5);
   ASSERT_EQ(t.k, 4);
+  // Every entry lands in its row unchanged; the row in the canonical order (logprob
+  // descending). valid_payload draws rows in no order, so some had to be reordered.
   for (int64_t i = 0; i < 20; ++i) {
-    EXPECT_EQ(t.ids.data<int32_t>()[i], pl.ids[i]);
-    EXPECT_EQ(t.logprobs.data<double>()[i], pl.logprobs[i]);
+    const int64_t o = slot_of(t, pl, i);
+    ASSERT_GE(o, 0) << "entry " << i << " (id " << pl.ids[i] << ") is missing";
+    EXPECT_EQ(o / 4, i / 4);
+    EXPECT_EQ(t.logprobs.data<double>()[o], pl.logprobs[i]);
+    if (i % 4 > 0) EXPECT_GE(t.logprobs.data<double>()[i - 1], t.logprobs.data<double>()[i]);
   }
+  EXPECT_GT(stats.reordered_rows, 0);
   for (int64_t r = 0; r < 5; ++r) {
     EXPECT_EQ(t.valid.data<int32_t>()[r], 1);
     EXPECT_EQ(t.actual_logprobs.data<double>()[r], pl.actual_logprobs[r]);
   }
   // f32 output dtype: same values rounded.
   TeacherTopK t32 = validate_teacher_payload(pl, test::layout_of(pl), kVocab, LossConfig{}, DType::F32);
-  EXPECT_EQ(t32.logprobs.data<float>()[7], static_cast<float>(pl.logprobs[7]));
+  EXPECT_EQ(t32.logprobs.data<float>()[slot_of(t32, pl, 7)], static_cast<float>(pl.logprobs[7]));
 }
 
 // One corruption per validation rule: its mutation, the phrases its message must contain
@@ -233,18 +248,30 @@ TEST(TeacherPayload, ClipToStudentDropsAndRenormalizes) {
   const double dropped3 = std::exp(pl.logprobs[13]);
   const double dropped0 = std::exp(pl.logprobs[2]) + std::exp(pl.logprobs[3]);
   EXPECT_DOUBLE_EQ(stats.max_clipped_mass, std::max(dropped0, dropped3));
-  EXPECT_EQ(t.ids.data<int32_t>()[13], kEmptySlot);
-  EXPECT_EQ(t.logprobs.data<double>()[13], -INFINITY);
+  // The dropped entries are empty slots (row 3: one, row 0: two), the kept ones renormalized.
+  auto empty_slots = [&](int64_t r) {
+    int n = 0;
+    for (int64_t j = 0; j < 4; ++j)
+      if (t.ids.data<int32_t>()[r * 4 + j] == kEmptySlot) {
+        ++n;
+        EXPECT_EQ(t.logprobs.data<double>()[r * 4 + j], -INFINITY);
+      }
+    return n;
+  };
+  EXPECT_EQ(empty_slots(3), 1);
+  EXPECT_EQ(empty_slots(0), 2);
   for (int j : {12, 14, 15}) {
-    EXPECT_EQ(t.ids.data<int32_t>()[j], pl.ids[j]);
+    const int64_t o = slot_of(t, pl, j);
+    ASSERT_GE(o, 0);
     // p'(i) = p(i) / (1 - dropped): the kept mass renormalized to the student's vocabulary.
-    EXPECT_NEAR(std::exp(t.logprobs.data<double>()[j]), std::exp(pl.logprobs[j]) / (1 - dropped3), 1e-15);
+    EXPECT_NEAR(std::exp(t.logprobs.data<double>()[o]), std::exp(pl.logprobs[j]) / (1 - dropped3), 1e-15);
   }
   EXPECT_NEAR(std::exp(t.actual_logprobs.data<double>()[3]),
               std::exp(pl.actual_logprobs[3]) / (1 - dropped3), 1e-15);
-  EXPECT_NEAR(std::exp(t.logprobs.data<double>()[0]), std::exp(pl.logprobs[0]) / (1 - dropped0), 1e-15);
+  EXPECT_NEAR(std::exp(t.logprobs.data<double>()[slot_of(t, pl, 0)]),
+              std::exp(pl.logprobs[0]) / (1 - dropped0), 1e-15);
   // Rows without dropped ids are untouched.
-  EXPECT_EQ(t.logprobs.data<double>()[5], pl.logprobs[5]);
+  EXPECT_EQ(t.logprobs.data<double>()[slot_of(t, pl, 5)], pl.logprobs[5]);
   // The clipped payload computes (empty slots are skipped by the kernel).
   Tensor hidden = test::random_uniform({5, 8}, DType::F64, 11, -1, 1);
   Tensor lm_head = test::random_uniform({kVocab, 8}, DType::F64, 12, -1, 1);

@@ -412,6 +412,56 @@ TEST(VllmFormat, MalformedResponsesAreNamed) {
   }
 }
 
+// The prompt token outside the top K is told by its id, not by its rank: vLLM 0.x ranks it
+// 1 + #{v: z_v > z_y}, so when its logprob ties the K-th entry's (the top-K took another id of
+// that value) its rank is K or better and sorts beside or before a top-K entry. Before, such a
+// position was refused ("the one ranked last is token ..., not the prompt token"), and bf16
+// logits tie often. Entries come out in the protocol's order whatever the dict's order.
+TEST(VllmFormat, APromptTokenTiedWithTheKthEntryIsNotMistakenForATopKEntry) {
+  auto j = parse_json(read_fixture("teacher/vllm_completions_prompt_logprobs.json"), "fixture");
+  // Choice for prompt 0, position 2 (prompt token 3): top-2 {50, 60} at -1.5, the prompt
+  // token 3 at -1.5 too (a three-way tie), ranked 1 like both.
+  auto& d = j["choices"][1]["prompt_logprobs"][2];
+  d = {{"60", {{"logprob", -1.5}, {"rank", 2}}},
+       {"3", {{"logprob", -1.5}, {"rank", 1}}},
+       {"50", {{"logprob", -1.5}, {"rank", 1}}}};
+  ScoreResponse r = parse_vllm_prompt_logprobs(j, fixture_request(), 96);
+  EXPECT_EQ(std::vector<int32_t>(r.ids.begin() + 2, r.ids.begin() + 4), (std::vector<int32_t>{50, 60}));
+  EXPECT_EQ(r.actual_logprobs[1], -1.5f);
+  // The prompt token tied with the K-th (rank K, as vLLM 0.x writes it) and a smaller id.
+  d = {{"9", {{"logprob", -0.5}, {"rank", 1}}},
+       {"3", {{"logprob", -2.25}, {"rank", 2}}},
+       {"70", {{"logprob", -2.25}, {"rank", 2}}}};
+  r = parse_vllm_prompt_logprobs(j, fixture_request(), 96);
+  EXPECT_EQ(std::vector<int32_t>(r.ids.begin() + 2, r.ids.begin() + 4), (std::vector<int32_t>{9, 70}));
+  EXPECT_EQ(std::vector<float>(r.logprobs.begin() + 2, r.logprobs.begin() + 4),
+            (std::vector<float>{-0.5f, -2.25f}));
+  // But a prompt token "outside the top K" that is more likely than a top-K entry is not vLLM.
+  d = {{"9", {{"logprob", -0.5}, {"rank", 1}}},
+       {"3", {{"logprob", -1.0}, {"rank", 3}}},
+       {"70", {{"logprob", -2.25}, {"rank", 2}}}};
+  expect_invalid([&] { parse_vllm_prompt_logprobs(j, fixture_request(), 96); },
+                 "prompt token 3 is not in the top K, but its logprob -1 is above that of top-K token 70");
+}
+
+// sort_response_rows: any order becomes the protocol's (logprob descending, ties by smaller
+// id); rows already in it and rows with a NaN are left alone; the count says how many moved.
+TEST(Protocol, SortResponseRowsPutsEntriesInTheProtocolsOrder) {
+  ScoreResponse r;
+  r.k = 3;
+  r.row_offsets = {0, 4};
+  r.seq_begin = {1};
+  r.ids = {5, 6, 7, /**/ 9, 2, 4, /**/ 8, 1, 3, /**/ 1, 2, 3};
+  r.logprobs = {-1, -2, -3, /**/ -3, -1, -1, /**/ -2, NAN, -1, /**/ -0.5f, -0.5f, -4};
+  r.actual_logprobs = {-1, -1, -1, -1};
+  EXPECT_EQ(sort_response_rows(r), 1);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{5, 6, 7, 2, 4, 9, 8, 1, 3, 1, 2, 3}));
+  EXPECT_EQ(r.logprobs[3], -1.0f);
+  EXPECT_EQ(r.logprobs[5], -3.0f);
+  EXPECT_TRUE(std::isnan(r.logprobs[7]));  // left as sent: validation names it
+  EXPECT_EQ(sort_response_rows(r), 0);
+}
+
 // --- generation (/v1/completions with max_tokens > 1: --seq-kd with a remote teacher) ---------
 
 GenerateRequest generation_request() {

@@ -13,6 +13,7 @@
 #include "common/test_util.h"
 #include "core/philox.h"
 #include "model/transformer.h"
+#include "model/weights_fingerprint.h"
 #include "teacher/client.h"
 #include "teacher/protocol.h"
 #include "teacher/scorer.h"
@@ -113,6 +114,24 @@ TEST_F(ServerTest, ClientScoresEqualInProcessBothEncodings) {
     expect_identical(v.response, scorer_->score(q));
     EXPECT_EQ(v.topk.rows, q.num_rows());
   }
+}
+
+// /v1/models reports the served weights' fingerprint (ServerOptions::weights_fingerprint; `opd
+// serve` sets it from --model) and the client reads it into TeacherInfo, so a resumed run can
+// tell a teacher whose weights changed behind the same URL; a server that does not report one
+// (an older opd, vLLM) leaves it empty.
+TEST_F(ServerTest, ModelsReportsTheWeightsFingerprintAndTheClientReadsIt) {
+  ClientOptions co;
+  co.url = url();
+  EXPECT_EQ(TeacherClient(co).info().weights_fingerprint, "");
+  ServerOptions so;
+  so.port = 0;
+  so.weights_fingerprint = weights_fingerprint(test::fixture_path("models/qwen3")).sha256;
+  TeacherServer with(*scorer_, so);
+  with.start();
+  co.url = cat("http://127.0.0.1:", with.port());
+  EXPECT_EQ(TeacherClient(co).info().weights_fingerprint, so.weights_fingerprint);
+  EXPECT_EQ(so.weights_fingerprint.size(), 64u);
 }
 
 // Our /v1/completions parsed by our vLLM client path: top-K and actual logprobs at T = 1 equal

@@ -57,5 +57,50 @@ TEST(ResumePolicy, RefusesWarnsOrIgnoresByTheTable) {
   }
 }
 
+// The teacher's identity saved with a checkpoint (session 17): a different weights fingerprint
+// under the same --teacher path is warned about naming both; the same, a checkpoint without
+// one, or a switch between in-process and served teachers (the options' warnings) says nothing;
+// a served teacher is compared by what /v1/models reported, not by its URL.
+TEST(ResumePolicy, ATeacherWhoseWeightsChangedIsWarnedNamingBothFingerprints) {
+  const std::string fp1(64, 'a'), fp2 = "0123456789abcdef" + std::string(48, 'b');
+  const nlohmann::json dir1 = {{"teacher", "/m/t"}, {"weights_fingerprint", fp1}};
+  nlohmann::json dir2 = dir1;
+  dir2["weights_fingerprint"] = fp2;
+  EXPECT_FALSE(check_resume_teacher(dir1, dir1));
+  EXPECT_FALSE(check_resume_teacher(nlohmann::json(), dir1));  // older checkpoint
+  const auto w = check_resume_teacher(dir1, dir2);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(*w, "resume: the teacher's weights fingerprint (config.json, safetensors headers and "
+                "sampled data) was aaaaaaaaaaaaaaaa (--teacher \"/m/t\") in the checkpoint, now "
+                "0123456789abcdef (--teacher \"/m/t\"): its files changed under the same path; "
+                "the teacher the student is distilled towards; the resumed run is not the same run");
+  nlohmann::json moved = dir2;
+  moved["teacher"] = "/m/u";
+  ASSERT_TRUE(check_resume_teacher(dir1, moved));
+  EXPECT_EQ(check_resume_teacher(dir1, moved)->find("same path"), std::string::npos);
+  nlohmann::json copy = dir1;  // the same weights elsewhere: the --teacher option warns, not this
+  copy["teacher"] = "/m/copy";
+  EXPECT_FALSE(check_resume_teacher(dir1, copy));
+
+  const nlohmann::json url1 = {{"teacher_url", "http://h:1"}, {"model", "t"}, {"vocab_size", 272},
+                               {"tokenizer_fingerprint", fp1}, {"weights_fingerprint", fp1}};
+  EXPECT_FALSE(check_resume_teacher(dir1, url1));  // kinds differ
+  nlohmann::json other_rank = url1;
+  other_rank["teacher_url"] = "http://h:2";  // another server of the pool, same model
+  EXPECT_FALSE(check_resume_teacher(url1, other_rank));
+  nlohmann::json url2 = url1;
+  url2["weights_fingerprint"] = fp2;
+  url2["model"] = "t2";
+  const auto wu = check_resume_teacher(url1, url2);
+  ASSERT_TRUE(wu);
+  EXPECT_NE(wu->find("reported model \"t\", weights_fingerprint aaaaaaaaaaaaaaaa (http://h:1) in "
+                     "the checkpoint, now model \"t2\", weights_fingerprint 0123456789abcdef"),
+            std::string::npos)
+      << *wu;
+  nlohmann::json vllm = url1;  // vLLM reports no weights fingerprint: the rest is compared
+  vllm.erase("weights_fingerprint");
+  EXPECT_FALSE(check_resume_teacher(url1, vllm));
+}
+
 }  // namespace
 }  // namespace opd

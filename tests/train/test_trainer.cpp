@@ -419,6 +419,45 @@ TEST_F(TrainerTest, ALegitimateChangeOnResumeIsWarnedNamingOldAndNewValues) {
   EXPECT_EQ(log.find("--save-total-limit was"), std::string::npos) << log;
 }
 
+// A teacher whose weights were rewritten under the same --teacher path (robustness.md session
+// 16 left it undetected: the options compare the path only): each checkpoint saves the
+// teacher's weights fingerprint and a resume warns naming both; an unchanged teacher resumes
+// without a word about it.
+TEST_F(TrainerTest, ATeacherRewrittenUnderTheSamePathIsWarnedOnResume) {
+  auto log_of = [](const std::string& out) {
+    std::ifstream f(out + "/train.log");
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  TrainOptions o = base("same");
+  o.max_steps = 2;
+  ASSERT_EQ(train(o).steps, 2);
+  o.max_steps = 3;
+  ASSERT_EQ(train(o).first_step, 2);
+  EXPECT_EQ(log_of(o.out).find("teacher's weights fingerprint"), std::string::npos) << log_of(o.out);
+
+  o = base("rewritten");
+  o.max_steps = 2;
+  const TrainResult first = train(o);
+  ASSERT_EQ(first.steps, 2);
+  std::ifstream state(first.last_checkpoint + "/state.json");
+  const nlohmann::json saved = nlohmann::json::parse(state)["teacher"];
+  EXPECT_EQ(saved["teacher"], path("teacher"));
+  const std::string before = saved["weights_fingerprint"].get<std::string>();
+  ASSERT_EQ(before.size(), 64u);
+  // Retrained in place: same config, names and shapes, other values.
+  const ModelConfig tc = test::tiny_demo_config(48, 2);
+  save_model_dir(path("teacher"), tc, init_weights(tc, 9, 0.1), test::source_dir() + "/demo/tokenizer");
+  o.max_steps = 3;
+  ASSERT_EQ(train(o).first_step, 2);
+  const std::string log = log_of(o.out);
+  const std::string w = "resume: the teacher's weights fingerprint (config.json, safetensors "
+                        "headers and sampled data) was " + before.substr(0, 16) + " (--teacher \"" +
+                        path("teacher") + "\") in the checkpoint, now ";
+  EXPECT_NE(log.find(w), std::string::npos) << "no '" << w << "' in\n" << log;
+  EXPECT_NE(log.find("its files changed under the same path"), std::string::npos) << log;
+  EXPECT_EQ(log.find("--teacher was"), std::string::npos) << "the path did not change\n" << log;
+}
+
 // `--resume PATH` of an older checkpoint (of this run or another) while --out holds later ones:
 // they are written over as the run passes their steps, which was silent until session 16.
 TEST_F(TrainerTest, ResumingAnOlderCheckpointWarnsThatLaterOnesAreOverwritten) {
