@@ -37,6 +37,7 @@ void run_info(const InfoOptions& o) {
               shape_str(t.shape()), ", config.json implies ", shape_str(shape));
     stored_dtypes[std::string(dtype_name(t.dtype()))] += t.numel();
   }
+  check_stored_tied_lm_head(c, store, Tensor());
   // Stored tensors the config does not read (a layer count below the stored one, biases with
   // attention_bias false): the model would compute something else than its checkpoint.
   const std::vector<std::string> unused = unused_tensors(store, used, c.tie_word_embeddings);
