@@ -505,7 +505,12 @@ def probe(c, opd, seed, work, do_train):
                        f"transformers {hf_eos}/{hf_bos}")
     T = c["prompt_len"]
     ids = probe_ids(seed, vocab, T)
-    ref_lp, _ = hf_logprobs(model64, ids)
+    try:
+        ref_lp, _ = hf_logprobs(model64, ids)
+    except Exception as e:  # noqa: BLE001 - transformers loads it but cannot run it
+        res.update(outcome="MISMATCH", detail=f"opd loads it but transformers' forward fails: "
+                                              f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        return res
     lp, why = opd_logprobs(opd, model_dir, ids, vocab, work)
     if lp is None:
         ok = False
