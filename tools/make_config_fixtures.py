@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/configs/<name>/{config.json, expected.json}: config.json files as
 they appear on the Hugging Face Hub (three real model configs, verbatim in content) plus small
-variants that exercise defaults and legacy keys; expected.json holds what transformers makes
-of each file (AutoConfig + AutoModelForCausalLM.from_config on the meta device, so the real
-sizes cost no memory): the resolved fields and model.num_parameters(). The C++ config tests
-compare opd's parser against these values.
+variants that exercise defaults, legacy keys and RoPE scaling types; expected.json holds what
+transformers makes of each file (AutoConfig + AutoModelForCausalLM.from_config on the meta
+device, so the real sizes cost no memory): the resolved fields and model.num_parameters(), and
+the model's rotary embedding built on the CPU: its inv_freq and attention_scaling (YaRN's
+factor on cos/sin). The C++ config tests compare opd's parser against these values.
 
 Usage: python3 tools/make_config_fixtures.py   (needs transformers and torch; run from anywhere)
 """
@@ -172,6 +173,71 @@ LLAMA_TINY_LEGACY_TYPE = {
 }
 
 
+# Qwen2.5-7B-Instruct's shape with the YaRN block its model card tells users to add for long
+# context ({"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}).
+QWEN2_5_7B_YARN = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+
+QWEN3_TINY_YARN_MSCALE = {
+    # YaRN with mscale / mscale_all_dim (attention factor from their ratio), beta_fast 0 (Python
+    # falsy: the default 32), truncate false, and a top-level original_max_position_embeddings,
+    # which transformers puts over the dict's when it builds the rotary embedding.
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+    "original_max_position_embeddings": 96,
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 6.0,
+                        "original_max_position_embeddings": 64, "mscale": 0.8,
+                        "mscale_all_dim": 1.2, "beta_fast": 0, "beta_slow": 2.0,
+                        "truncate": False},
+}
+
+LLAMA_TINY_LINEAR = {
+    # linear position interpolation under the legacy `type` key; the hidden_act alias "swish".
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "rope_theta": 40000.0,
+    "rope_scaling": {"type": "linear", "factor": 2.5},
+    "hidden_act": "swish",
+}
+
+
 def saved_by_transformers():
     """A config written by transformers 5 itself (rope_parameters, dtype, explicit head_dim)."""
     cfg = LlamaConfig(
@@ -226,6 +292,15 @@ def describe(config_dir):
         for key in ("factor", "low_freq_factor", "high_freq_factor"):
             expected[key] = float(rope[key])
         expected["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+    if rope["rope_type"] in ("linear", "yarn"):
+        expected["factor"] = float(rope["factor"])
+    if rope["rope_type"] == "yarn":
+        expected["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+    # The rotary embedding itself, on the CPU (the meta model has no values).
+    with torch.device("cpu"):
+        rotary = type(model.model.rotary_emb)(config=cfg)
+    expected["rope_inv_freq"] = [float(x) for x in rotary.inv_freq.float()]
+    expected["rope_attention_scaling"] = float(rotary.attention_scaling)
     return expected
 
 
@@ -239,6 +314,9 @@ def main():
         "qwen2_tiny_untied": QWEN2_TINY_UNTIED,
         "llama_tiny_legacy_type": LLAMA_TINY_LEGACY_TYPE,
         "llama_tiny_saved_by_transformers": None,
+        "qwen2_5_7b_yarn": QWEN2_5_7B_YARN,
+        "qwen3_tiny_yarn_mscale": QWEN3_TINY_YARN_MSCALE,
+        "llama_tiny_linear": LLAMA_TINY_LINEAR,
     }
     if os.path.isdir(ROOT):
         shutil.rmtree(ROOT)

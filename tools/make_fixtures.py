@@ -14,9 +14,12 @@ tiny randomly initialised model with Hugging Face transformers, in float32, and 
 transformers runs the batch right-padded with an attention mask; opd runs it packed, so both
 the padding semantics (never attended, no gradient) and the numbers are checked.
 
-The Llama variant with attention_bias (llama_bias) covers the o_proj bias.
+The Llama variant with attention_bias (llama_bias) covers the o_proj bias; qwen2_yarn covers
+YaRN RoPE scaling: its per-dimension frequency ramp and its attention factor on cos/sin (which
+opd applies squared in the attention scale, forward and backward).
 
-Usage: python3 tools/make_fixtures.py [--out tests/fixtures/models]
+Usage: python3 tools/make_fixtures.py [--out tests/fixtures/models] [--only NAME ...]
+(--only rewrites just those fixtures; the others keep their committed bytes).
 Needs: torch, transformers, safetensors (pip install torch transformers safetensors).
 """
 import argparse
@@ -58,6 +61,19 @@ FAMILIES = {
         intermediate_size=40, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64,
         tie_word_embeddings=False, attention_bias=True, hidden_act="silu", initializer_range=0.1,
+        bos_token_id=1, eos_token_id=2),
+    # Qwen2 with YaRN (session 17). theta 100, original context 256 and beta_fast 4 put the ramp
+    # over dimensions 4..7 of head_dim 16's eight frequencies, so extrapolated, interpolated and
+    # blended frequencies all occur; attention_factor 1.25 (not the derived one) makes the
+    # cos/sin factor large enough to matter at fp32 tolerances.
+    "qwen2_yarn": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=VOCAB, hidden_size=32,
+        intermediate_size=40, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        rms_norm_eps=1e-6, max_position_embeddings=1024,
+        rope_scaling=dict(rope_type="yarn", rope_theta=100.0, factor=4.0,
+                          original_max_position_embeddings=256, beta_fast=4.0, beta_slow=1.0,
+                          attention_factor=1.25),
+        tie_word_embeddings=True, hidden_act="silu", initializer_range=0.1,
         bos_token_id=1, eos_token_id=2),
 }
 
@@ -111,8 +127,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                   "fixtures", "models"))
+    ap.add_argument("--only", nargs="*", default=None, help="write only these fixtures")
     args = ap.parse_args()
     for i, (name, cfg) in enumerate(FAMILIES.items()):
+        if args.only is not None and name not in args.only:
+            continue
         d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         model = build(name, cfg, seed=1234 + i)

@@ -37,6 +37,7 @@ void run_info(const InfoOptions& o) {
               shape_str(t.shape()), ", config.json implies ", shape_str(shape));
     stored_dtypes[std::string(dtype_name(t.dtype()))] += t.numel();
   }
+  check_stored_tied_lm_head(c, store, Tensor());
   // Stored tensors the config does not read (a layer count below the stored one, biases with
   // attention_bias false): the model would compute something else than its checkpoint.
   const std::vector<std::string> unused = unused_tensors(store, used, c.tie_word_embeddings);
@@ -58,7 +59,8 @@ void run_info(const InfoOptions& o) {
     j["num_key_value_heads"] = c.num_key_value_heads;
     j["head_dim"] = c.head_dim;
     j["rope_theta"] = c.rope_theta;
-    j["rope_scaling"] = c.rope_scaling.llama3 ? "llama3" : "none";
+    j["rope_scaling"] =
+        c.rope_scaling.type == RopeType::Default ? "none" : rope_type_name(c.rope_scaling.type);
     j["tie_word_embeddings"] = c.tie_word_embeddings;
     j["attention_bias"] = c.attention_bias;
     j["qk_norm"] = c.qk_norm;
@@ -88,7 +90,11 @@ void run_info(const InfoOptions& o) {
               (long long)c.head_dim, c.qk_norm ? ", q/k RMSNorm" : "",
               c.attention_bias ? ", q/k/v bias" : "");
   std::printf("rope           theta %g%s\n", c.rope_theta,
-              c.rope_scaling.llama3 ? cat(", llama3 scaling x", c.rope_scaling.factor).c_str() : "");
+              c.rope_scaling.type == RopeType::Default
+                  ? ""
+                  : cat(", ", rope_type_name(c.rope_scaling.type), " scaling x",
+                        c.rope_scaling.factor)
+                        .c_str());
   std::printf("vocab          %lld%s\n", (long long)c.vocab_size,
               c.tie_word_embeddings ? " (tied input/output embeddings)" : " (separate lm_head)");
   std::printf("parameters     %lld total, %lld without embeddings and lm_head\n", (long long)total,

@@ -30,6 +30,16 @@ const char* architecture_name(Architecture arch) {
   return "?";
 }
 
+const char* rope_type_name(RopeType type) {
+  switch (type) {
+    case RopeType::Default: return "default";
+    case RopeType::Linear: return "linear";
+    case RopeType::Llama3: return "llama3";
+    case RopeType::Yarn: return "yarn";
+  }
+  return "?";
+}
+
 namespace {
 
 const char* model_type_of(Architecture arch) {
@@ -190,9 +200,12 @@ void parse_architecture(const Fields& f, ModelConfig& c) {
   c.model_type = model_type_of(c.arch);
 }
 
-// RoPE as transformers 5 resolves it (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
-// a legacy `rope_scaling` dict wins over `rope_parameters`; rope_theta comes from that dict,
-// else the top-level `rope_theta`, else 10000; `type` is the old name of `rope_type`.
+// RoPE as transformers 5 resolves it (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict,
+// standardize_rope_params and the ROPE_INIT_FUNCTIONS): a legacy `rope_scaling` dict wins over
+// `rope_parameters`; rope_theta comes from that dict, else the top-level `rope_theta`, else
+// 10000; `type` is the old name of `rope_type`; for llama3 and yarn a top-level
+// `original_max_position_embeddings` wins over the dict's (transformers' "Phi3 exception",
+// applied when the rotary embedding is built), and without either max_position_embeddings is used.
 void parse_rope(const Fields& f, const std::string& source, ModelConfig& c) {
   const char* dict_name = nullptr;
   const json* dict = nullptr;
@@ -216,28 +229,102 @@ void parse_rope(const Fields& f, const std::string& source, ModelConfig& c) {
   if (r.has(type_key)) type = r.string(type_key, "default");
   c.rope_theta = r.positive_number("rope_theta", top_theta);
   if (type == "default") return;
-  if (type != "llama3") {
-    r.fail(ErrorKind::Unsupported, type_key,
-           cat("is '", type, "'; opd supports only 'default' and 'llama3' RoPE"));
-  }
   RopeScaling& s = c.rope_scaling;
-  s.llama3 = true;
-  s.factor = r.required_number("factor");
-  s.low_freq_factor = r.required_number("low_freq_factor");
-  s.high_freq_factor = r.required_number("high_freq_factor");
-  // Missing: transformers uses max_position_embeddings (standardize_rope_params).
-  s.original_max_position_embeddings =
-      r.positive_int("original_max_position_embeddings", c.max_position_embeddings);
-  // llama3 smooths between wavelengths original/low and original/high, dividing by
-  // (high - low): equal factors divide by zero, and factor < 1 would shrink context.
-  if (!(s.factor >= 1.0)) r.bad_type("factor", "a number >= 1", (*dict)["factor"]);
-  if (!(s.low_freq_factor > 0)) {
-    r.bad_type("low_freq_factor", "a positive number", (*dict)["low_freq_factor"]);
+  if (type == "linear") {
+    s.type = RopeType::Linear;
+  } else if (type == "llama3") {
+    s.type = RopeType::Llama3;
+  } else if (type == "yarn") {
+    s.type = RopeType::Yarn;
+  } else {
+    r.fail(ErrorKind::Unsupported, type_key,
+           cat("is '", type, "'; opd supports 'default', 'linear', 'llama3' and 'yarn' RoPE",
+               type == "dynamic" ? " ('dynamic' rescales the frequencies with the running "
+                                   "sequence length)" : ""));
   }
-  if (!(s.high_freq_factor > s.low_freq_factor)) {
-    r.fail(ErrorKind::InvalidData, "high_freq_factor",
-           cat("must be greater than low_freq_factor (", s.low_freq_factor, "), got ",
-               s.high_freq_factor));
+  // The scaled types rotate int(head_dim * partial_rotary_factor) dimensions in transformers,
+  // which for these families then fails to broadcast against the whole head: never a model that
+  // runs. (The default type ignores the factor in LlamaRotaryEmbedding and the Qwen ones.)
+  const char* prf_key = r.has("partial_rotary_factor") ? "partial_rotary_factor" : nullptr;
+  const json* prf = prf_key ? r.find(prf_key) : f.find("partial_rotary_factor");
+  if (prf && !(prf->is_number() && prf->get<double>() == 1.0)) {
+    (prf_key ? r : f).fail(ErrorKind::Unsupported, "partial_rotary_factor",
+                           cat("is ", describe_value(*prf), " with '", type,
+                               "' RoPE; opd rotates the whole head (1.0)"));
+  }
+  if (s.type != RopeType::Linear) {
+    if (f.has("original_max_position_embeddings")) {
+      s.original_max_position_embeddings = f.positive_int("original_max_position_embeddings");
+    } else {
+      s.original_max_position_embeddings =
+          r.positive_int("original_max_position_embeddings", c.max_position_embeddings);
+    }
+  }
+  // yarn with "factor": null uses max_position_embeddings / original (DeepSeek-V3 configs).
+  const auto factor_it = dict->find("factor");
+  if (s.type == RopeType::Yarn && factor_it != dict->end() && factor_it->is_null()) {
+    s.factor = static_cast<double>(c.max_position_embeddings) /
+               static_cast<double>(s.original_max_position_embeddings);
+  } else {
+    s.factor = r.required_number("factor");
+  }
+  if (!(s.factor >= 1.0)) {
+    r.fail(ErrorKind::InvalidData, "factor", cat("must be a number >= 1, got ", s.factor));
+  }
+  if (s.type == RopeType::Linear) return;
+  if (s.type == RopeType::Llama3) {
+    s.low_freq_factor = r.required_number("low_freq_factor");
+    s.high_freq_factor = r.required_number("high_freq_factor");
+    // llama3 smooths between wavelengths original/low and original/high, dividing by
+    // (high - low): equal factors divide by zero.
+    if (!(s.low_freq_factor > 0)) {
+      r.bad_type("low_freq_factor", "a positive number", (*dict)["low_freq_factor"]);
+    }
+    if (!(s.high_freq_factor > s.low_freq_factor)) {
+      r.fail(ErrorKind::InvalidData, "high_freq_factor",
+             cat("must be greater than low_freq_factor (", s.low_freq_factor, "), got ",
+                 s.high_freq_factor));
+    }
+    return;
+  }
+  // YaRN (_compute_yarn_parameters). Python truthiness decides the defaults: beta_fast or 32,
+  // beta_slow or 1 (0 means the default); mscale and mscale_all_dim are used only when both
+  // are non-zero.
+  auto optional_number = [&](const char* name, double fallback) {
+    const json* v = r.find(name);
+    if (!v) return fallback;
+    if (!v->is_number() || !std::isfinite(v->get<double>())) r.bad_type(name, "a finite number", *v);
+    return v->get<double>();
+  };
+  s.beta_fast = optional_number("beta_fast", 32.0);
+  if (s.beta_fast == 0) s.beta_fast = 32.0;
+  s.beta_slow = optional_number("beta_slow", 1.0);
+  if (s.beta_slow == 0) s.beta_slow = 1.0;
+  if (!(s.beta_fast > 0 && s.beta_slow > 0)) {
+    r.fail(ErrorKind::InvalidData, "beta_fast",
+           cat("and beta_slow must be positive (rotation counts), got ", s.beta_fast, " and ",
+               s.beta_slow));
+  }
+  s.truncate = r.boolean("truncate", true);
+  auto get_mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  if (r.has("attention_factor")) {
+    s.attention_factor = optional_number("attention_factor", 1.0);
+    if (!(s.attention_factor > 0)) {
+      r.bad_type("attention_factor", "a positive number", (*dict)["attention_factor"]);
+    }
+  } else {
+    const double mscale = optional_number("mscale", 0.0);
+    const double mscale_all_dim = optional_number("mscale_all_dim", 0.0);
+    s.attention_factor = mscale != 0 && mscale_all_dim != 0
+                             ? get_mscale(s.factor, mscale) / get_mscale(s.factor, mscale_all_dim)
+                             : get_mscale(s.factor, 1.0);
+    if (!(s.attention_factor > 0 && std::isfinite(s.attention_factor))) {
+      r.fail(ErrorKind::InvalidData, "mscale",
+             cat("and mscale_all_dim give an attention factor of ", s.attention_factor,
+                 "; it must be positive"));
+    }
   }
 }
 
@@ -284,7 +371,7 @@ std::string parse_dtype(const Fields& f) {
   return dtype;
 }
 
-void parse_special_tokens(const Fields& f, ModelConfig& c) {
+void parse_special_tokens(const json& root, const Fields& f, ModelConfig& c) {
   c.eos_token_ids.clear();
   if (const json* eos = f.find("eos_token_id")) {
     if (eos->is_array()) {
@@ -295,6 +382,14 @@ void parse_special_tokens(const Fields& f, ModelConfig& c) {
   }
   c.bos_token_id = -1;
   if (const json* bos = f.find("bos_token_id")) c.bos_token_id = f.token_id_value("bos_token_id", *bos);
+  // LlamaConfig's class defaults are bos_token_id 1 and eos_token_id 2 (an explicit null means
+  // none; Qwen2Config/Qwen3Config default to none): transformers' generate stops at 2 for a
+  // Llama config.json without the field and no generation_config.json. A default the vocabulary
+  // cannot hold could never be produced, so it is dropped rather than refused.
+  if (c.arch == Architecture::Llama) {
+    if (!root.contains("eos_token_id") && c.vocab_size > 2) c.eos_token_ids.push_back(2);
+    if (!root.contains("bos_token_id") && c.vocab_size > 1) c.bos_token_id = 1;
+  }
   for (int64_t id : c.eos_token_ids) {
     if (id >= c.vocab_size) {
       f.fail(ErrorKind::InvalidData, "eos_token_id",
@@ -413,19 +508,24 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
 
   c.hidden_act = f.string("hidden_act", "silu");
-  if (c.hidden_act != "silu") {
+  if (c.hidden_act != "silu" && c.hidden_act != "swish") {
     f.fail(ErrorKind::Unsupported, "hidden_act",
-           cat("is '", c.hidden_act, "'; opd supports only 'silu'"));
+           cat("is '", c.hidden_act, "'; opd supports only 'silu' (alias 'swish')"));
   }
   reject_sliding_window(f, c);
   c.torch_dtype = parse_dtype(f);
-  parse_special_tokens(f, c);
+  parse_special_tokens(root, f, c);
   return c;
 }
 
 ModelConfig load_model_config(const std::string& model_dir) {
   std::string path = model_dir + "/config.json";
   return parse_model_config(read_text_file(path, int64_t{64} << 20), path);
+}
+
+double ModelConfig::attention_scale() const {
+  const double m = rope_scaling.type == RopeType::Yarn ? rope_scaling.attention_factor : 1.0;
+  return m * m / std::sqrt(static_cast<double>(head_dim));
 }
 
 int64_t ModelConfig::num_embedding_parameters() const {
@@ -468,15 +568,31 @@ std::string model_config_to_json(const ModelConfig& c) {
   // The legacy pair (top-level rope_theta + rope_scaling) is read by transformers 4 and 5
   // and by vLLM; transformers 5 converts it to rope_parameters on load.
   j["rope_theta"] = c.rope_theta;
-  if (c.rope_scaling.llama3) {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", c.rope_scaling.factor},
-        {"low_freq_factor", c.rope_scaling.low_freq_factor},
-        {"high_freq_factor", c.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  } else {
-    j["rope_scaling"] = nullptr;
+  const RopeScaling& rs = c.rope_scaling;
+  switch (rs.type) {
+    case RopeType::Default:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeType::Linear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rs.factor}};
+      break;
+    case RopeType::Llama3:
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", rs.factor},
+                           {"low_freq_factor", rs.low_freq_factor},
+                           {"high_freq_factor", rs.high_freq_factor},
+                           {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+      break;
+    case RopeType::Yarn:
+      // attention_factor written resolved, so readers need not repeat the mscale rule.
+      j["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", rs.factor},
+                           {"original_max_position_embeddings", rs.original_max_position_embeddings},
+                           {"beta_fast", rs.beta_fast},
+                           {"beta_slow", rs.beta_slow},
+                           {"truncate", rs.truncate},
+                           {"attention_factor", rs.attention_factor}};
+      break;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.arch != Architecture::Qwen2) j["attention_bias"] = c.attention_bias;

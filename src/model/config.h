@@ -12,14 +12,32 @@ namespace opd {
 enum class Architecture { Qwen3, Qwen2, Llama };
 const char* architecture_name(Architecture arch);  // "Qwen3ForCausalLM", ...
 
-// rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
-// original_max_position_embeddings}; absent or "default" means no scaling.
+// RoPE frequency scaling, as transformers' ROPE_INIT_FUNCTIONS compute it
+// (modeling_rope_utils.py). The types opd does not implement ("dynamic", "longrope", ...) are
+// refused at load: "dynamic" recomputes the frequencies from the running sequence length, which
+// a KV cache shared across steps cannot follow.
+enum class RopeType {
+  Default,  // absent, null, {} or "default"
+  Linear,   // inv_freq / factor
+  Llama3,   // Llama 3.1+: long wavelengths / factor, short kept, a smooth band between
+  Yarn,     // YaRN: per-dimension ramp between inv_freq and inv_freq / factor, and cos/sin
+            // multiplied by attention_factor
+};
+const char* rope_type_name(RopeType type);  // "default", "linear", "llama3", "yarn"
+
 struct RopeScaling {
-  bool llama3 = false;
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  RopeType type = RopeType::Default;
+  double factor = 1.0;                // linear, llama3, yarn
+  double low_freq_factor = 1.0;       // llama3
+  double high_freq_factor = 4.0;      // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn
+  double beta_fast = 32.0;            // yarn: ramp boundaries in rotations (transformers' defaults)
+  double beta_slow = 1.0;
+  bool truncate = true;               // yarn: floor/ceil the correction range
+  // yarn: cos and sin are multiplied by this (given, or resolved from factor / mscale /
+  // mscale_all_dim as transformers does); 1 for every other type. q.k then carries its square,
+  // which the attention applies through ModelConfig::attention_scale().
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -42,11 +60,16 @@ struct ModelConfig {
   std::string torch_dtype;            // "bfloat16", "float32", ... ("" when absent)
   std::vector<int64_t> eos_token_ids; // eos_token_id as int or list ([] when absent)
   int64_t bos_token_id = -1;
-  std::string hidden_act = "silu";    // only silu is supported
+  std::string hidden_act = "silu";    // "silu" or its alias "swish" (transformers' ACT2FN: both SiLU)
 
   // o_proj bias: transformers gives Llama and Qwen3 an o_proj bias exactly when
   // attention_bias is set; Qwen2 has q/k/v biases but never an o_proj bias.
   bool o_proj_bias() const { return attention_bias && arch != Architecture::Qwen2; }
+
+  // Softmax scale of the attention scores: 1/sqrt(head_dim), times attention_factor^2 for YaRN
+  // (transformers multiplies cos and sin, hence rotated q and k, by attention_factor; opd
+  // rotates unscaled q and k and applies the product here, in every forward and backward).
+  double attention_scale() const;
 
   // Parameter counts for `opd info`, as transformers' model.num_parameters() counts them
   // (a tied lm_head is the embedding, counted once).

@@ -107,7 +107,7 @@ Tensor PagedForward::run_step(const PagedStep& s, KvCache& cache, bool all_hidde
   const int64_t B = s.num_sequences(), T = s.num_tokens();
   const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double eps = c.rms_norm_eps, scale = c.attention_scale();  // 1/sqrt(D), x attention_factor^2 for YaRN
   OPD_CHECK(B >= 1, InvalidArgument, "PagedForward::step: empty step");
   OPD_CHECK(cache.num_layers() == c.num_hidden_layers, InvalidArgument,
             "PagedForward::step: cache has ", cache.num_layers(), " layers, model ",

@@ -188,7 +188,7 @@ void PagedForward::step_device(const PagedDeviceStep& s, KvCache& cache, PagedWo
   const int64_t T = s.tokens, B = s.batch, H = c.hidden_size, D = c.head_dim;
   const int64_t I = c.intermediate_size, V = c.vocab_size;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double eps = c.rms_norm_eps, scale = c.attention_scale();  // 1/sqrt(D), x attention_factor^2 for YaRN
   const DType dt = model_->dtype();
   OPD_CHECK(model_->device() == Device::CUDA && (dt == DType::BF16 || dt == DType::F32),
             Unsupported, "PagedForward::step_device: the model must be bf16 or f32 on CUDA");

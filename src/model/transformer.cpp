@@ -122,7 +122,7 @@ Tensor Transformer::layer_forward(size_t li, const Tensor& x, const Batch& batch
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), H = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double eps = c.rms_norm_eps, scale = c.attention_scale();  // 1/sqrt(D), x attention_factor^2 for YaRN
   const LayerWeights& L = weights_.layers[li];
   lc.x = x;
   lc.h1 = empty_like(x);
@@ -226,7 +226,7 @@ void Transformer::backward_hidden(const Batch& batch, const ForwardCache& cache,
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens(), D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = c.attention_scale();  // 1/sqrt(D), x attention_factor^2 for YaRN
   OPD_CHECK(cache.layers.size() == weights_.layers.size(), InvalidArgument,
             "backward needs a forward cache with every layer");
   if (device() == Device::CUDA) return backward_hidden_cuda(cache, dh, grads, on_ready);

@@ -170,7 +170,7 @@ struct LayerRun {
   Tensor forward(const Tensor& x, const Tensor& h1, const Tensor& rstd1, LayerCache& lc) const {
     const int64_t T = plan.tokens, H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-    const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const double eps = c.rms_norm_eps, scale = c.attention_scale();  // 1/sqrt(D), x attention_factor^2 for YaRN
     const DType dt = x.dtype();
     lc.x = x;
     if (h1.defined()) {
@@ -274,7 +274,7 @@ struct LayerRun {
   void backward(const LayerCache& lc, Tensor& dx, LayerWeights& G) const {
     const int64_t T = plan.tokens, H = c.hidden_size, D = c.head_dim;
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const double scale = c.attention_scale();  // 1/sqrt(D), x attention_factor^2 for YaRN
     const DType dt = dx.dtype();
     Tensor none;
     // MLP: x_next = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).

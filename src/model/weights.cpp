@@ -1,6 +1,9 @@
 // Parameter naming, shapes, allocation and loading for the decoder-only families.
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -179,12 +182,37 @@ void warn_unused_tensors(const WeightStore& store, const std::vector<std::string
            "tie_word_embeddings, a tensor's name?); the model runs without them");
 }
 
+void check_stored_tied_lm_head(const ModelConfig& config, const WeightStore& store,
+                               const Tensor& embed_f32) {
+  if (!config.tie_word_embeddings || !store.contains("lm_head.weight")) return;
+  const Shape shape{config.vocab_size, config.hidden_size};
+  Tensor head = store.get_f32("lm_head.weight", shape);
+  Tensor embed = embed_f32.defined() ? embed_f32 : store.get_f32("model.embed_tokens.weight", shape);
+  const float* a = head.data<float>();
+  const float* b = embed.data<float>();
+  int64_t differ = 0;
+  double max_diff = 0;
+  for (int64_t i = 0; i < head.numel(); ++i) {
+    if (std::memcmp(a + i, b + i, sizeof(float)) == 0) continue;
+    ++differ;
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  }
+  OPD_CHECK(differ == 0, InvalidData, store.dir(),
+            ": config.json has tie_word_embeddings true, but the safetensors files also store "
+            "lm_head.weight and it differs from model.embed_tokens.weight (", differ, " of ",
+            head.numel(), " values, max |diff| ", max_diff,
+            "): transformers 5 would use it as a separate output layer, transformers 4 and vLLM "
+            "the embedding. Set tie_word_embeddings to false in config.json to use lm_head.weight, "
+            "or delete lm_head.weight to tie");
+}
+
 ModelWeights load_weights(const ModelConfig& config, const WeightStore& store) {
   std::set<std::string> used;
   ModelWeights w = build(config, [&](const std::string& name, const Shape& s) {
     used.insert(name);
     return store.get_f32(name, s);
   });
+  check_stored_tied_lm_head(config, store, w.embed_tokens);
   // Tensors the config does not ask for mean the config and the weights disagree (a layer count
   // below the stored one, biases with attention_bias false, a renamed tensor): the model then
   // computes something else than its checkpoint, so say which (transformers warns as well).

@@ -54,8 +54,16 @@ Tensor tensor_to(const Tensor& t, Device device, DType dtype);
 ModelWeights weights_to(const ModelWeights& w, Device device, DType dtype);
 // Load f32 copies from a model directory's safetensors; every tensor's presence, shape and
 // dtype is checked (errors name the tensor and the directory). A tied model may still store
-// lm_head.weight (it is ignored when equal in shape).
+// lm_head.weight when it equals the embedding (check_stored_tied_lm_head).
 ModelWeights load_weights(const ModelConfig& config, const WeightStore& store);
+// A tied model (tie_word_embeddings true) whose files also store an lm_head.weight that differs
+// from model.embed_tokens.weight is InvalidData naming the directory: transformers 5 then unties
+// them (modeling_utils: "both are present in the checkpoints with different values, so we will
+// NOT tie them") while transformers 4 and vLLM use the embedding, so no reading is the model's.
+// Equal values (torch .bin exports store both) are fine. `embed_f32`: the embedding already
+// read as f32, or an undefined tensor to read it from the store.
+void check_stored_tied_lm_head(const ModelConfig& config, const WeightStore& store,
+                               const Tensor& embed_f32);
 // The stored tensors a model does not read (`used`: the parameter names it asks for): a
 // config and weights that disagree (num_hidden_layers, attention_bias, ...). A tied model's
 // lm_head.weight and rotary inv_freq buffers are expected leftovers, not listed. load_weights and

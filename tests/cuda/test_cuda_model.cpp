@@ -149,7 +149,7 @@ TEST_P(CudaModel, LogitsHiddenAndEveryGradientMatchTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, CudaModel,
-    ::testing::Combine(::testing::Values("qwen3", "qwen2", "llama", "llama_bias"),
+    ::testing::Combine(::testing::Values("qwen3", "qwen2", "llama", "llama_bias", "qwen2_yarn"),
                        ::testing::Values(DType::F32, DType::BF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param)) + "_" +

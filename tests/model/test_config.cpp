@@ -1,13 +1,16 @@
 // config.json parsing: real Hub configs of each family, transformers-generated fixtures
-// (tools/make_config_fixtures.py: resolved fields and model.num_parameters()), every error
+// (tools/make_config_fixtures.py: resolved fields, model.num_parameters() and the rotary
+// embedding's frequencies and YaRN attention factor), every error
 // path naming its field, and model_config_to_json round trips through opd and transformers.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
 #include "model/config.h"
+#include "model/rope.h"  // rope_inv_freq against transformers' rotary embedding
 #include "common/python_oracle.h"
 
 namespace opd {
@@ -123,7 +126,7 @@ TEST(Config, Qwen3_0_6B) {
   EXPECT_EQ(c.head_dim, 128);  // not hidden_size / heads (64): Qwen3 states it
   EXPECT_EQ(c.rms_norm_eps, 1e-6);
   EXPECT_EQ(c.rope_theta, 1e6);
-  EXPECT_FALSE(c.rope_scaling.llama3);
+  EXPECT_FALSE(c.rope_scaling.type == RopeType::Llama3);
   EXPECT_EQ(c.max_position_embeddings, 40960);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
@@ -150,7 +153,7 @@ TEST(Config, Qwen2_5_0_5B) {
   EXPECT_EQ(c.head_dim, 64);  // 896 / 14
   EXPECT_EQ(c.rms_norm_eps, 1e-6);
   EXPECT_EQ(c.rope_theta, 1e6);
-  EXPECT_FALSE(c.rope_scaling.llama3);
+  EXPECT_FALSE(c.rope_scaling.type == RopeType::Llama3);
   EXPECT_EQ(c.max_position_embeddings, 32768);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_TRUE(c.attention_bias);  // Qwen2 always has q/k/v biases
@@ -176,7 +179,7 @@ TEST(Config, Llama3_2_1B) {
   EXPECT_EQ(c.head_dim, 64);
   EXPECT_EQ(c.rms_norm_eps, 1e-5);
   EXPECT_EQ(c.rope_theta, 500000.0);
-  EXPECT_TRUE(c.rope_scaling.llama3);
+  EXPECT_TRUE(c.rope_scaling.type == RopeType::Llama3);
   EXPECT_EQ(c.rope_scaling.factor, 32.0);
   EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0);
   EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0);
@@ -219,14 +222,27 @@ void expect_matches_transformers(const ModelConfig& c, const json& e, const std:
   EXPECT_EQ(c.head_dim, e["head_dim"].get<int64_t>());
   EXPECT_EQ(c.rms_norm_eps, e["rms_norm_eps"].get<double>());
   EXPECT_EQ(c.rope_theta, e["rope_theta"].get<double>());
-  EXPECT_EQ(c.rope_scaling.llama3, e["rope_type"].get<std::string>() == "llama3");
-  if (c.rope_scaling.llama3) {
+  EXPECT_EQ(rope_type_name(c.rope_scaling.type), e["rope_type"].get<std::string>());
+  if (c.rope_scaling.type == RopeType::Llama3) {
     EXPECT_EQ(c.rope_scaling.factor, e["factor"].get<double>());
     EXPECT_EQ(c.rope_scaling.low_freq_factor, e["low_freq_factor"].get<double>());
     EXPECT_EQ(c.rope_scaling.high_freq_factor, e["high_freq_factor"].get<double>());
+  }
+  if (c.rope_scaling.type != RopeType::Default) EXPECT_EQ(c.rope_scaling.factor, e["factor"].get<double>());
+  if (c.rope_scaling.type == RopeType::Llama3 || c.rope_scaling.type == RopeType::Yarn) {
     EXPECT_EQ(c.rope_scaling.original_max_position_embeddings,
               e["original_max_position_embeddings"].get<int64_t>());
   }
+  // The rotary embedding transformers builds from the file: frequencies and YaRN's cos/sin
+  // factor, which opd applies squared in the attention scale.
+  const auto ref_inv = e["rope_inv_freq"].get<std::vector<double>>();
+  Tensor inv = rope_inv_freq(c);
+  ASSERT_EQ(inv.numel(), static_cast<int64_t>(ref_inv.size()));
+  for (size_t i = 0; i < ref_inv.size(); ++i) {
+    EXPECT_NEAR(inv.data<float>()[i], ref_inv[i], 1e-6 * std::fabs(ref_inv[i])) << "inv_freq[" << i << "]";
+  }
+  const double m = e["rope_attention_scaling"].get<double>();
+  EXPECT_NEAR(c.attention_scale(), m * m / std::sqrt(static_cast<double>(c.head_dim)), 1e-12);
   EXPECT_EQ(c.max_position_embeddings, e["max_position_embeddings"].get<int64_t>());
   EXPECT_EQ(c.tie_word_embeddings, e["tie_word_embeddings"].get<bool>());
   EXPECT_EQ(c.attention_bias, e["attention_bias"].get<bool>());
@@ -242,7 +258,7 @@ void expect_matches_transformers(const ModelConfig& c, const json& e, const std:
 
 TEST(Config, FixturesMatchTransformers) {
   auto dirs = fixture_dirs();
-  ASSERT_GE(dirs.size(), 7u) << "run tools/make_config_fixtures.py";
+  ASSERT_GE(dirs.size(), 10u) << "run tools/make_config_fixtures.py";
   for (const auto& dir : dirs) {
     ModelConfig c = load_model_config(dir);
     expect_matches_transformers(c, load_json(dir + "/expected.json"), dir);
@@ -293,6 +309,10 @@ for d in sys.argv[1:]:
                 "o_proj_bias": a.o_proj.bias is not None, "rms_norm_eps": cfg.rms_norm_eps,
                 "dtype": str(cfg.dtype).removeprefix("torch.") if cfg.dtype is not None else "",
                 "num_parameters": m.num_parameters()})
+    with torch.device("cpu"):
+        rotary = type(m.model.rotary_emb)(config=cfg)
+    out[-1]["inv_freq"] = [float(x) for x in rotary.inv_freq.float()]
+    out[-1]["attention_scaling"] = float(rotary.attention_scaling)
 print(json.dumps(out))
 )PY";
   std::string out;
@@ -309,7 +329,13 @@ print(json.dumps(out))
     EXPECT_EQ(g["num_key_value_heads"], e["num_key_value_heads"]);
     EXPECT_EQ(g["rope_theta"], e["rope_theta"]);
     EXPECT_EQ(g["rope_type"], e["rope_type"]);
-    if (e["rope_type"] == "llama3") EXPECT_EQ(g["factor"], e["factor"]);
+    if (e["rope_type"] != "default") EXPECT_EQ(g["factor"], e["factor"]);
+    // The rotary embedding transformers builds from opd's file equals the original's.
+    const auto gi = g["inv_freq"].get<std::vector<double>>();
+    const auto ei = e["rope_inv_freq"].get<std::vector<double>>();
+    ASSERT_EQ(gi.size(), ei.size());
+    for (size_t k = 0; k < gi.size(); ++k) EXPECT_NEAR(gi[k], ei[k], 1e-6 * std::fabs(ei[k])) << k;
+    EXPECT_NEAR(g["attention_scaling"].get<double>(), e["rope_attention_scaling"].get<double>(), 1e-12);
     EXPECT_EQ(g["tie"], e["tie_word_embeddings"]);
     EXPECT_EQ(g["attention_bias"], e["attention_bias"]);
     EXPECT_EQ(g["o_proj_bias"], e["o_proj_bias"]);
@@ -336,14 +362,26 @@ TEST(Config, DefaultsWhenOptionalFieldsAbsent) {
   EXPECT_EQ(c.head_dim, 64);
   EXPECT_EQ(c.rms_norm_eps, 1e-6);
   EXPECT_EQ(c.rope_theta, 10000.0);
-  EXPECT_FALSE(c.rope_scaling.llama3);
+  EXPECT_FALSE(c.rope_scaling.type == RopeType::Llama3);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
   EXPECT_EQ(c.hidden_act, "silu");
   EXPECT_EQ(c.torch_dtype, "");
-  EXPECT_TRUE(c.eos_token_ids.empty());
-  EXPECT_EQ(c.bos_token_id, -1);
+  // LlamaConfig's class defaults (transformers' generate stops at 2 for such a file);
+  // session 17: opd had none.
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{2});
+  EXPECT_EQ(c.bos_token_id, 1);
   EXPECT_EQ(c.max_position_embeddings, 2048);  // LlamaConfig's default
+  // Qwen2Config and Qwen3Config have none.
+  json q = base_json();
+  q.erase("eos_token_id");
+  q.erase("bos_token_id");
+  EXPECT_TRUE(parse(q).eos_token_ids.empty());
+  EXPECT_EQ(parse(q).bos_token_id, -1);
+  // A default outside a tiny vocabulary could never be produced: dropped, not refused.
+  j["vocab_size"] = 2;
+  EXPECT_TRUE(parse(j).eos_token_ids.empty());
+  EXPECT_EQ(parse(j).bos_token_id, 1);
 }
 
 TEST(Config, NullMeansDefault) {
@@ -356,6 +394,11 @@ TEST(Config, NullMeansDefault) {
   EXPECT_TRUE(c.eos_token_ids.empty());
   EXPECT_EQ(c.bos_token_id, -1);
   EXPECT_EQ(c.num_key_value_heads, 14);
+  json l = json::parse(kLlama3_2_1B);  // Llama: null means none, absent means 1 and 2
+  l["eos_token_id"] = nullptr;
+  l["bos_token_id"] = nullptr;
+  EXPECT_TRUE(parse(l).eos_token_ids.empty());
+  EXPECT_EQ(parse(l).bos_token_id, -1);
 }
 
 TEST(Config, RopeParametersAndLegacyKeys) {
@@ -367,7 +410,7 @@ TEST(Config, RopeParametersAndLegacyKeys) {
   j["rope_parameters"] = rope;  // transformers 5 spelling
   ModelConfig c = parse(j);
   EXPECT_EQ(c.rope_theta, 700000.0);
-  EXPECT_TRUE(c.rope_scaling.llama3);
+  EXPECT_TRUE(c.rope_scaling.type == RopeType::Llama3);
   EXPECT_EQ(c.rope_scaling.factor, 32.0);
 
   // `type` is the old name of `rope_type`; rope_theta may sit outside the dict.
@@ -375,14 +418,14 @@ TEST(Config, RopeParametersAndLegacyKeys) {
   k["rope_scaling"].erase("rope_type");
   k["rope_scaling"]["type"] = "llama3";
   c = parse(k);
-  EXPECT_TRUE(c.rope_scaling.llama3);
+  EXPECT_TRUE(c.rope_scaling.type == RopeType::Llama3);
   EXPECT_EQ(c.rope_theta, 500000.0);
 
   // "default" and {} mean no scaling.
   k["rope_scaling"] = {{"rope_type", "default"}};
-  EXPECT_FALSE(parse(k).rope_scaling.llama3);
+  EXPECT_FALSE(parse(k).rope_scaling.type == RopeType::Llama3);
   k["rope_scaling"] = json::object();
-  EXPECT_FALSE(parse(k).rope_scaling.llama3);
+  EXPECT_FALSE(parse(k).rope_scaling.type == RopeType::Llama3);
 
   // dtype wins over torch_dtype (transformers 5 keeps `dtype` when both are present).
   json d = base_json();
@@ -417,6 +460,78 @@ void expect_error(const json& j, ErrorKind kind, std::initializer_list<std::stri
     for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
         << "message lacks '" << p << "': " << e.what();
   }
+}
+
+// RoPE scaling types beyond llama3 (session 17: "linear" and "yarn" were refused although
+// transformers runs them; Qwen2.5 model cards recommend yarn for long context).
+TEST(Config, RopeLinearAndYarn) {
+  json j = json::parse(kLlama3_2_1B);
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.rope_scaling.type, RopeType::Linear);
+  EXPECT_EQ(c.rope_scaling.factor, 2.0);
+  EXPECT_EQ(c.attention_scale(), 1.0 / 8.0);  // head_dim 64
+  j["rope_scaling"] = {{"rope_type", "linear"}};
+  expect_error(j, ErrorKind::InvalidData, {"field 'rope_scaling.factor' is required but missing"});
+
+  json q = base_json();  // Qwen2.5: the model card's block, max_position_embeddings 32768
+  q["rope_scaling"] = {{"factor", 4.0}, {"original_max_position_embeddings", 32768}, {"type", "yarn"}};
+  c = parse(q);
+  EXPECT_EQ(c.rope_scaling.type, RopeType::Yarn);
+  EXPECT_EQ(c.rope_scaling.factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_EQ(c.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(c.rope_scaling.beta_slow, 1.0);
+  EXPECT_TRUE(c.rope_scaling.truncate);
+  const double m = 0.1 * std::log(4.0) + 1.0;  // get_mscale(factor)
+  EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, m);
+  EXPECT_DOUBLE_EQ(c.attention_scale(), m * m / 8.0);
+  // Without original_max_position_embeddings: max_position_embeddings (standardize_rope_params).
+  q["rope_scaling"].erase("original_max_position_embeddings");
+  EXPECT_EQ(parse(q).rope_scaling.original_max_position_embeddings, 32768);
+  // A top-level original_max_position_embeddings wins over the dict's (transformers applies it
+  // when it builds the rotary embedding), for yarn and llama3 alike.
+  q["rope_scaling"]["original_max_position_embeddings"] = 8192;
+  q["original_max_position_embeddings"] = 16384;
+  EXPECT_EQ(parse(q).rope_scaling.original_max_position_embeddings, 16384);
+  json l = json::parse(kLlama3_2_1B);
+  l["original_max_position_embeddings"] = 4096;
+  EXPECT_EQ(parse(l).rope_scaling.original_max_position_embeddings, 4096);
+  // Explicit attention_factor; mscale pair; falsy betas mean the defaults; factor null.
+  q = base_json();
+  q["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}, {"attention_factor", 1.5},
+                       {"beta_fast", 0}, {"beta_slow", 0}, {"truncate", false}};
+  c = parse(q);
+  EXPECT_EQ(c.rope_scaling.attention_factor, 1.5);
+  EXPECT_EQ(c.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(c.rope_scaling.beta_slow, 1.0);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  q["rope_scaling"].erase("attention_factor");
+  q["rope_scaling"]["mscale"] = 0.707;
+  q["rope_scaling"]["mscale_all_dim"] = 0.707;
+  EXPECT_DOUBLE_EQ(parse(q).rope_scaling.attention_factor, 1.0);
+  q["rope_scaling"]["mscale_all_dim"] = 0;  // both needed, else get_mscale(factor)
+  EXPECT_DOUBLE_EQ(parse(q).rope_scaling.attention_factor, 0.1 * std::log(8.0) + 1.0);
+  q["rope_scaling"]["factor"] = nullptr;  // DeepSeek-V3 style: max / original
+  q["rope_scaling"]["original_max_position_embeddings"] = 4096;
+  EXPECT_EQ(parse(q).rope_scaling.factor, 8.0);
+  // Round trip: the resolved attention factor is written, so transformers needs no mscale rule.
+  q["rope_scaling"]["mscale_all_dim"] = 1.3;
+  c = parse(q);
+  ModelConfig back = parse_model_config(model_config_to_json(c), "re-serialized");
+  EXPECT_EQ(back.rope_scaling.type, RopeType::Yarn);
+  EXPECT_EQ(back.rope_scaling.attention_factor, c.rope_scaling.attention_factor);
+  EXPECT_EQ(back.rope_scaling.factor, c.rope_scaling.factor);
+  EXPECT_EQ(back.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(back.attention_scale(), c.attention_scale());
+}
+
+// transformers' ACT2FN maps "swish" to SiLU as well.
+TEST(Config, SwishIsSilu) {
+  json j = base_json();
+  j["hidden_act"] = "swish";
+  EXPECT_EQ(parse(j).hidden_act, "swish");
+  EXPECT_NE(model_config_to_json(parse(j)).find("\"hidden_act\": \"swish\""), std::string::npos);
 }
 
 TEST(ConfigErrors, MissingRequiredField) {
@@ -501,7 +616,7 @@ TEST(ConfigErrors, UnknownArchitecture) {
 TEST(ConfigErrors, UnsupportedFeatures) {
   json j = base_json();
   j["hidden_act"] = "gelu";
-  expect_error(j, ErrorKind::Unsupported, {"field 'hidden_act' is 'gelu'"});
+  expect_error(j, ErrorKind::Unsupported, {"field 'hidden_act' is 'gelu'", "'silu' (alias 'swish')"});
   j = base_json();
   j["use_sliding_window"] = true;  // max_window_layers 24 == num_hidden_layers: nothing slides
   EXPECT_NO_THROW(parse(j));
@@ -547,15 +662,35 @@ TEST(ConfigErrors, HeadGeometry) {
 
 TEST(ConfigErrors, Rope) {
   json j = json::parse(kLlama3_2_1B);
-  j["rope_scaling"]["rope_type"] = "yarn";
-  expect_error(j, ErrorKind::Unsupported, {"field 'rope_scaling.rope_type' is 'yarn'"});
+  j["rope_scaling"]["rope_type"] = "longrope";
+  expect_error(j, ErrorKind::Unsupported, {"field 'rope_scaling.rope_type' is 'longrope'"});
   j = json::parse(kLlama3_2_1B);
-  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  expect_error(j, ErrorKind::Unsupported, {"field 'rope_scaling.type' is 'linear'"});
+  j["rope_scaling"] = {{"type", "ntk"}, {"factor", 2.0}};
+  expect_error(j, ErrorKind::Unsupported, {"field 'rope_scaling.type' is 'ntk'"});
   j = json::parse(kLlama3_2_1B);
   j["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   j.erase("rope_scaling");
-  expect_error(j, ErrorKind::Unsupported, {"field 'rope_parameters.rope_type' is 'dynamic'"});
+  expect_error(j, ErrorKind::Unsupported,
+               {"field 'rope_parameters.rope_type' is 'dynamic'", "running sequence length"});
+  // partial_rotary_factor: the scaled types would rotate part of the head in transformers
+  // (which then fails for these families); the default type ignores it there, and here.
+  j = json::parse(kLlama3_2_1B);
+  j["rope_scaling"]["partial_rotary_factor"] = 0.5;
+  expect_error(j, ErrorKind::Unsupported, {"field 'rope_scaling.partial_rotary_factor' is 0.5", "llama3"});
+  j = json::parse(kLlama3_2_1B);
+  j["partial_rotary_factor"] = 0.25;
+  expect_error(j, ErrorKind::Unsupported, {"field 'partial_rotary_factor' is 0.25"});
+  j["rope_scaling"] = nullptr;
+  EXPECT_NO_THROW(parse(j));
+  j = base_json();
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"attention_factor", 0.0}};
+  expect_error(j, ErrorKind::InvalidData, {"field 'rope_scaling.attention_factor' must be a positive number"});
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1.0}};
+  expect_error(j, ErrorKind::InvalidData, {"field 'rope_scaling.beta_fast'", "positive"});
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 0.5}};
+  expect_error(j, ErrorKind::InvalidData, {"field 'rope_scaling.factor' must be a number >= 1, got 0.5"});
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"truncate", "no"}};
+  expect_error(j, ErrorKind::InvalidData, {"field 'rope_scaling.truncate' must be true or false"});
   j = json::parse(kLlama3_2_1B);
   j["rope_scaling"].erase("factor");
   expect_error(j, ErrorKind::InvalidData, {"field 'rope_scaling.factor' is required but missing"});

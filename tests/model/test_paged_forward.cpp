@@ -170,7 +170,7 @@ TEST_P(PagedForwardFamilies, ForkedSamplesShareThePromptCopyOnWrite) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PagedForwardFamilies,
-                         ::testing::Combine(::testing::Values("qwen3", "qwen2", "llama", "llama_bias"),
+                         ::testing::Combine(::testing::Values("qwen3", "qwen2", "llama", "llama_bias", "qwen2_yarn"),
                                             ::testing::Values(int64_t{1}, int64_t{4}, int64_t{16})));
 
 TEST(KvCache, ReferenceCountsAndExhaustion) {

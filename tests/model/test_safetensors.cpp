@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
@@ -716,6 +717,53 @@ TEST(WeightStore, TensorsTheConfigDoesNotUseAreNamed) {
   const std::string w = warnings_of_loading(lb.string());
   EXPECT_NE(w.find("stored tensors are not used by its config.json"), std::string::npos) << w;
   EXPECT_NE(w.find("model.layers.0.self_attn.k_proj.bias"), std::string::npos) << w;
+  fs::remove_all(dir);
+}
+
+// A tied config over files that also store lm_head.weight (session 17: transformers 5 then
+// unties the two when their values differ and used the stored lm_head, while opd used the
+// embedding, so every log-probability differed without a word). Equal values load; different
+// ones are refused naming the directory, the field and both tensors.
+TEST(WeightStore, TiedLmHeadStoredWithOtherValuesIsRefused) {
+  const fs::path dir = fs::temp_directory_path() / ("opd_tied_head_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(test::fixture_path("models/llama"), dir, fs::copy_options::recursive);  // tied, f32
+  ASSERT_TRUE(json::parse(test::read_file_bytes((dir / "config.json").string()))["tie_word_embeddings"]);
+  const std::string st = (dir / "model.safetensors").string();
+  std::map<std::string, Tensor> tensors;
+  {
+    SafetensorsFile f = SafetensorsFile::open(st);
+    for (const std::string& n : f.names()) tensors[n] = f.get(n).clone();
+  }
+  ASSERT_FALSE(tensors.count("lm_head.weight"));
+  Tensor head = tensors.at("model.embed_tokens.weight").clone();
+  tensors["lm_head.weight"] = head;
+  save_safetensors(st, tensors);
+  Transformer equal = Transformer::load(dir.string());  // equal values: tied as declared
+  EXPECT_TRUE(equal.config().tie_word_embeddings);
+
+  head.data<float>()[5] += 0.25f;
+  save_safetensors(st, tensors);
+  try {
+    (void)Transformer::load(dir.string());
+    ADD_FAILURE() << "a differing stored lm_head.weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidData);
+    const std::string what = e.what();
+    const std::string dir_name = dir.string();
+    for (const std::string& part : {dir_name, std::string("tie_word_embeddings true"),
+                                    std::string("lm_head.weight"), std::string("model.embed_tokens.weight"),
+                                    std::string("1 of 6144 values"), std::string("max |diff| 0.25")}) {
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+    }
+  }
+  // Declared untied, the same files load and use the stored matrix.
+  auto cfg = json::parse(test::read_file_bytes((dir / "config.json").string()));
+  cfg["tie_word_embeddings"] = false;
+  std::ofstream((dir / "config.json").string()) << cfg.dump();
+  Transformer untied = Transformer::load(dir.string());
+  EXPECT_FALSE(untied.config().tie_word_embeddings);
+  EXPECT_EQ(untied.weights().lm_head.data<float>()[5], head.data<float>()[5]);
   fs::remove_all(dir);
 }
 

@@ -80,7 +80,7 @@ TEST_P(Parity, LogitsLossAndEveryGradientMatchTransformers) {
               GetParam(), d.max_rel, loss, ref_loss, worst_grad, worst_name.c_str(), checked);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Parity, ::testing::Values("qwen3", "qwen2", "llama", "llama_bias"),
+INSTANTIATE_TEST_SUITE_P(Families, Parity, ::testing::Values("qwen3", "qwen2", "llama", "llama_bias", "qwen2_yarn"),
                          [](const auto& info) { return std::string(info.param); });
 
 // Finite differences in float64 through the whole model: the composition of the ops
