@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/text_io.h"
 #include "core/log.h"
-#include "train/checkpoint.h"  // fsync_path
+#include "train/checkpoint.h"  // fsync_path, remove_stale_temp_files
 
 namespace opd {
 namespace fs = std::filesystem;
@@ -192,6 +192,7 @@ MetricsLog::MetricsLog(const std::string& run_dir, bool tensorboard) : run_dir_(
   fs::create_directories(run_dir, ec);
   OPD_CHECK(!ec, Io, "cannot create run directory ", run_dir, ": ", ec.message());
   jsonl_path_ = (fs::path(run_dir) / "metrics.jsonl").string();
+  remove_stale_temp_files(jsonl_path_);  // a rewrite killed before its rename
   open_jsonl();
   if (!tensorboard) return;
 

@@ -439,6 +439,23 @@ TEST(Metrics, TruncateAfterMemoryDoesNotGrowWithTheLog) {
   }
 }
 
+// A rewrite killed between its write and its rename leaves metrics.jsonl.tmp-PID, a copy of the
+// log: the next writer of the run directory removes it (50 kill/resume cycles could leave 50).
+TEST(Metrics, TempFilesOfAKilledRewriteAreRemovedWhenTheLogOpens) {
+  MetricsTempDir dir;
+  test::spit(dir.str() + "/metrics.jsonl", "{\"step\":1}\n");
+  test::spit(dir.str() + "/metrics.jsonl.tmp-4194301", "{\"step\":1}\n{\"step\":2}\n");
+  test::spit(dir.str() + "/metrics.jsonl.tmp-77", "{\"step\":1}\n");
+  test::spit(dir.str() + "/metrics.jsonl.tmp-notes", "kept: not a PID");
+  test::spit(dir.str() + "/config.json.tmp-77", "{}");  // another file's: not the log's business
+  MetricsLog log(dir.str(), false);
+  EXPECT_FALSE(fs::exists(dir.path / "metrics.jsonl.tmp-4194301"));
+  EXPECT_FALSE(fs::exists(dir.path / "metrics.jsonl.tmp-77"));
+  EXPECT_TRUE(fs::exists(dir.path / "metrics.jsonl.tmp-notes"));
+  EXPECT_TRUE(fs::exists(dir.path / "config.json.tmp-77"));
+  EXPECT_EQ(MetricsLog::read(log.jsonl_path()).size(), 1u);
+}
+
 // tensorboard's EventAccumulator (the reader behind TensorBoard's scalars) must see exactly
 // the scalars written, including after a resume that rewound the run (START purge).
 TEST(Metrics, TensorboardEventAccumulatorReadsEveryScalar) {
