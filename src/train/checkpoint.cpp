@@ -102,6 +102,22 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string());
 }
 
+void remove_stale_temp_files(const std::string& path) noexcept {
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp-";
+  const std::string mine = prefix + std::to_string(::getpid());
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p.parent_path().empty() ? fs::path(".") : p.parent_path(), ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) != 0 || n == mine || n.size() == prefix.size() ||
+        n.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      continue;
+    std::error_code rm;
+    if (e.is_regular_file(rm) && fs::remove(e.path(), rm))
+      log_warn("removed ", e.path().string(), ", left by an interrupted write of ", path);
+  }
+}
+
 std::string begin_checkpoint(const std::string& root, int64_t step) {
   OPD_CHECK(step >= 0 && step <= 99999999, InvalidArgument, "checkpoint step ", step,
             " outside [0, 99999999]");

@@ -131,6 +131,12 @@ class SafetensorsStreamWriter {
 // fsync helpers shared with other atomic writers.
 void fsync_path(const std::string& path);            // a file or a directory
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// Removes PATH.tmp-<pid> files of other processes: what a write_file_atomic (or a rewrite of
+// metrics.jsonl) left when its process was killed between the write and the rename. Each holds a
+// copy of PATH and nothing else removed it, so a run killed and resumed many times could pile them
+// up. For files with one writer per run directory (config.json, metrics.jsonl), called when the
+// writer starts; errors are ignored.
+void remove_stale_temp_files(const std::string& path) noexcept;
 void write_file_synced(const std::string& path, const std::string& bytes);  // create/truncate + fsync
 
 }  // namespace opd

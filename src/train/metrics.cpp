@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/text_io.h"
 #include "core/log.h"
-#include "train/checkpoint.h"  // write_file_atomic
+#include "train/checkpoint.h"  // fsync_path, remove_stale_temp_files
 
 namespace opd {
 namespace fs = std::filesystem;
@@ -192,6 +192,7 @@ MetricsLog::MetricsLog(const std::string& run_dir, bool tensorboard) : run_dir_(
   fs::create_directories(run_dir, ec);
   OPD_CHECK(!ec, Io, "cannot create run directory ", run_dir, ": ", ec.message());
   jsonl_path_ = (fs::path(run_dir) / "metrics.jsonl").string();
+  remove_stale_temp_files(jsonl_path_);  // a rewrite killed before its rename
   open_jsonl();
   if (!tensorboard) return;
 
@@ -223,16 +224,29 @@ void MetricsLog::open_jsonl() {
   OPD_CHECK(jsonl_fd_ >= 0, Io, "cannot open ", jsonl_path_, ": ", std::strerror(errno));
   // A previous process that died mid-line left a tail without '\n'; appending to it would glue
   // the next record onto garbage. Cut the tail off (or end it when it is a complete object).
+  // Only the tail is read (backwards to its last '\n'): the file grows with the run.
   struct stat st{};
   OPD_CHECK(::fstat(jsonl_fd_, &st) == 0, Io, "stat of ", jsonl_path_, " failed: ", std::strerror(errno));
   if (st.st_size == 0) return;
   char last = 0;
   OPD_CHECK(::pread(jsonl_fd_, &last, 1, st.st_size - 1) == 1, Io, "read of ", jsonl_path_, " failed");
   if (last == '\n') return;
-  const std::string bytes = read_whole(jsonl_path_);
-  const size_t nl = bytes.rfind('\n');
-  const size_t keep = nl == std::string::npos ? 0 : nl + 1;
-  const std::string tail = bytes.substr(keep);
+  std::string tail;  // the bytes after the last '\n'
+  off_t keep = 0;
+  for (off_t end = st.st_size; end > 0;) {
+    const off_t begin = std::max<off_t>(0, end - 65536);
+    std::string chunk(static_cast<size_t>(end - begin), '\0');
+    OPD_CHECK(::pread(jsonl_fd_, chunk.data(), chunk.size(), begin) == static_cast<ssize_t>(chunk.size()),
+              Io, "read of ", jsonl_path_, " failed: ", std::strerror(errno));
+    const size_t nl = chunk.rfind('\n');
+    if (nl != std::string::npos) {
+      keep = begin + static_cast<off_t>(nl) + 1;
+      tail.insert(0, chunk, nl + 1);
+      break;
+    }
+    tail.insert(0, chunk);
+    end = begin;
+  }
   if (json_nesting_depth(tail) <= kMaxJsonDepth &&
       nlohmann::json::parse(tail, nullptr, false).is_object()) {
     write_all(jsonl_fd_, "\n", jsonl_path_);
@@ -240,7 +254,7 @@ void MetricsLog::open_jsonl() {
   }
   log_warn("metrics: dropping a torn last line of ", jsonl_path_, " (", tail.size(),
            " bytes, left by an interrupted run)");
-  OPD_CHECK(::ftruncate(jsonl_fd_, static_cast<off_t>(keep)) == 0, Io, "truncate of ", jsonl_path_,
+  OPD_CHECK(::ftruncate(jsonl_fd_, keep) == 0, Io, "truncate of ", jsonl_path_,
             " failed: ", std::strerror(errno));
 }
 
@@ -324,22 +338,91 @@ void MetricsLog::write(int64_t step, const nlohmann::json& record) {
   if (!scalars.empty()) write_event(encode_scalars_event(now, step, scalars));
 }
 
+namespace {
+
+// One pass over metrics.jsonl, line by line (memory: one line): calls on_line(text, offset of
+// the line, keep) for every non-blank line, keep = it is a JSON object whose "step" (when it has
+// an integer one) is <= step. Only the last line may be torn (keep = false); a malformed line
+// before it is InvalidData, as in read().
+template <typename OnLine>
+void scan_jsonl(const std::string& path, int64_t step, OnLine&& on_line) {
+  std::ifstream in(path, std::ios::binary);
+  OPD_CHECK(in.good(), Io, "cannot open ", path, ": ", std::strerror(errno));
+  std::string text;
+  int64_t lineno = 0;
+  uint64_t offset = 0;
+  while (std::getline(in, text)) {
+    ++lineno;
+    const uint64_t at = offset;
+    offset += text.size() + (in.eof() ? 0 : 1);
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
+    const nlohmann::json value = json_nesting_depth(text) > kMaxJsonDepth
+                                     ? nlohmann::json(nlohmann::json::value_t::discarded)
+                                     : nlohmann::json::parse(text, nullptr, false);
+    bool keep = value.is_object();
+    if (!keep) {
+      // A crash mid-write leaves a prefix of the last line; anything else is damage.
+      OPD_CHECK(in.peek() == std::char_traits<char>::eof(), InvalidData, path, ":", lineno,
+                ": not a JSON object (metrics.jsonl is damaged): ", text.substr(0, 120));
+    } else {
+      const auto it = value.find("step");
+      keep = !(it != value.end() && it->is_number_integer() && it->get<int64_t>() > step);
+    }
+    on_line(text, at, keep);
+  }
+  OPD_CHECK(!in.bad(), Io, "read of ", path, " failed");
+}
+
+}  // namespace
+
 void MetricsLog::truncate_after(int64_t step) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string kept;
+  // Streamed, never held whole: metrics.jsonl grows with the run (~0.7 KB a step on the CPU),
+  // and reading it into memory as text and parsed lines cost ~6x its size at every resume (a
+  // 90 MB file: 785 MB peak RSS). Lines are in step order, so what a resume drops is the file's
+  // tail: it is cut off in place (ftruncate: the old or the new length survives a crash).
+  // Otherwise (a later line of an earlier step) the kept lines are copied into a temp file that
+  // is renamed over the log, so a crash leaves the old or the new file, never half.
   int64_t dropped = 0;
-  for (const JsonlLine& l : read_lines(jsonl_path_, nullptr)) {
-    const auto it = l.value.find("step");
-    if (it != l.value.end() && it->is_number_integer() && it->get<int64_t>() > step) {
-      ++dropped;
-      continue;
+  bool kept_after_drop = false;
+  uint64_t first_drop = 0;
+  scan_jsonl(jsonl_path_, step, [&](const std::string&, uint64_t at, bool keep) {
+    if (!keep && dropped++ == 0) first_drop = at;
+    if (keep && dropped > 0) kept_after_drop = true;
+  });
+  if (dropped > 0 && !kept_after_drop) {
+    OPD_CHECK(::ftruncate(jsonl_fd_, static_cast<off_t>(first_drop)) == 0 && ::fsync(jsonl_fd_) == 0,
+              Io, "truncate of ", jsonl_path_, " failed: ", std::strerror(errno));
+  } else if (dropped > 0) {
+    const std::string tmp = jsonl_path_ + ".tmp-" + std::to_string(::getpid());
+    int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    OPD_CHECK(out >= 0, Io, "cannot create ", tmp, ": ", std::strerror(errno));
+    try {
+      std::string buf;
+      scan_jsonl(jsonl_path_, step, [&](const std::string& text, uint64_t, bool keep) {
+        if (!keep) return;
+        buf += text;
+        buf += '\n';
+        if (buf.size() >= (1u << 20)) {
+          write_all(out, buf, tmp);
+          buf.clear();
+        }
+      });
+      write_all(out, buf, tmp);
+      OPD_CHECK(::fsync(out) == 0, Io, "fsync of ", tmp, " failed: ", std::strerror(errno));
+      const int fd = out;
+      out = -1;
+      OPD_CHECK(::close(fd) == 0, Io, "close of ", tmp, " failed: ", std::strerror(errno));
+      OPD_CHECK(::rename(tmp.c_str(), jsonl_path_.c_str()) == 0, Io, "rename ", tmp, " -> ",
+                jsonl_path_, " failed: ", std::strerror(errno));
+    } catch (...) {
+      if (out >= 0) ::close(out);
+      ::unlink(tmp.c_str());  // a full disk must not leave metrics.jsonl.tmp-PID behind
+      throw;
     }
-    kept += l.text;
-    kept += '\n';
+    fsync_path(run_dir_);
+    open_jsonl();  // the old descriptor points at the replaced inode
   }
-  // Rewritten through a temp file + rename: a crash leaves the old or the new file, never half.
-  write_file_atomic(jsonl_path_, kept);
-  open_jsonl();  // the old descriptor points at the replaced inode
   write_event(encode_session_start_event(unix_now(), step + 1));
   if (dropped) log_info("metrics: resumed at step ", step, ", dropped ", dropped, " later lines of ", jsonl_path_);
 }

@@ -1373,6 +1373,7 @@ TrainResult Trainer::run_steps() {
     cfg["total_steps"] = total;
     cfg["loss"] = describe(loss_);
     cfg["world_size"] = env_.world_size;
+    remove_stale_temp_files(o_.out + "/config.json");  // a start-up killed mid-write
     write_file_atomic(o_.out + "/config.json", cfg.dump(2) + "\n");
     metrics_ = std::make_unique<MetricsLog>(o_.out, o_.tensorboard);
     metrics_->truncate_after(step_);
