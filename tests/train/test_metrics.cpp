@@ -410,6 +410,12 @@ int64_t status_kib(const char* field) {  // a "VmXXX:" line of /proc/self/status
 // truncate of a 24 MB log stays within 12 MB, for the in-place cut and for the rewrite (before
 // the fix: 172 MB and 124 MB).
 TEST(Metrics, TruncateAfterMemoryDoesNotGrowWithTheLog) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed blocks in its quarantine (256 MB by default), so the peak RSS of a pass that
+  // parses 60,000 lines one at a time measures the quarantine, not opd (105 MB here on the
+  // streamed code); the plain build of this suite runs the check.
+  GTEST_SKIP() << "ASan's quarantine holds freed memory: RSS does not measure opd's use here";
+#endif
   if (!std::ofstream("/proc/self/clear_refs").good()) GTEST_SKIP() << "no /proc/self/clear_refs";
   MetricsTempDir dir;
   const std::string path = dir.str() + "/metrics.jsonl";
