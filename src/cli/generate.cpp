@@ -6,7 +6,8 @@
 // --tokenizer PATH); token-id prompts do not. Text is encoded as given (the tokenizer's special
 // tokens added); a --prompts line with chat "messages" is rendered with the model's chat template
 // (add_generation_prompt; the template beside the tokenizer) and encoded without added special
-// tokens, as datasets are (docs/data.md).
+// tokens, as datasets are (docs/data.md); --chat does the same with text prompts (one user
+// message each).
 // JSON output (one object): per prompt, per sample: token ids,
 // text (when a tokenizer is loaded), finish reason, and two per-token log-probabilities:
 // sampling_logprobs under the distribution the token was drawn from (temperature, top-k/p,
@@ -54,6 +55,7 @@ struct GenerateOptions {
   int64_t max_step_tokens = 512;
   int64_t max_running = 256;
   bool json = false;
+  bool chat = false;  // text prompts become one user message through the chat template
   ModelDevice md;
 };
 
@@ -71,14 +73,53 @@ const Tokenizer& need_tokenizer(const std::optional<Tokenizer>& tok, const std::
   return *tok;
 }
 
+// Chat prompts: messages rendered with the chat template of `template_dir` (the directory the
+// tokenizer came from; read at the first use, so runs without chat prompts never parse it), the
+// generation prompt added, encoded without added special tokens (as datasets are).
+class ChatPrompts {
+ public:
+  ChatPrompts(const std::optional<Tokenizer>& tok, std::string template_dir)
+      : tok_(tok), dir_(std::move(template_dir)) {}
+  Prompt render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                const std::string& where) {
+    const Tokenizer& t = need_tokenizer(tok_, where);
+    if (!chat_) {
+      OPD_CHECK(has_chat_template(dir_, t), InvalidData, where, ": a chat prompt needs a chat "
+                "template, and ", chat_template_source(dir_), " has none (give \"prompt\" text "
+                "without --chat, or \"prompt_ids\")");
+      tmpl_ = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(dir_));
+      chat_ = std::make_unique<TemplateChatRenderer>(*tmpl_);
+    }
+    std::string text;
+    try {
+      text = chat_->render(messages, tools, /*add_generation_prompt=*/true);
+    } catch (const Error& e) {
+      OPD_FAIL(InvalidData, where, ": the chat template failed: ", e.what());
+    }
+    Prompt p;
+    p.ids = t.encode(text, false);
+    p.text = std::move(text);
+    return p;
+  }
+  // One user message.
+  Prompt user(const std::string& content, const std::string& where) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::array();
+    m.push_back({{"role", "user"}, {"content", content}});
+    return render(m, nlohmann::ordered_json(), where);
+  }
+
+ private:
+  const std::optional<Tokenizer>& tok_;
+  std::string dir_;
+  std::unique_ptr<ChatTemplate> tmpl_;
+  std::unique_ptr<TemplateChatRenderer> chat_;
+};
+
 // JSONL lines: {"prompt": "text"}, {"prompt_ids": [1, 2, 3]} or {"messages": [...], "tools"?: [...]};
-// blank lines are skipped.
-// "messages" lines are rendered with the chat template of `template_dir` (the directory the
-// tokenizer came from), read at the first such line.
+// blank lines are skipped. "messages" lines (and "prompt" text with `chat_text`, --chat) go
+// through `chat`.
 std::vector<Prompt> read_prompts_file(const std::string& path, const std::optional<Tokenizer>& tok,
-                                      const std::string& template_dir) {
-  std::unique_ptr<ChatTemplate> tmpl;
-  std::unique_ptr<TemplateChatRenderer> chat;
+                                      ChatPrompts& chat, bool chat_text) {
   std::ifstream in(path, std::ios::binary);
   OPD_CHECK(in.good(), Io, "cannot open --prompts file ", path);
   std::vector<Prompt> out;
@@ -103,31 +144,19 @@ std::vector<Prompt> read_prompts_file(const std::string& path, const std::option
       }
     } else if (j.contains("prompt")) {
       OPD_CHECK(j["prompt"].is_string(), InvalidData, where, ": prompt must be a string");
-      p.text = j["prompt"].get<std::string>();
-      p.ids = need_tokenizer(tok, where).encode(*p.text, true);
-    } else if (j.contains("messages")) {
-      const Tokenizer& t = need_tokenizer(tok, where);
-      if (!chat) {
-        OPD_CHECK(has_chat_template(template_dir, t), InvalidData, where,
-                  ": chat \"messages\" need a chat template, and ", chat_template_source(template_dir),
-                  " has none (give \"prompt\" text or \"prompt_ids\")");
-        tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_model_dir(template_dir));
-        chat = std::make_unique<TemplateChatRenderer>(*tmpl);
+      if (chat_text) {
+        p = chat.user(j["prompt"].get<std::string>(), where);
+      } else {
+        p.text = j["prompt"].get<std::string>();
+        p.ids = need_tokenizer(tok, where).encode(*p.text, true);
       }
+    } else if (j.contains("messages")) {
       // Parsed again keeping key order: a template iterating a message's items sees the file's.
       const nlohmann::ordered_json oj = nlohmann::ordered_json::parse(line);
       const nlohmann::ordered_json& messages = oj["messages"];
       OPD_CHECK(messages.is_array() && !messages.empty(), InvalidData, where,
                 ": messages must be a non-empty array of {role, content}");
-      const nlohmann::ordered_json tools = oj.contains("tools") ? oj["tools"] : nlohmann::ordered_json();
-      std::string text;
-      try {
-        text = chat->render(messages, tools, /*add_generation_prompt=*/true);
-      } catch (const Error& e) {
-        OPD_FAIL(InvalidData, where, ": the chat template failed: ", e.what());
-      }
-      p.ids = t.encode(text, false);
-      p.text = std::move(text);
+      p = chat.render(messages, oj.contains("tools") ? oj["tools"] : nlohmann::ordered_json(), where);
     } else {
       OPD_FAIL(InvalidData, where, ": expected a \"prompt\" or \"prompt_ids\" field");
     }
@@ -144,18 +173,18 @@ void run_generate(const GenerateOptions& o) {
   else if (std::filesystem::exists(o.model + "/tokenizer.json"))
     tok.emplace(Tokenizer::load(o.model));
 
+  // The chat template lives beside the tokenizer: the model directory's, or --tokenizer's.
+  namespace fs = std::filesystem;
+  ChatPrompts chat(tok, o.tokenizer.empty()                ? o.model
+                        : fs::is_directory(o.tokenizer) ? o.tokenizer
+                                                        : fs::path(o.tokenizer).parent_path().string());
   std::vector<Prompt> prompts;
   for (const std::string& t : o.prompts)
-    prompts.push_back({need_tokenizer(tok, "--prompt").encode(t, true), t});
+    prompts.push_back(o.chat ? chat.user(t, "--prompt")
+                             : Prompt{need_tokenizer(tok, "--prompt").encode(t, true), t});
   for (const std::string& s : o.prompt_ids) prompts.push_back({parse_id_list(s, "--prompt-ids"), {}});
   if (!o.prompts_file.empty()) {
-    // The chat template lives beside the tokenizer: the model directory's, or --tokenizer's.
-    namespace fs = std::filesystem;
-    const std::string template_dir =
-        o.tokenizer.empty() ? o.model
-        : fs::is_directory(o.tokenizer) ? o.tokenizer
-                                        : fs::path(o.tokenizer).parent_path().string();
-    std::vector<Prompt> more = read_prompts_file(o.prompts_file, tok, template_dir);
+    std::vector<Prompt> more = read_prompts_file(o.prompts_file, tok, chat, o.chat);
     prompts.insert(prompts.end(), more.begin(), more.end());
   }
   OPD_CHECK(!prompts.empty(), InvalidArgument,
@@ -261,6 +290,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer,
                   "tokenizer.json or a directory holding one (default: the model directory's)");
   cmd->add_option("--prompt", o->prompts, "a text prompt (repeatable; needs a tokenizer)");
+  cmd->add_flag("--chat", o->chat, "text prompts (--prompt, {\"prompt\": TEXT} lines) become one "
+                "user message rendered with the chat template beside the tokenizer (generation "
+                "prompt added); without it text is encoded as given");
   cmd->add_option("--prompt-ids", o->prompt_ids,
                   "a prompt as comma-separated token ids (repeatable; no tokenizer needed)");
   cmd->add_option("--prompts", o->prompts_file,

@@ -113,8 +113,9 @@ TEST(GenerateCli, PromptsFileWithIdsAndTextAndStopStrings) {
   EXPECT_NE(h.out.find("sample 0 [length, 3 tokens"), std::string::npos) << h.out;
 }
 
-// A "messages" line is rendered with the model directory's chat template (add_generation_prompt)
-// and generates what the rendered text given as --prompt generates.
+// A "messages" line (and, with --chat, a text prompt as one user message) is rendered with the
+// model directory's chat template (add_generation_prompt) and generates what the rendered text
+// given as --prompt generates.
 TEST(GenerateCli, MessagesLinesAreRenderedWithTheChatTemplate) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "opd_generate_chat_" + std::to_string(::getpid());
@@ -144,6 +145,22 @@ TEST(GenerateCli, MessagesLinesAreRenderedWithTheChatTemplate) {
   EXPECT_EQ(jc["results"][0]["samples"][0]["ids"], jt["results"][0]["samples"][0]["ids"]);
   // The demo teacher adds: the greedy answer starts with 46.
   EXPECT_EQ(jt["results"][0]["samples"][0]["text"].get<std::string>().rfind("46", 0), 0u) << text.out;
+  // --chat: a text prompt (flag or file line) is one user message through the same template.
+  {
+    std::ofstream f(jsonl);
+    f << "{\"prompt\": \"12+34\"}\n";
+  }
+  for (const std::string& how : {std::string(" --prompt '12+34'"), " --prompts " + jsonl}) {
+    Result c = run(common + " --chat" + how);
+    ASSERT_EQ(c.code, 0) << c.out;
+    const auto jx = nlohmann::json::parse(c.out);
+    EXPECT_EQ(jx["results"][0]["prompt"], "12+34=") << how;
+    EXPECT_EQ(jx["results"][0]["samples"][0]["ids"], jt["results"][0]["samples"][0]["ids"]) << how;
+  }
+  {
+    std::ofstream f(jsonl);
+    f << "{\"messages\": [{\"role\": \"user\", \"content\": \"12+\"}, {\"role\": \"user\", \"content\": \"34\"}]}\n";
+  }
   // A template that fails names the line.
   {
     std::ofstream t(dir + "/chat_template.jinja");
@@ -204,7 +221,9 @@ TEST(GenerateCli, ErrorsNameTheProblem) {
       {m, "no prompt"},
       {m + " --prompts " + jsonl, "line 1: a text prompt needs a tokenizer"},
       {"--model " + test::source_dir() + "/demo/teacher --prompts " + jsonl,
-       "line 1: chat \"messages\" need a chat template"},
+       "line 1: a chat prompt needs a chat template"},
+      {"--model " + test::source_dir() + "/demo/teacher --chat --prompt 1+1",
+       "--prompt: a chat prompt needs a chat template"},
       {m + " --prompt-ids 1,2 --stop ab", "stop strings need a tokenizer"},
       {m + " --prompt-ids 1,2 --top-p 0", "top_p must be in (0, 1]"},
       {m + " --prompt-ids 1,2 --max-new-tokens 1000 --kv-cache-gb 0.00001", "holds only"},
