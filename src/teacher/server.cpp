@@ -351,6 +351,52 @@ int64_t opt_int(const json& j, const char* name, int64_t fallback, int64_t lo, i
   return it->get<int64_t>();
 }
 
+// Whether a request field is absent, null or equal to its vLLM default (numbers compared by
+// value, so 1 and 1.0 agree; empty strings, lists and objects count as unset).
+bool is_default(const json& j, const char* name, const json& dflt) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return true;
+  if (it->is_number() && dflt.is_number()) return it->get<double>() == dflt.get<double>();
+  if ((it->is_string() || it->is_array() || it->is_object()) && it->empty()) return true;
+  return *it == dflt;
+}
+
+// vLLM/OpenAI fields that change the answer and that opd serve does not implement: a non-default
+// value gets 400 naming the field instead of being ignored (docs/teacher_protocol.md).
+void refuse_unsupported_fields(const json& j) {
+  static const std::pair<const char*, json> unsupported[] = {
+      {"best_of", 1},           {"presence_penalty", 0}, {"frequency_penalty", 0},
+      {"repetition_penalty", 1}, {"length_penalty", 1},  {"min_tokens", 0},
+      {"logit_bias", nullptr},  {"suffix", nullptr},     {"use_beam_search", false},
+      {"allowed_token_ids", nullptr}, {"bad_words", nullptr}, {"truncate_prompt_tokens", nullptr},
+      {"guided_json", nullptr}, {"guided_regex", nullptr}, {"guided_choice", nullptr},
+      {"guided_grammar", nullptr}, {"response_format", nullptr}, {"structured_outputs", nullptr},
+      {"prompt_embeds", nullptr}};
+  for (const auto& [name, dflt] : unsupported)
+    if (!is_default(j, name, dflt))
+      throw HttpError{400, cat("completions request: '", name, "' = ", j[name].dump().substr(0, 80),
+                               " is not supported by opd serve (only ", dflt.dump(),
+                               " or unset is accepted)")};
+  // vLLM coerces "true" to true and streams; anything but false/null is refused, not ignored.
+  if (!is_default(j, "stream", false))
+    throw HttpError{400, cat("completions request: 'stream' = ", j["stream"].dump().substr(0, 80),
+                             " is not supported by opd serve (streaming responses are not "
+                             "implemented; send stream: false or leave it out)")};
+}
+
+// The first rollout-only sampling field set to a non-default value (top_p, top_k, min_p,
+// stop_token_ids, opd_stream_keys), or nullptr. The scorer's single-token path (max_tokens 1)
+// samples with temperature and seed only, so such a request must go to the generator or be
+// refused.
+const char* rollout_only_field(const json& j) {
+  if (!is_default(j, "top_p", 1)) return "top_p";
+  if (!is_default(j, "top_k", -1) && !is_default(j, "top_k", 0)) return "top_k";
+  if (!is_default(j, "min_p", 0)) return "min_p";
+  if (!is_default(j, "stop_token_ids", nullptr)) return "stop_token_ids";
+  if (!is_default(j, "opd_stream_keys", nullptr)) return "opd_stream_keys";
+  return nullptr;
+}
+
 }  // namespace
 
 TeacherServer::TeacherServer(Scorer& scorer, ServerOptions options)
@@ -719,8 +765,7 @@ void TeacherServer::install_routes() {
         prompts.push_back(parse_ids(pj, 0));
       }
       (void)opt_int(j, "n", 1, 1, 1);  // only n = 1 (the range check names the value)
-      if (j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>())
-        throw HttpError{400, "completions request: stream=true is not supported"};
+      refuse_unsupported_fields(j);
       const int64_t max_tokens = opt_int(j, "max_tokens", 16, 0, std::numeric_limits<int32_t>::max());
       if (max_tokens > 1 && !opts_.generator)
         throw HttpError{501, cat("completions request: max_tokens = ", max_tokens,
@@ -747,11 +792,29 @@ void TeacherServer::install_routes() {
       }
       const int64_t seed = opt_int(j, "seed", 0, std::numeric_limits<int64_t>::min(),
                                    std::numeric_limits<int64_t>::max());
+      // max_tokens 1 goes to the scorer's single-token path (top-N logprobs; temperature and
+      // seed only) unless a rollout-only sampling field is set: then to the generator, as a
+      // longer generation would, or 400 naming the field where none is bound.
+      const char* rollout_field = max_tokens == 1 ? rollout_only_field(j) : nullptr;
+      if (rollout_field && !opts_.generator)
+        throw HttpError{400, cat("completions request: '", rollout_field, "' = ",
+                                 j[rollout_field].dump().substr(0, 80), " with max_tokens = 1: "
+                                 "this server samples one token with temperature and seed only "
+                                 "(no generator bound)")};
+      const bool use_generator = max_tokens > 1 || rollout_field != nullptr;
+      const bool next_token = max_tokens == 1 && !use_generator;
+      bool ignore_eos = false;
+      if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+        OPD_CHECK(j["ignore_eos"].is_boolean(), InvalidData,
+                  "completions request: 'ignore_eos' must be a boolean");
+        ignore_eos = j["ignore_eos"].get<bool>();
+      }
       std::vector<GeneratedCompletion> generated;
-      if (max_tokens > 1) {
+      if (use_generator) {
         if (logprobs > 0)
           throw HttpError{400, cat("completions request: logprobs = ", logprobs, " with max_tokens = ",
-                                   max_tokens, ": only the sampled token's logprob (logprobs 0) "
+                                   max_tokens, rollout_field ? cat(" and '", rollout_field, "' set") : "",
+                                   ": only the sampled token's logprob (logprobs 0) "
                                    "is reported for generated tokens; score the completions with "
                                    "/v1/score for top-K")};
         if (logprobs == 0)
@@ -781,7 +844,7 @@ void TeacherServer::install_routes() {
         sr = scorer_.score(q);
       }
       std::vector<NextToken> gen;
-      if (max_tokens == 1) {
+      if (next_token) {
         NextTokenRequest nq;
         nq.prompts = prompts;
         nq.k = std::max<int64_t>(logprobs, 0);
@@ -798,14 +861,19 @@ void TeacherServer::install_routes() {
         prompt_tokens += static_cast<int64_t>(p.size());
         json c;
         c["index"] = i;
-        c["text"] = max_tokens > 1 ? generated[i].text : std::string();
-        const bool stopped = max_tokens > 1 && generated[i].stopped;
+        c["text"] = use_generator ? generated[i].text : std::string();
+        // vLLM checks EOS before the length limit: a single token that is an EOS id "stop"s.
+        const bool stopped =
+            use_generator ? generated[i].stopped
+                          : next_token && !ignore_eos &&
+                                std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(),
+                                          int64_t{gen[i].id}) != info.eos_token_ids.end();
         c["finish_reason"] = stopped ? "stop" : "length";
         c["stop_reason"] = nullptr;
         c["prompt_token_ids"] = p;
-        c["token_ids"] = max_tokens == 1  ? json::array({gen[i].id})
-                         : max_tokens > 1 ? json(generated[i].ids)
-                                          : json::array();
+        c["token_ids"] = next_token      ? json::array({gen[i].id})
+                         : use_generator ? json(generated[i].ids)
+                                         : json::array();
         auto row_of = [&](size_t pos) { return sr.row_offsets[i] + static_cast<int64_t>(pos) - 1; };
         if (prompt_logprobs >= 0) {
           json plp = json::array({nullptr});
@@ -851,14 +919,14 @@ void TeacherServer::install_routes() {
               add(p[pos], clamp_logprob(sr.actual_logprobs[r]), std::move(top));
             }
           }
-          if (max_tokens == 1) {
+          if (next_token) {
             json top = json::object();
             for (size_t e = 0; e < gen[i].top_ids.size(); ++e)
               top[token_str(gen[i].top_ids[e])] = clamp_logprob(gen[i].top_logprobs[e]);
             top[token_str(gen[i].id)] = clamp_logprob(gen[i].logprob);
             add(gen[i].id, clamp_logprob(gen[i].logprob), std::move(top));
           }
-          if (max_tokens > 1) {
+          if (use_generator) {
             const GeneratedCompletion& g = generated[i];
             for (size_t t = 0; t < g.ids.size(); ++t) {
               const double l = clamp_logprob(g.logprobs[t]);
@@ -879,7 +947,7 @@ void TeacherServer::install_routes() {
       out["model"] = opts_.model_name;
       out["choices"] = std::move(choices);
       int64_t completion_tokens = max_tokens * static_cast<int64_t>(prompts.size());
-      if (max_tokens > 1) {
+      if (use_generator) {
         completion_tokens = 0;
         for (const auto& g : generated) completion_tokens += static_cast<int64_t>(g.ids.size());
       }
