@@ -1,7 +1,10 @@
 // The teacher HTTP service behind `opd serve` (endpoints and formats in
 // docs/teacher_protocol.md): POST /v1/score (our binary or JSON protocol), POST /v1/completions
-// (vLLM's OpenAI-compatible API: token-id prompts, prompt_logprobs, echo, logprobs, max_tokens
-// 0 or 1 from the scorer, more through ServerOptions::generator), GET /health, GET /v1/models (vocab size, tokenizer fingerprint, EOS ids).
+// (vLLM's OpenAI-compatible API: token-id prompts, prompt_logprobs, echo, logprobs; max_tokens
+// 0, or 1 with no sampling field but temperature and seed, from the scorer; longer ones and a
+// token sampled with top_p / top_k / min_p / stop_token_ids through ServerOptions::generator;
+// fields that would change the answer and are not supported get 400), GET /health,
+// GET /v1/models (vocab size, tokenizer fingerprint, EOS ids).
 //
 // A server never crashes on input: every handler catches, bad requests get a 4xx with a JSON
 // error naming the problem ({"error": {"message", "type", "code"}}), bodies are bounded
@@ -53,7 +56,8 @@ struct ServerOptions {
   // Reported in /v1/models as opd.weights_fingerprint when not empty (`opd serve`: of --model,
   // model/weights_fingerprint.h), so a client can tell a teacher whose weights changed.
   std::string weights_fingerprint;
-  // Generation for /v1/completions with max_tokens > 1 (--seq-kd with a remote teacher). The
+  // Generation for /v1/completions with max_tokens > 1, or 1 with sampling filters (--seq-kd
+  // with a remote teacher). The
   // teacher module does not generate (the rollout engine is its sibling): `opd serve` binds
   // one here. `cancelled` turns true when the server stops (a long generation may end early
   // with a Cancelled error, answered 503). Empty: such requests get 501.
@@ -86,7 +90,7 @@ class TeacherServer {
 
  private:
   void install_routes();
-  // /v1/completions with max_tokens > 1: the sampling fields of `j` (vLLM names), checked and
+  // /v1/completions through the generator: the sampling fields of `j` (vLLM names), checked and
   // bounded, run through opts_.generator under the scoring lock.
   std::vector<GeneratedCompletion> generate(const nlohmann::json& j,
                                             const std::vector<std::vector<int32_t>>& prompts,
