@@ -156,6 +156,21 @@ class BadTeacher : public test::TinyDistillationTest {
     auto list = list_checkpoints(path(out) + "/checkpoints");
     return list.empty() ? "" : fs::path(list.back()).filename().string();
   }
+  // The final weights' SHA-256 of a `steps`-step run into `out` against a teacher that never
+  // fails (the reference a disturbed run must end at); empty when the run failed.
+  std::string undisturbed_run_sha(const std::string& out, int steps) const {
+    FakeTeacher t(path("teacher"));
+    auto run = spawn(args(out, steps, t.url()), path(out + ".log"));
+    EXPECT_EQ(run->wait_exit(60s), 0) << run->output();
+    return final_weights_sha(out);
+  }
+  // `train_args` as two CPU ranks under `opd launch`.
+  static std::vector<std::string> launched(const std::vector<std::string>& train_args) {
+    std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", "0", "--",
+                                  test::opd_binary()};
+    a.insert(a.end(), train_args.begin(), train_args.end());
+    return a;
+  }
   std::string final_weights_sha(const std::string& out) const {
     auto list = list_checkpoints(path(out) + "/checkpoints");
     if (list.empty()) return "";
@@ -236,14 +251,8 @@ TEST_F(BadTeacher, InvalidAnswersStopTheRunBeforeAnyUpdateNamingRowAndValue) {
 // since the client puts each row in the protocol's order before the loss sums over it (before,
 // the sums ran in the teacher's order: the same step to rounding, not the same run).
 TEST_F(BadTeacher, ShuffledTopKEntriesTrainTheWeightsOfOrderedOnes) {
-  std::string ordered;
-  {
-    FakeTeacher t(path("teacher"));
-    auto run = spawn(args("ordered", 4, t.url()), path("ordered.log"));
-    ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
-    ordered = final_weights_sha("ordered");
-    ASSERT_FALSE(ordered.empty());
-  }
+  const std::string ordered = undisturbed_run_sha("ordered", 4);
+  ASSERT_FALSE(ordered.empty());
   FakeTeacher t(path("teacher"));
   std::atomic<int64_t> moved{0};
   t.plan = [&](int64_t n) {
@@ -276,14 +285,8 @@ TEST_F(BadTeacher, ShuffledTopKEntriesTrainTheWeightsOfOrderedOnes) {
 // once, from the good answer, and the run ends with the weights of a run whose teacher never
 // failed, bit for bit.
 TEST_F(BadTeacher, TransientFaultsAreRetriedAndNoStepIsLostOrCountedTwice) {
-  std::string clean;
-  {
-    FakeTeacher t(path("teacher"));
-    auto run = spawn(args("clean", 4, t.url()), path("clean.log"));
-    ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
-    clean = final_weights_sha("clean");
-    ASSERT_FALSE(clean.empty());
-  }
+  const std::string clean = undisturbed_run_sha("clean", 4);
+  ASSERT_FALSE(clean.empty());
   FakeTeacher t(path("teacher"));
   t.plan = [](int64_t n) {
     Answer a;
@@ -362,14 +365,8 @@ bool wait_until(const std::function<int64_t()>& count, int64_t n) {
 // against an answering teacher resumes and ends with the weights of an undisturbed run. Before:
 // the signal waited out the attempt, no exit within the 20 s limit.
 TEST_F(BadTeacher, AStopSignalDuringAHungAnswerAbandonsTheStepSavesAndExits0) {
-  std::string clean;
-  {
-    FakeTeacher t(path("teacher"));
-    auto run = spawn(args("clean", 4, t.url()), path("clean.log"));
-    ASSERT_EQ(run->wait_exit(60s), 0) << run->output();
-    clean = final_weights_sha("clean");
-    ASSERT_FALSE(clean.empty());
-  }
+  const std::string clean = undisturbed_run_sha("clean", 4);
+  ASSERT_FALSE(clean.empty());
   {
     FakeTeacher t(path("teacher"));
     t.plan = [](int64_t n) {
@@ -460,10 +457,9 @@ TEST_F(BadTeacher, DataParallelAStopSignalDuringOneRanksHungAnswerSavesEveryRank
     a.hang = n == 5;  // steps 1-2 are requests 1-4 (one per rank and step); step 3's first
     return a;
   };
-  std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", "0", "--",
-                                test::opd_binary()};
-  for (const std::string& x : args("dp", 4, t.url())) a.push_back(x);
+  std::vector<std::string> a = args("dp", 4, t.url());
   a.insert(a.end(), {"--teacher-timeout", "3600"});
+  a = launched(a);
   auto run = spawn(a, path("dp.log"));
   ASSERT_TRUE(wait_until([&] { return t.requests(); }, 6)) << run->output();
   std::this_thread::sleep_for(300ms);  // one rank inside its attempt, the other at the agreement
@@ -488,10 +484,9 @@ TEST_F(BadTeacher, DataParallelAStopSignalDuringOneRanksHungAnswerSavesEveryRank
 TEST_F(BadTeacher, DataParallelAStopSignalWhileTheTeacherNeverAnswersAtConnectExits0) {
   FakeTeacher t(path("teacher"));
   t.hang_models = true;
-  std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", "0", "--",
-                                test::opd_binary()};
-  for (const std::string& x : args("dpc", 3, t.url())) a.push_back(x);
+  std::vector<std::string> a = args("dpc", 3, t.url());
   a.insert(a.end(), {"--teacher-timeout", "3600"});
+  a = launched(a);
   auto run = spawn(a, path("dpc.log"));
   ASSERT_TRUE(wait_until([&] { return t.models_requests(); }, 2)) << run->output();
   std::this_thread::sleep_for(300ms);
