@@ -235,8 +235,8 @@ TeacherTopK validate_teacher_payload(const TeacherPayload& pl, const CompletionL
       order.resize(static_cast<size_t>(k));
       for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = j;
       auto before = [&](int64_t x, int64_t y) {
-        const double ax = pl.logprobs[begin + x], ay_ = pl.logprobs[begin + y];
-        return ax > ay_ || (ax == ay_ && pl.ids[begin + x] < pl.ids[begin + y]);
+        return canonical_entry_before(pl.logprobs[begin + x], pl.ids[begin + x],
+                                      pl.logprobs[begin + y], pl.ids[begin + y]);
       };
       if (!std::is_sorted(order.begin(), order.end(), before)) {
         std::sort(order.begin(), order.end(), before);

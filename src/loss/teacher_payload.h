@@ -90,6 +90,13 @@ struct PayloadStats {
 // payload bitwise that of the sorted one (its sums run in one order): a run does not depend on
 // how a teacher happened to order its answer. PayloadStats::reordered_rows counts the rows
 // that arrived otherwise.
+// The canonical order of a row's entries (the protocol's): entry a comes before entry b when its
+// logprob is larger, or equal with a smaller id. The one rule validate_teacher_payload and the
+// client's sort_response_rows (teacher/scorer.h) both apply.
+inline bool canonical_entry_before(double logprob_a, int64_t id_a, double logprob_b, int64_t id_b) {
+  return logprob_a > logprob_b || (logprob_a == logprob_b && id_a < id_b);
+}
+
 // `dtype` (F32 or F64) is the dtype of the returned logprobs. Throws InvalidData / InvalidArgument.
 TeacherTopK validate_teacher_payload(const TeacherPayload& payload, const CompletionLayout& layout,
                                      int64_t student_vocab, const LossConfig& config, DType dtype,

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/text_io.h"
+#include "loss/teacher_payload.h"  // canonical_entry_before
 
 namespace opd {
 
@@ -538,7 +539,7 @@ ScoreResponse parse_vllm_prompt_logprobs(const nlohmann::json& j, const ScoreReq
       // A dict has no order: the protocol's (logprob descending, ties by smaller id).
       std::sort(entries.begin(), entries.end(),
                 [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
-                  return a.first > b.first || (a.first == b.first && a.second < b.second);
+                  return canonical_entry_before(a.first, a.second, b.first, b.second);
                 });
       for (const auto& e : entries) {
         OPD_CHECK(e.second <= std::numeric_limits<int32_t>::max(), InvalidData, wp,

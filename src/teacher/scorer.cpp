@@ -119,7 +119,7 @@ int64_t sort_response_rows(ScoreResponse& r) {
       int32_t* ids = r.ids.data() + i * k;
       float* lp = r.logprobs.data() + i * k;
       auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
+        return canonical_entry_before(a.first, a.second, b.first, b.second);
       };
       row.clear();
       bool nan = false;
