@@ -247,8 +247,7 @@ void register_eval(CLI::App& app) {
               " must be > 0 and <= 1e6");
     OPD_CHECK(o->limit >= 0, InvalidArgument, "opd eval: --limit ", o->limit,
               " must be >= 0 (0 = all samples)");
-    check_model_device(o->md, "opd eval");
-    Transformer model = load_model_on(o->model, o->md, "opd eval");
+    Transformer model = load_model_on(o->model, o->md, "opd eval");  // checks --device first
     Tokenizer tok = Tokenizer::load(o->model);
     TokenizerTextEncoder enc(tok);
     std::unique_ptr<ChatTemplate> tmpl;

@@ -231,14 +231,11 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
              "updated: ", e.what());
   }
   // Temp folders of saves that died (a crash, a killed rank) are never checkpoints: once a newer
-  // one is complete they only hold disk space.
+  // one is complete they only hold disk space. The same for the temp file of an interrupted
+  // LATEST update.
+  remove_stale_temp_files((fs::path(root) / "LATEST").string());
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("LATEST.tmp-", 0) == 0 && !e.is_directory()) {  // an interrupted LATEST update
-      std::error_code rm;
-      fs::remove(e.path(), rm);
-      continue;
-    }
     auto tmp_at = n.find(".tmp-");
     if (tmp_at == std::string::npos) tmp_at = n.find(".old-");  // a replaced one (see above)
     if (!e.is_directory() || tmp_at == std::string::npos || !parse_step(n.substr(0, tmp_at))) continue;
